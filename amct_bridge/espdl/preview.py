@@ -33,7 +33,7 @@ import numpy as np
 
 from amct_bridge.errors import ExportError
 from amct_bridge.espdl import layout, spec
-from amct_bridge.espdl._pow2 import auto_exponent, quantize_pow2
+from amct_bridge.quant.espdl import auto_exponent, channel_exponents, quantize_pow2
 
 
 @dataclass
@@ -87,11 +87,12 @@ def quantize_tensor(
     """
     x = np.asarray(x, dtype=np.float64)
     exp = np.asarray(exponent, dtype=np.int64)
-    if exp.ndim and axis is not None:
+    q = quantize_pow2(x, exp, bits, axis=axis if exp.ndim else None).astype(np.int64)
+    if exp.ndim:
         shape = [1] * x.ndim
-        shape[axis] = -1
+        shape[axis] = exp.size
         exp = exp.reshape(shape)
-    q, saturated = quantize_pow2(x, exp, bits)
+    saturated = int(np.count_nonzero(np.rint(np.ldexp(x, -exp)) != q))
     zeroed = int(np.count_nonzero((q == 0) & (x != 0)))
     return q, saturated, zeroed
 
@@ -107,9 +108,7 @@ def filter_exponent(
     """
     if per_channel:
         axis = spec.OPERATIONS[operation].channel_axis
-        per = np.moveaxis(np.abs(w), axis, 0).reshape(w.shape[axis], -1)
-        exps = np.array([auto_exponent(row, bits) for row in per], dtype=np.int64)
-        return np.maximum(exps, spec.PER_CHANNEL_MIN_EXPONENT)
+        return channel_exponents(w, axis, bits, min_exponent=spec.PER_CHANNEL_MIN_EXPONENT)
     # The tool ignores a filter_exponent that is not a JSON int (bool is not an int there either).
     if isinstance(explicit, int) and not isinstance(explicit, bool):
         return explicit
