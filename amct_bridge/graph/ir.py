@@ -1,0 +1,185 @@
+"""Framework-free graph IR: nodes in topological order, edges by tensor id.
+
+Adapters (``amct_bridge.keras.graph.extract_graph``) translate a framework model into a
+:class:`Graph`; the core (pruning discovery, exporters, calibration planning) reads only this.
+
+Node fields (what other modules may rely on):
+
+- ``name``: unique node name in record-key style. A Keras layer's name; layers inside nested
+  models are ``"outer/inner"``. The 2nd, 3rd... call of a shared layer is ``"<layer>@1"``,
+  ``"<layer>@2"``. Raw ops that are not layers (``x + y``, ``ops.concatenate``) get a
+  deterministic name ``"<snake_kind>_op<k>"`` (k counts that kind in topological order, per model).
+- ``layer``: the record key of the layer (or raw op) this node calls: equal to ``name`` except for
+  repeated calls of a shared layer, where every call has the same ``layer``. Use it as record key.
+- ``kind``: framework class name (``"Conv2D"``, ``"BatchNormalization"``, ``"Add"``,
+  ``"Concatenate"``...). A raw op and its layer twin share the kind (``x + y`` is ``"Add"``).
+- ``op_type``: the TF op type AMCT-TF writes for it (``"Conv2D"``, ``"MatMul"``,
+  ``"FusedBatchNormV3"``, ``"DepthwiseConv2dNative"``, ``"Conv2DBackpropInput"``, ``"Relu"``,
+  ``"AddV2"``, ``"ConcatV2"``...); ``""`` when there is no obvious twin.
+- ``inputs`` / ``outputs``: tensor ids (strings), in call order; shapes are in ``Graph.tensors``.
+- ``params``: the attributes that matter downstream (only keys that apply are present):
+  ``channel_axis`` (int, negative = from the end), ``filters``/``units`` (output channels),
+  ``in_channels``, ``groups``, ``depth_multiplier``, ``kernel_shape`` (tuple),
+  ``kernel_layout`` (``"HWIO"`` Conv2D, ``"HWIM"`` depthwise, ``"IO"`` Dense, ``"HWOI"``
+  Conv2DTranspose), ``pointwise_kernel_shape`` (SeparableConv2D), ``use_bias``, ``scale`` /
+  ``center`` (BatchNormalization), ``activation`` (name of the fused activation, ``"linear"`` if
+  none), ``axis`` (concat/split/normalization axis, normalized to be negative), ``split_sizes``,
+  ``axes`` (transpose), ``target_shape`` (reshape), ``data_format``, ``strides``, ``padding``,
+  ``dilation_rate``, ``const_operands`` (count of non-scalar constant arguments of a raw op).
+- ``is_layer``: False for raw ops. ``shared``: the layer is called more than once in this graph.
+- ``call_index``: which call of the layer this node is (0 for the first).
+
+Example:
+    >>> from amct_bridge.graph.ir import Graph, Node, TensorInfo
+    >>> g = Graph(tensors={"t0": TensorInfo((None, 4)), "t1": TensorInfo((None, 2))},
+    ...           inputs=["t0"], outputs=["t1"])
+    >>> g.add_node(Node("fc", "fc", "Dense", "MatMul", ["t0"], ["t1"], {"units": 2}))
+    >>> g.producer_of("t1").name, [n.name for n in g.consumers_of("t0")]
+    ('fc', ['fc'])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from amct_bridge.errors import GraphError
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Static facts about one tensor: its shape (``None`` for unknown dims) and dtype name.
+
+    Example:
+        >>> TensorInfo((None, 8, 8, 16)).channels
+        16
+    """
+
+    shape: tuple[int | None, ...]
+    dtype: str = "float32"
+
+    @property
+    def channels(self) -> int | None:
+        """Size of the last axis (the channel axis of NHWC / NC tensors), None if unknown."""
+        return self.shape[-1] if self.shape else None
+
+
+@dataclass
+class Node:
+    """One call of a layer or raw op (see the module docstring for every field).
+
+    Example:
+        >>> Node("bn", "bn", "BatchNormalization", "FusedBatchNormV3", ["t1"], ["t2"]).is_layer
+        True
+    """
+
+    name: str
+    layer: str
+    kind: str
+    op_type: str
+    inputs: list[str]
+    outputs: list[str]
+    params: dict[str, Any] = field(default_factory=dict)
+    is_layer: bool = True
+    shared: bool = False
+    call_index: int = 0
+
+
+@dataclass
+class Graph:
+    """A model as nodes in topological order plus tensor facts and model inputs/outputs.
+
+    Example:
+        >>> g = Graph(tensors={"x": TensorInfo((None, 3))}, inputs=["x"], outputs=["x"])
+        >>> len(g), g.is_output("x")
+        (0, True)
+    """
+
+    nodes: list[Node] = field(default_factory=list)
+    tensors: dict[str, TensorInfo] = field(default_factory=dict)
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    _by_name: dict[str, Node] = field(default_factory=dict, repr=False)
+    _producer: dict[str, Node] = field(default_factory=dict, repr=False)
+    _consumers: dict[str, list[Node]] = field(default_factory=dict, repr=False)
+
+    def add_node(self, node: Node) -> None:
+        """Append ``node`` (callers add nodes in topological order); names must be unique."""
+        if node.name in self._by_name:
+            raise GraphError(f"duplicate node name {node.name!r} in graph")
+        for tid in node.inputs:
+            if tid not in self.tensors:
+                raise GraphError(f"node {node.name!r}: input tensor {tid!r} is unknown")
+            self._consumers.setdefault(tid, []).append(node)
+        for tid in node.outputs:
+            if tid in self._producer:
+                raise GraphError(
+                    f"node {node.name!r}: tensor {tid!r} already produced by "
+                    f"{self._producer[tid].name!r}"
+                )
+            self._producer[tid] = node
+        self._by_name[node.name] = node
+        self.nodes.append(node)
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __iter__(self) -> Iterator[Node]:
+        return iter(self.nodes)
+
+    def node(self, name: str) -> Node:
+        """The node called ``name`` (GraphError naming the closest miss otherwise)."""
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise GraphError(f"no node {name!r} in graph ({len(self.nodes)} nodes)") from None
+
+    def producer_of(self, tensor: str) -> Node | None:
+        """The node that outputs ``tensor``; None for a model input."""
+        return self._producer.get(tensor)
+
+    def consumers_of(self, tensor: str) -> list[Node]:
+        """Nodes that read ``tensor``, in topological order (a node reading it twice is once)."""
+        seen: dict[int, Node] = {}
+        for node in self._consumers.get(tensor, []):
+            seen.setdefault(id(node), node)
+        return list(seen.values())
+
+    def is_output(self, tensor: str) -> bool:
+        """True when ``tensor`` is a model output."""
+        return tensor in self.outputs
+
+    def channels(self, tensor: str) -> int | None:
+        """Last-axis size of ``tensor`` (None if unknown)."""
+        return self.tensors[tensor].channels
+
+    def layer_nodes(self, layer: str) -> list[Node]:
+        """Every call (node) of the layer whose record key is ``layer``."""
+        return [n for n in self.nodes if n.layer == layer]
+
+    def chains(
+        self, start_kinds: tuple[str, ...], follow_kinds: tuple[str, ...]
+    ) -> list[list[Node]]:
+        """Chains ``start -> follow -> follow...`` where each link is the only reader of the tensor.
+
+        Handy for conv -> BN -> activation fusion: a link is followed only when the producer's
+        single output is read by exactly one node and is not a model output.
+
+        Example:
+            >>> Graph().chains(("Conv2D",), ("BatchNormalization",))
+            []
+        """
+        result = []
+        for node in self.nodes:
+            if node.kind not in start_kinds:
+                continue
+            chain = [node]
+            while len(chain[-1].outputs) == 1:
+                tid = chain[-1].outputs[0]
+                readers = self.consumers_of(tid)
+                if self.is_output(tid) or len(readers) != 1 or readers[0].kind not in follow_kinds:
+                    break
+                chain.append(readers[0])
+            result.append(chain)
+        return result
