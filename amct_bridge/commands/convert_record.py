@@ -1,0 +1,39 @@
+"""``amct-bridge convert-record IN --to tf|mindspore -o OUT``: change a record's flavor."""
+
+from __future__ import annotations
+
+import argparse
+
+from amct_bridge.records import convert, load, save
+from amct_bridge.records.flavors import FLAVORS
+
+
+def register(subparsers) -> None:
+    """Add the ``convert-record`` subcommand."""
+    parser = subparsers.add_parser(
+        "convert-record",
+        help="convert a record to another flavor, listing what is dropped",
+        description="Convert a record between flavors: 'inner' (AMCT-TF calibration/QAT/pruning), "
+        "'tf' (what AMCT-TF convert_model reads) and 'mindspore'. Fields the target cannot hold "
+        "(prune records, tensor_balance_factor, cluster, dst_type, shift_bit for tf; also "
+        "act_type/wts_type for mindspore) are dropped and each is reported.",
+    )
+    parser.add_argument("input", help="record file to read")
+    parser.add_argument("--to", required=True, choices=sorted(FLAVORS), help="target flavor")
+    parser.add_argument("-o", "--output", required=True, help="record file to write (atomically)")
+    parser.add_argument("--binary", action="store_true", help="write binary protobuf, not text")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Convert and write; report dropped fields."""
+    record = load(args.input)
+    converted, dropped = convert(record, args.to)
+    save(converted, args.output, binary=args.binary)
+    for line in dropped:
+        print(f"dropped: {line}")
+    print(
+        f"wrote {args.output} ({args.to!r}, {len(converted.layers)} layers, "
+        f"{len(dropped)} dropped item(s))"
+    )
+    return 0

@@ -1,0 +1,122 @@
+"""Calibration sidecar: per-layer activation ranges that AMCT records do not hold.
+
+The Keras callback writes it next to the record (``record.txt`` -> ``record.txt.calib.json``);
+the ESP-DL exporter reads OUTPUT ranges from it (ESP-DL needs each layer's output exponent).
+JSON, one object per layer, in model execution order.
+
+Example:
+    >>> from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange
+    >>> stats = CalibrationStats(algorithm="minmax", batches=2)
+    >>> stats.layers["conv1"] = LayerStats("Conv2D", input=TensorRange(0.0, 1.0),
+    ...                                    output=TensorRange(-2.0, 3.0))
+    >>> CalibrationStats.from_json(stats.to_json()).layers["conv1"].output.max
+    3.0
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from amct_bridge.errors import RecordError
+from amct_bridge.records.atomic import atomic_write_bytes
+
+FORMAT = "amct_bridge.calibration/1"
+
+
+@dataclass
+class TensorRange:
+    """Range of one tensor: ``min``/``max`` = the clip range the algorithm chose (what the
+    factors encode); ``observed_min``/``observed_max`` = raw extremes seen (None if unknown)."""
+
+    min: float
+    max: float
+    observed_min: float | None = None
+    observed_max: float | None = None
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict."""
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass
+class LayerStats:
+    """Statistics of one layer: its Keras/MindSpore class name (``kind``), input and output."""
+
+    kind: str
+    input: TensorRange | None = None
+    output: TensorRange | None = None
+
+
+@dataclass
+class CalibrationStats:
+    """All layers' statistics plus how they were gathered."""
+
+    algorithm: str = "ifmr"
+    batches: int = 0
+    layers: dict[str, LayerStats] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        """Deterministic JSON text (keys in execution order)."""
+        doc = {
+            "format": FORMAT,
+            "algorithm": self.algorithm,
+            "batches": self.batches,
+            "layers": {
+                name: {
+                    "kind": s.kind,
+                    **({"input": s.input.to_dict()} if s.input else {}),
+                    **({"output": s.output.to_dict()} if s.output else {}),
+                }
+                for name, s in self.layers.items()
+            },
+        }
+        return json.dumps(doc, indent=1) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "<string>") -> CalibrationStats:
+        """Parse :meth:`to_json` output; errors name ``source`` and the bad layer/field."""
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise RecordError(f"{source}:{err.lineno}:{err.colno}: not JSON: {err.msg}") from None
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise RecordError(f"{source}: not a calibration sidecar (expected format {FORMAT!r})")
+        stats = cls(algorithm=str(doc.get("algorithm", "")), batches=int(doc.get("batches", 0)))
+        for name, entry in doc.get("layers", {}).items():
+            try:
+                stats.layers[name] = LayerStats(
+                    kind=entry["kind"],
+                    input=TensorRange(**entry["input"]) if "input" in entry else None,
+                    output=TensorRange(**entry["output"]) if "output" in entry else None,
+                )
+            except (KeyError, TypeError) as err:
+                raise RecordError(f"{source}: layer {name!r}: bad entry ({err})") from None
+        return stats
+
+
+def sidecar_path(record_path: str | os.PathLike) -> Path:
+    """Where the sidecar of ``record_path`` lives: ``<record_path>.calib.json``.
+
+    Example:
+        >>> sidecar_path("out/record.txt").name
+        'record.txt.calib.json'
+    """
+    path = Path(record_path)
+    return path.with_name(path.name + ".calib.json")
+
+
+def save_stats(stats: CalibrationStats, path: str | os.PathLike) -> None:
+    """Write ``stats`` to ``path`` atomically."""
+    atomic_write_bytes(path, stats.to_json().encode())
+
+
+def load_stats(path: str | os.PathLike) -> CalibrationStats:
+    """Read a sidecar written by :func:`save_stats`."""
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise RecordError(f"{path}: cannot read calibration sidecar: {err.strerror}") from None
+    return CalibrationStats.from_json(text, source=str(path))

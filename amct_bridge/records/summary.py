@@ -1,0 +1,89 @@
+"""Readable summaries of a record: a layer table and a pruning-group list (used by ``inspect``).
+
+Example:
+    >>> from amct_bridge.records import LayerFactors, Record
+    >>> rec = Record({"conv1": LayerFactors(scale_d=1 / 255, offset_d=-128, scale_w=[0.1, 0.2],
+    ...                                     offset_w=[0, 0])})
+    >>> print(layer_table(rec))
+    layer  scale_d     offset_d  channels  scale_w range  types  extra
+    conv1  0.00392157  -128      2         0.1 .. 0.2     -      -
+"""
+
+from __future__ import annotations
+
+from amct_bridge.records.model import PruneNode, Record
+
+
+def _g(value: float) -> str:
+    return f"{value:.6g}"
+
+
+def _extra(f) -> str:
+    items = []
+    if f.skip_fusion is not None:
+        items.append(f"skip_fusion={str(f.skip_fusion).lower()}")
+    if f.shift_bit:
+        items.append(f"shift_bit[{min(f.shift_bit)}..{max(f.shift_bit)}]")
+    if f.tensor_balance_factor:
+        items.append(f"tensor_balance_factor[{len(f.tensor_balance_factor)}]")
+    if f.cluster:
+        items.append(f"cluster[{len(f.cluster)}]")
+    if f.prune_producer:
+        items.append(f"prune_producer={','.join(f.prune_producer)}")
+    if f.prune_consumer:
+        items.append(f"prune_consumer={','.join(f.prune_consumer)}")
+    return " ".join(items) or "-"
+
+
+def layer_table(record: Record) -> str:
+    """One row per layer: scale_d, offset_d, channel count, scale_w range, types, extra fields."""
+    header = ("layer", "scale_d", "offset_d", "channels", "scale_w range", "types", "extra")
+    rows = [header]
+    for key, f in record.layers.items():
+        types = "/".join(t for t in (f.act_type, f.wts_type, f.dst_type) if t) or "-"
+        rows.append(
+            (
+                key,
+                _g(f.scale_d) if f.scale_d is not None else "-",
+                str(f.offset_d) if f.offset_d is not None else "-",
+                str(len(f.scale_w)) if f.scale_w else "-",
+                f"{_g(min(f.scale_w))} .. {_g(max(f.scale_w))}" if f.scale_w else "-",
+                types,
+                _extra(f),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
+def _node(node: PruneNode) -> str:
+    op = node.get("type")
+    begin, end = node.get("begin"), node.get("end")
+    span = f"[{begin}, {end})" if begin is not None and end is not None else ""
+    return f"{node.name}({op}){span}" if op else f"{node.name}{span}"
+
+
+def prune_summary(record: Record) -> str:
+    """One line per channel-pruning group and per selective (2:4) node.
+
+    Example:
+        >>> from amct_bridge.records import PruneNode, PruneRecord, Record
+        >>> rec = Record(prune_records=[PruneRecord([PruneNode.channel("c1", "Conv2D", 0, 8)],
+        ...                                         [PruneNode.channel("c2", "Conv2D", 0, 8)])])
+        >>> print(prune_summary(rec))
+        1 channel-pruning group(s), 0 selective node(s)
+          group 0: c1(Conv2D)[0, 8) -> c2(Conv2D)[0, 8)
+    """
+    groups = [p for p in record.prune_records if p.producers]
+    selective = [p.selective_prune for p in record.prune_records if p.selective_prune is not None]
+    lines = [f"{len(groups)} channel-pruning group(s), {len(selective)} selective node(s)"]
+    for index, group in enumerate(groups):
+        producers = ", ".join(_node(n) for n in group.producers)
+        consumers = ", ".join(_node(n) for n in group.consumers) or "(no consumer)"
+        lines.append(f"  group {index}: {producers} -> {consumers}")
+    for node in selective:
+        lines.append(f"  selective: {node.name} mask_shape={node.get('mask_shape')}")
+    return "\n".join(lines)
