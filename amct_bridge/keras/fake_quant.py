@@ -1,0 +1,233 @@
+"""In-graph fake quantization for Keras: the quantize -> dequantize ops and the per-layer table.
+
+Shared by :mod:`amct_bridge.keras.simulate` (fixed factors from a record) and
+:mod:`amct_bridge.keras.qat` (factors learned while training). The math is AMCT's
+(``docs/qat.md``)::
+
+    q  = clip(round(x / scale) + offset, qmin, qmax)      qmin, qmax = -2^(b-1), 2^(b-1) - 1
+    x' = (q - offset) * scale
+
+``round`` is C's (halves away from zero, as AMCT) and passes its gradient straight through
+(STE); ``clip`` does not, so inputs outside the clip range get a zero gradient while the
+range bounds (when they are trainable) receive LSQ-style gradients through ``scale``.
+
+The table :data:`LAYER_SPECS` says, per Keras layer class, which kernels are quantized, in which
+layout (the layout names of :func:`amct_bridge.quant.arq.arq_factors`) and how the layer's linear
+op is recomputed from (input, kernels) so kernels can be swapped for fake-quantized ones.
+
+Example:
+    >>> import numpy as np
+    >>> from amct_bridge.keras.fake_quant import fake_quant
+    >>> x = np.array([0.0, 0.26, 1.0], "float32")
+    >>> np.asarray(fake_quant(x, 0.5, 0, 4)).tolist()
+    [0.0, 0.5, 1.0]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import keras
+from keras import ops
+
+from amct_bridge.errors import QuantError
+from amct_bridge.quant.factors import FLT_EPSILON, quant_limits
+
+
+def round_half_away(x):
+    """C's ``round`` (halves away from zero), as AMCT rounds; ``ops.round`` rounds half to even."""
+    return ops.sign(x) * ops.floor(ops.abs(x) + 0.5)
+
+
+def round_ste(x):
+    """``round_half_away(x)`` in the forward pass, identity gradient in the backward pass."""
+    return x + ops.stop_gradient(round_half_away(x) - x)
+
+
+def fake_quant(x, scale, offset, bits: int):
+    """Quantize then dequantize ``x`` with (scale, offset) on a signed ``bits`` grid (STE round).
+
+    ``scale``/``offset`` broadcast against ``x`` (per-channel factors: shape of the last axes).
+
+    Example:
+        >>> import numpy as np
+        >>> np.asarray(fake_quant(np.float32([3.0]), 1.0, 0, 2)).tolist()
+        [1.0]
+    """
+    qmin, qmax = quant_limits(bits)
+    q = ops.clip(round_ste(x / scale) + offset, qmin, qmax)
+    return (q - offset) * scale
+
+
+def fake_quant_range(x, lo, hi, bits: int, *, symmetric: bool = False):
+    """Fake-quantize ``x`` with AMCT's activation factors for the clip range [lo, hi].
+
+    Asymmetric (AMCT's ``activation_offset = true``): the range is widened to contain 0,
+    ``scale = (hi - lo) / (2^b - 1)``, ``offset = qmin - round(lo / scale)``. Symmetric:
+    ``offset = 0``, ``scale = hi / (2^(b-1) - 1)`` if ``|hi| > |lo|`` else ``|lo| / 2^(b-1)``
+    (:func:`amct_bridge.quant.factors.activation_factors`). Differentiable in ``lo``/``hi``
+    (the rounding of the offset uses the STE), so learned ranges train.
+
+    Example:
+        >>> import numpy as np
+        >>> np.asarray(fake_quant_range(np.float32([0.5, 2.0]), 0.0, 1.0, 8)).round(4).tolist()
+        [0.502, 1.0]
+    """
+    qmin, qmax = quant_limits(bits)
+    lo = ops.minimum(lo, 0.0)
+    hi = ops.maximum(hi, 0.0)
+    if symmetric:
+        scale = ops.where(hi > -lo, hi / qmax, -lo / -qmin)
+        scale = ops.where(scale < FLT_EPSILON, 1.0, scale)
+        return fake_quant(x, scale, 0.0, bits)
+    scale = (hi - lo) / (qmax - qmin)
+    scale = ops.where(scale < FLT_EPSILON, 1.0, scale)
+    offset = qmin - round_ste(lo / scale)
+    return fake_quant(x, scale, offset, bits)
+
+
+def channel_axes(layout: str, rank: int) -> tuple[int, ...]:
+    """Axes of a kernel that index its output channels ("per channel" ARQ) for ``layout``.
+
+    HWIO (Conv2D, separable pointwise): axis 3; HWCM (depthwise): axes 2 and 3 (C*M channels);
+    HWOI (Conv2DTranspose): axis 2; IO (Dense): axis 1.
+
+    Example:
+        >>> channel_axes("HWCM", 4)
+        (2, 3)
+    """
+    axes = {"HWIO": (3,), "HWCM": (2, 3), "HWOI": (2,), "IO": (1,)}[layout]
+    if max(axes) >= rank:
+        raise QuantError(f"kernel of rank {rank} does not match layout {layout}")
+    return axes
+
+
+def arq_fake_quant(kernel, layout: str, bits: int, *, channel_wise: bool):
+    """Fake-quantize a kernel with ARQ factors computed from it (symmetric, offset 0).
+
+    ``scale = max(|max|, |min|) / (2^(b-1) - 1)``, the divisor being 2^(b-1) when |min| >= |max|;
+    a scale below FLT_EPSILON becomes 1.0. Per output channel when ``channel_wise``, else one
+    scalar. The scale is a constant for the gradient (STE on the kernel).
+
+    Example:
+        >>> import numpy as np
+        >>> k = np.float32([[1.0, -0.3], [0.5, 0.2]])
+        >>> np.asarray(arq_fake_quant(k, "IO", 4, channel_wise=False)).round(3).tolist()
+        [[1.0, -0.286], [0.571, 0.143]]
+    """
+    qmin, qmax = quant_limits(bits)
+    rank = len(kernel.shape)
+    axes = channel_axes(layout, rank) if channel_wise else ()
+    reduce_axes = tuple(a for a in range(rank) if a not in axes)
+    kmax = ops.max(kernel, axis=reduce_axes, keepdims=True)
+    kmin = ops.min(kernel, axis=reduce_axes, keepdims=True)
+    divisor = ops.where(-kmin >= kmax, float(-qmin), float(qmax))
+    scale = ops.maximum(kmax, -kmin) / divisor
+    scale = ops.stop_gradient(ops.where(scale < FLT_EPSILON, 1.0, scale))
+    return fake_quant(kernel, scale, 0.0, bits)
+
+
+# --- the per-layer table ------------------------------------------------------------------------
+
+
+def _dense_op(layer, x, kernels, mid):
+    return ops.matmul(x, kernels["kernel"])
+
+
+def _conv_op(layer, x, kernels, mid):
+    return layer.convolution_op(x, kernels["kernel"])
+
+
+def _depthwise_op(layer, x, kernels, mid):
+    return ops.depthwise_conv(
+        x,
+        kernels["kernel"],
+        strides=layer.strides,
+        padding=layer.padding,
+        dilation_rate=layer.dilation_rate,
+        data_format=layer.data_format,
+    )
+
+
+def _transpose_op(layer, x, kernels, mid):
+    return ops.conv_transpose(
+        x,
+        kernels["kernel"],
+        strides=list(layer.strides),
+        padding=layer.padding,
+        output_padding=layer.output_padding,
+        dilation_rate=layer.dilation_rate,
+        data_format=layer.data_format,
+    )
+
+
+def _separable_op(layer, x, kernels, mid):
+    # Split into its two convolutions (as TF's separable_conv2d computes it) so the pointwise
+    # part's input, a tensor of its own in the deployed graph, can be fake-quantized.
+    y = ops.depthwise_conv(
+        x,
+        kernels["depthwise_kernel"],
+        strides=layer.strides,
+        padding=layer.padding,
+        dilation_rate=layer.dilation_rate,
+        data_format=layer.data_format,
+    )
+    return ops.conv(mid(y), kernels["pointwise_kernel"], 1, "valid", layer.data_format)
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """How one Keras layer class is quantized.
+
+    Attributes:
+        kernels: ``(attribute, layout)`` of each quantized kernel, in record order.
+        channel_wise: whether ARQ may use per-channel scales (AMCT: not for MatMul/Dense).
+        op: ``op(layer, x, kernels, mid) -> y`` recomputes the linear part (no bias/activation);
+            ``mid`` fake-quantizes an inner activation (separable conv). None: call the layer.
+    """
+
+    kernels: tuple[tuple[str, str], ...]
+    channel_wise: bool
+    op: Callable | None
+
+
+#: Keras class -> LayerSpec. SeparableConv2D has two parts; their record keys are
+#: ``<name>/depthwise`` and ``<name>/pointwise`` (see :data:`SEPARABLE_PARTS`).
+LAYER_SPECS: dict[type, LayerSpec] = {
+    keras.layers.Dense: LayerSpec((("kernel", "IO"),), False, _dense_op),
+    keras.layers.Conv2D: LayerSpec((("kernel", "HWIO"),), True, _conv_op),
+    keras.layers.DepthwiseConv2D: LayerSpec((("kernel", "HWCM"),), True, _depthwise_op),
+    keras.layers.Conv2DTranspose: LayerSpec((("kernel", "HWOI"),), True, _transpose_op),
+    keras.layers.SeparableConv2D: LayerSpec(
+        (("depthwise_kernel", "HWCM"), ("pointwise_kernel", "HWIO")), True, _separable_op
+    ),
+    keras.layers.AveragePooling2D: LayerSpec((), False, None),
+}
+
+#: Record key suffixes of SeparableConv2D's parts, keyed by the kernel attribute.
+SEPARABLE_PARTS = {"depthwise_kernel": "depthwise", "pointwise_kernel": "pointwise"}
+
+
+def layer_spec(layer: keras.layers.Layer) -> LayerSpec | None:
+    """The LayerSpec of ``layer`` (by class, subclasses included), or None if not quantizable.
+
+    Example:
+        >>> layer_spec(keras.layers.Dense(3)).kernels
+        (('kernel', 'IO'),)
+    """
+    for cls in type(layer).__mro__:
+        if cls in LAYER_SPECS:
+            return LAYER_SPECS[cls]
+    return None
+
+
+def finish(layer: keras.layers.Layer, y):
+    """Add ``layer``'s bias and apply its activation to the output ``y`` of its linear op."""
+    bias = getattr(layer, "bias", None)
+    if bias is not None:
+        if getattr(layer, "data_format", "channels_last") == "channels_first":
+            bias = ops.reshape(bias, (1, -1) + (1,) * (len(y.shape) - 2))
+        y = y + bias
+    activation = getattr(layer, "activation", None)
+    return activation(y) if activation is not None else y

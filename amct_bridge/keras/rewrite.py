@@ -1,0 +1,156 @@
+"""Rewrite a Keras model into a copy with some layers replaced (used by simulate and QAT).
+
+Layers are addressed by record keys: the Keras layer name, nested models joined with "/"
+("outer/inner"). The original model is never modified: the copy has its own layers and variables.
+
+Example:
+    >>> import keras
+    >>> m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, name="d")])
+    >>> sorted(layer_keys(m).values())
+    ['d']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import keras
+import numpy as np
+
+from amct_bridge.errors import QuantError
+from amct_bridge.keras.fake_quant import layer_spec
+
+
+def layer_keys(model: keras.Model, prefix: str = "") -> dict[int, str]:
+    """Map ``id(layer)`` -> record key for every layer of ``model``, nested models included.
+
+    Example:
+        >>> import keras
+        >>> m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1, name="fc")])
+        >>> list(layer_keys(m).values())
+        ['fc']
+    """
+    keys: dict[int, str] = {}
+    for layer in model.layers:
+        key = prefix + layer.name
+        keys[id(layer)] = key
+        if isinstance(layer, keras.Model):
+            keys.update(layer_keys(layer, key + "/"))
+    return keys
+
+
+def quantizable_layers(model: keras.Model) -> dict[str, keras.layers.Layer]:
+    """Record key -> layer for every layer of ``model`` that :data:`LAYER_SPECS` quantizes.
+
+    Example:
+        >>> import keras
+        >>> m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1, name="fc"),
+        ...                       keras.layers.ReLU(name="r")])
+        >>> list(quantizable_layers(m))
+        ['fc']
+    """
+    keys = layer_keys(model)
+    return {keys[id(x)]: x for x in _all_layers(model) if layer_spec(x) is not None}
+
+
+def _all_layers(model: keras.Model) -> list[keras.layers.Layer]:
+    out = []
+    for layer in model.layers:
+        out.append(layer)
+        if isinstance(layer, keras.Model):
+            out.extend(_all_layers(layer))
+    return out
+
+
+def batchnorm_after(model: keras.Model) -> dict[str, keras.layers.BatchNormalization]:
+    """Record key of each quantizable layer whose output only feeds a BatchNormalization -> that BN.
+
+    These are the Conv+BN pairs AMCT fuses before computing scale_w (unless skip_fusion): the
+    layer has no activation and the BN normalizes its channel axis.
+
+    Example:
+        >>> import keras
+        >>> m = keras.Sequential([keras.Input((4, 4, 1)), keras.layers.Conv2D(2, 1, name="c"),
+        ...                       keras.layers.BatchNormalization(name="bn")])
+        >>> {k: bn.name for k, bn in batchnorm_after(m).items()}
+        {'c': 'bn'}
+    """
+    keys = layer_keys(model)
+    pairs = {}
+    for layer in _all_layers(model):
+        spec = layer_spec(layer)
+        if spec is None or not spec.kernels or id(layer) not in keys:
+            continue
+        if getattr(layer, "activation", None) not in (None, keras.activations.linear):
+            continue
+        consumers = {id(n.operation): n.operation for n in layer._outbound_nodes}
+        consumers = [c for c in consumers.values() if id(c) in keys]
+        if len(consumers) != 1 or not isinstance(consumers[0], keras.layers.BatchNormalization):
+            continue
+        bn = consumers[0]
+        channel_axis = (
+            -1 if getattr(layer, "data_format", "channels_last") == "channels_last" else 1
+        )
+        rank = len(layer.output.shape)
+        if bn.axis % rank != channel_axis % rank:
+            continue
+        pairs[keys[id(layer)]] = bn
+    return pairs
+
+
+def bn_scale(bn: keras.layers.BatchNormalization) -> np.ndarray:
+    """Per-channel factor ``gamma / sqrt(moving_variance + epsilon)`` a BN multiplies by."""
+    var = np.asarray(bn.moving_variance, dtype=np.float64)
+    gamma = np.asarray(bn.gamma, dtype=np.float64) if bn.scale else np.ones_like(var)
+    return gamma / np.sqrt(var + bn.epsilon)
+
+
+def clone_with(
+    model: keras.Model, make_layer: Callable[[str, keras.layers.Layer], keras.layers.Layer]
+) -> tuple[keras.Model, dict[str, tuple[keras.layers.Layer, keras.layers.Layer]]]:
+    """Clone ``model`` (nested models too); ``make_layer(key, original)`` builds each new layer.
+
+    Returns the clone and ``key -> (original layer, new layer)``. Weights are NOT copied: the
+    caller copies them (:func:`copy_weights`) once the clone is built, possibly transformed.
+
+    Example:
+        >>> import keras
+        >>> m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1, name="fc")])
+        >>> c, pairs = clone_with(m, lambda key, l: l.__class__.from_config(l.get_config()))
+        >>> list(pairs), c.layers[0] is m.layers[0]
+        (['fc'], False)
+    """
+    if not model.built:
+        raise QuantError(f"model {model.name!r} is not built: call it on data or give it an Input")
+    if not isinstance(model, (keras.Sequential,)) and not _is_functional(model):
+        raise QuantError(
+            f"model {model.name!r} ({type(model).__name__}) is a subclassed model; only "
+            "Sequential and functional models (nested ones too) can be rewritten"
+        )
+    keys = layer_keys(model)
+    pairs: dict[str, tuple[keras.layers.Layer, keras.layers.Layer]] = {}
+
+    def clone_function(layer: keras.layers.Layer) -> keras.layers.Layer:
+        key = keys[id(layer)]
+        new = make_layer(key, layer)
+        pairs[key] = (layer, new)
+        return new
+
+    clone = keras.models.clone_model(model, clone_function=clone_function, recursive=True)
+    return clone, pairs
+
+
+def _is_functional(model: keras.Model) -> bool:
+    from keras.src.models.functional import Functional  # Keras 3 has no public alias
+
+    return isinstance(model, Functional)
+
+
+def plain_copy(layer: keras.layers.Layer) -> keras.layers.Layer:
+    """A new layer of the same class and config (unbuilt, fresh weights)."""
+    return layer.__class__.from_config(layer.get_config())
+
+
+def copy_weights(src: keras.layers.Layer, dst: keras.layers.Layer) -> None:
+    """Copy all weights of ``src`` into ``dst`` (same class and config)."""
+    dst.set_weights(src.get_weights())

@@ -1,0 +1,259 @@
+"""Simulated (fake-quantized) inference of a Keras model with a record's factors.
+
+``simulate(model, record)`` returns a copy of ``model`` in which every layer named in the record
+computes on quantized -> dequantized values, as the deployed integer model will:
+
+* its input: ``scale_d`` / ``offset_d`` with ``dst_type``'s bit width if set (QAT records: INT4 or
+  INT8), else ``act_type``'s (INT8 default, INT16);
+* its kernels: ``scale_w`` / ``offset_w`` (one value or one per output channel) with ``dst_type``'s
+  bit width if set, else 8 (``wts_type``). Kernels are quantized once, in numpy, when the copy is
+  made; when AMCT would fuse a following BatchNormalization into the layer (Conv/Dense -> BN, no
+  ``skip_fusion``), the FUSED kernel ``W * gamma / sqrt(var + eps)`` is quantized, as the record's
+  scale_w was computed on it, and the BN layer is kept (the kernel is divided back by the BN
+  factor), so the copy keeps the original's structure and layer names.
+
+Layers without a record entry stay float. Biases stay float (the deployed int32 bias has an error
+far below one activation step). Record keys are Keras layer names ("outer/inner" inside nested
+models); a SeparableConv2D ``sep`` has two entries, ``sep/depthwise`` (input + depthwise kernel)
+and ``sep/pointwise`` (the depthwise output + pointwise kernel). A key that names no quantizable
+layer is an error (:class:`~amct_bridge.errors.RecordError`), like AMCT's "find <layer> failure".
+
+Example:
+    >>> import keras, numpy as np
+    >>> from amct_bridge.records import LayerFactors, Record
+    >>> m = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, name="fc")])
+    >>> m.set_weights([np.float32([[0.5], [0.25]]), np.float32([0.0])])
+    >>> rec = Record({"fc": LayerFactors(scale_d=0.5, offset_d=0, scale_w=[0.25], offset_w=[0])})
+    >>> float(simulate(m, rec).predict(np.float32([[1.2, 0.4]]), verbose=0)[0, 0])  # 1*.5+.5*.25
+    0.625
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+
+import keras
+import numpy as np
+
+from amct_bridge.errors import RecordError
+from amct_bridge.keras.fake_quant import (
+    SEPARABLE_PARTS,
+    fake_quant,
+    finish,
+    layer_spec,
+)
+from amct_bridge.keras.rewrite import (
+    batchnorm_after,
+    bn_scale,
+    clone_with,
+    copy_weights,
+    plain_copy,
+    quantizable_layers,
+)
+from amct_bridge.quant.factors import bits_of, fake_quantize, quant_limits
+from amct_bridge.records.model import LayerFactors, Record
+
+
+@keras.saving.register_keras_serializable(package="amct_bridge")
+class SimulatedQuant(keras.layers.Wrapper):
+    """Wraps a layer whose kernels were already fake-quantized; fake-quantizes its input.
+
+    Args:
+        layer: the wrapped layer (its kernels hold dequantized integer values).
+        input_quant: ``[scale, offset, bits]`` for the input, or None (input stays float).
+        mid_quant: ``[scale, offset, bits]`` for a SeparableConv2D's depthwise output, or None.
+
+    Example:
+        >>> import keras
+        >>> w = SimulatedQuant(keras.layers.Dense(2), input_quant=[0.1, 0, 8], name="fc")
+        >>> w.get_config()["input_quant"]
+        [0.1, 0, 8]
+    """
+
+    def __init__(self, layer, input_quant=None, mid_quant=None, **kwargs):
+        super().__init__(layer, **kwargs)
+        self.input_quant = None if input_quant is None else list(input_quant)
+        self.mid_quant = None if mid_quant is None else list(mid_quant)
+
+    def call(self, inputs):
+        x = inputs if self.input_quant is None else _fq(inputs, self.input_quant)
+        if self.mid_quant is None:
+            return self.layer(x)
+        spec = layer_spec(self.layer)
+        kernels = {attr: getattr(self.layer, attr) for attr, _ in spec.kernels}
+        return finish(self.layer, spec.op(self.layer, x, kernels, lambda y: _fq(y, self.mid_quant)))
+
+    def compute_output_shape(self, input_shape):
+        return self.layer.compute_output_shape(input_shape)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "input_quant": self.input_quant,
+            "mid_quant": self.mid_quant,
+        }
+
+
+def _fq(x, quant):
+    scale, offset, bits = quant
+    return fake_quant(x, np.float32(scale), np.float32(offset), int(bits))
+
+
+def simulate(model: keras.Model, record: Record | str | os.PathLike) -> keras.Model:
+    """A copy of ``model`` that applies ``record``'s quantization (see the module docstring).
+
+    Args:
+        model: a built Sequential or functional Keras model (nested models allowed). Not modified.
+        record: a :class:`~amct_bridge.records.Record` or the path of a record file (keys: Keras
+            layer names).
+
+    Returns:
+        A new ``keras.Model`` (same inputs/outputs, layer names) to ``predict``/``evaluate``.
+
+    Raises:
+        RecordError: a key names no quantizable layer, or a layer's factors do not fit it.
+
+    Example:
+        >>> sim = simulate(model, "record.txt")  # doctest: +SKIP
+        >>> sim.compile(metrics=["accuracy"]); sim.evaluate(x, y)  # doctest: +SKIP
+    """
+    if not isinstance(record, Record):
+        from amct_bridge.records import load
+
+        record = load(record)
+    parts = _record_parts(model, record)
+    fused = batchnorm_after(model)
+
+    def make_layer(key, layer):
+        new = plain_copy(layer)
+        mine = parts.get(key)
+        if mine is None or not any(f is not None for f in mine.values()):
+            return new
+        first, last = mine[_first_kernel(layer)], mine.get("pointwise_kernel")
+        return SimulatedQuant(
+            new,
+            input_quant=_input_quant(first, key) if first is not None else None,
+            mid_quant=_input_quant(last, key) if last is not None else None,
+            name=layer.name,
+        )
+
+    clone, pairs = clone_with(model, make_layer)
+    for key, (orig, new) in pairs.items():
+        inner = new.layer if isinstance(new, SimulatedQuant) else new
+        copy_weights(orig, inner)
+        if key in parts:
+            _quantize_kernels(inner, parts[key], fused.get(key))
+    return clone
+
+
+def _first_kernel(layer) -> str:
+    spec = layer_spec(layer)
+    return spec.kernels[0][0] if spec.kernels else ""
+
+
+def _record_parts(model: keras.Model, record: Record) -> dict[str, dict[str, LayerFactors | None]]:
+    """Layer key -> {kernel attribute ("" for pooling): factors or None}; unknown keys raise."""
+    layers = quantizable_layers(model)
+    wanted: dict[str, tuple[str, str]] = {}
+    for key, layer in layers.items():
+        spec = layer_spec(layer)
+        if isinstance(layer, keras.layers.SeparableConv2D):
+            for attr, suffix in SEPARABLE_PARTS.items():
+                wanted[f"{key}/{suffix}"] = (key, attr)
+        else:
+            wanted[key] = (key, spec.kernels[0][0] if spec.kernels else "")
+    unknown = [k for k in record.layers if k not in wanted]
+    if unknown:
+        raise RecordError(_unknown_message(model, unknown, list(wanted)))
+    parts: dict[str, dict[str, LayerFactors | None]] = {}
+    for rkey, factors in record.layers.items():
+        key, attr = wanted[rkey]
+        _check_factors(rkey, layers[key], attr, factors)
+        parts.setdefault(key, {a: None for a, _ in layer_spec(layers[key]).kernels} or {"": None})
+        parts[key][attr] = factors
+    return parts
+
+
+def _unknown_message(model: keras.Model, unknown: list[str], known: list[str]) -> str:
+    lines = [f"record keys name no quantizable layer of model {model.name!r}:"]
+    for key in unknown:
+        close = difflib.get_close_matches(key, known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        lines.append(f"  find {key} failure in model. Please match{hint}")
+    lines.append("quantizable layers: " + (", ".join(known) or "none"))
+    return "\n".join(lines)
+
+
+def _bits(factors: LayerFactors, field: str) -> int:
+    if factors.dst_type is not None:
+        return bits_of(factors.dst_type)
+    if field == "act_type":
+        return bits_of(factors.act_type or "INT8")
+    return 8  # wts_type: INT6/INT7 results are stored as INT8 too
+
+
+def _check_factors(key: str, layer, attr: str, f: LayerFactors) -> None:
+    where = f"record key {key!r} ({type(layer).__name__})"
+    if (f.scale_d is None) != (f.offset_d is None):
+        raise RecordError(f"{where}: scale_d and offset_d must be given together")
+    if f.scale_d is not None:
+        qmin, qmax = quant_limits(_bits(f, "act_type"))
+        if not (np.isfinite(f.scale_d) and f.scale_d > 0):
+            raise RecordError(f"{where}: scale_d {f.scale_d} must be finite and > 0")
+        if not qmin <= f.offset_d <= qmax:
+            raise RecordError(f"{where}: offset_d's value should be in [{qmin}, {qmax}]")
+    if not attr:
+        if f.scale_w:
+            raise RecordError(f"{where}: average pooling has no weights, but scale_w is set")
+        return
+    if not f.scale_w:
+        return
+    channels = _out_channels(getattr(layer, attr).shape, layer_spec(layer), attr)
+    if len(f.scale_w) not in (1, channels):
+        raise RecordError(f"{where}: scale_w has {len(f.scale_w)} values, expected 1 or {channels}")
+    if f.offset_w and len(f.offset_w) != len(f.scale_w):
+        raise RecordError(
+            f"{where}: offset_w has {len(f.offset_w)} values, scale_w {len(f.scale_w)}"
+        )
+    if not all(np.isfinite(s) and s > 0 for s in f.scale_w):
+        raise RecordError(f"{where}: every scale_w must be finite and > 0")
+
+
+def _input_quant(f: LayerFactors, key: str) -> list | None:
+    if f.scale_d is None:
+        return None
+    return [float(np.float32(f.scale_d)), int(f.offset_d), _bits(f, "act_type")]
+
+
+def _channel_view(kernel: np.ndarray, layout: str) -> tuple[np.ndarray, int]:
+    """``kernel`` reshaped so its output channels lie on one axis, and that axis."""
+    if layout == "HWCM":  # depthwise: channel c*M + m
+        return kernel.reshape(kernel.shape[:2] + (-1,)), 2
+    return kernel, {"HWIO": 3, "HWOI": 2, "IO": 1}[layout]
+
+
+def _out_channels(kernel_shape, spec, attr) -> int:
+    view, axis = _channel_view(np.empty(tuple(kernel_shape)), dict(spec.kernels)[attr])
+    return view.shape[axis]
+
+
+def _quantize_kernels(layer, parts: dict, bn) -> None:
+    """Replace each kernel of ``layer`` named in ``parts`` by its dequantized integer values."""
+    spec = layer_spec(layer)
+    for attr, layout in spec.kernels:
+        f = parts.get(attr)
+        if f is None or not f.scale_w:
+            continue
+        var = getattr(layer, attr)
+        w, axis = _channel_view(np.asarray(var, dtype=np.float64), layout)
+        # BN folds into the last kernel only (the pointwise one of a separable conv).
+        fold = bn is not None and not f.skip_fusion and attr == spec.kernels[-1][0]
+        k = bn_scale(bn) if fold else np.ones(w.shape[axis])
+        k = k.reshape([-1 if a == axis else 1 for a in range(w.ndim)])
+        offset = f.offset_w or [0] * len(f.scale_w)
+        wq = fake_quantize(w * k, f.scale_w, offset, _bits(f, "wts_type"), axis=axis)
+        # Divide the BN factor back out: the kept BN multiplies it in again. A zero factor
+        # makes the kernel irrelevant, so keep the float one there.
+        wq = np.where(k == 0, w, wq / np.where(k == 0, 1.0, k))
+        var.assign(wq.reshape(var.shape).astype(var.dtype))
