@@ -52,7 +52,12 @@ def check_writable(path: str | os.PathLike) -> None:
         raise AmctBridgeError(f"{path}: directory does not exist")
     if path.is_dir():
         raise AmctBridgeError(f"{path}: is a directory, expected a file path")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise AmctBridgeError(f"{path}: directory is not writable")
     if path.exists() and not os.access(path, os.W_OK):
         raise AmctBridgeError(f"{path}: file is not writable")
+    # Probe with a real temp file: os.access says yes to root even on a read-only mount.
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=parent)
+    except OSError as err:
+        raise AmctBridgeError(f"{path}: directory is not writable ({err.strerror})") from None
+    os.close(fd)
+    os.unlink(probe)

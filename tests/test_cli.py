@@ -1,0 +1,109 @@
+"""The `amct-bridge` command on the real fixture records, run as a user would (subprocess)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from amct_bridge.records import load
+
+DATA = Path(__file__).parent / "data" / "amct"
+MOBILENET = DATA / "tf_mobilenet_v2_record_quantized.txt"
+PRUNE = DATA / "prune_record_single_conv.txt"
+
+
+def run(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "amct_bridge", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_inspect_mobilenet_table():
+    result = run("inspect", MOBILENET)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].endswith("'tf' record, 54 layers")
+    assert lines[1].split() == [
+        "layer",
+        "scale_d",
+        "offset_d",
+        "channels",
+        "scale_w",
+        "range",
+        "types",
+        "extra",
+    ]
+    row = next(line for line in lines if line.startswith("MobilenetV2/expanded_conv_2/depthwise/"))
+    record = load(MOBILENET)
+    factors = record.layers["MobilenetV2/expanded_conv_2/depthwise/depthwise"]
+    assert row.split()[1:4] == [f"{factors.scale_d:.6g}", "-128", str(len(factors.scale_w))]
+    assert f"{min(factors.scale_w):.6g} .. {max(factors.scale_w):.6g}" in row
+    assert len(lines) == 2 + 54
+
+
+def test_inspect_prune_summary():
+    result = run("inspect", PRUNE)
+    assert result.returncode == 0, result.stderr
+    assert "1 channel-pruning group(s), 0 selective node(s)" in result.stdout
+    assert (
+        "group 0: layer1.0(Conv)[0, 64) -> layer1.1(BatchNormalization)[0, 64), "
+        "layer2.0(Conv)[0, 64)"
+    ) in result.stdout
+
+
+def test_validate_ok_and_problems(tmp_path):
+    ok = run("validate", MOBILENET)
+    assert ok.returncode == 0 and "ok ('tf' record, 54 layers" in ok.stdout
+    bad = tmp_path / "bad.txt"
+    bad.write_text(
+        'record {\n  key: "c"\n  value {\n    scale_d: 0.5\n    offset_d: 200\n'
+        "    offset_w: 1\n  }\n}\n"
+    )
+    result = run("validate", bad)
+    assert result.returncode == 1
+    assert result.stdout.splitlines()[:2] == [
+        f"{bad}:5: layer 'c': offset_d: offset_d's value should be in [-128, 127] (INT8), got 200",
+        f"{bad}:6: layer 'c': offset_w: offset_w's value should be 0",
+    ]
+
+
+def test_validate_as_other_flavor():
+    result = run("validate", PRUNE, "--flavor", "tf")
+    assert result.returncode == 1 and "prune_record is not part of a 'tf' record" in result.stdout
+
+
+def test_validate_unparsable_file_exit_2(tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_text("record {\n  kee: 1\n}\n")
+    result = run("validate", bad)
+    assert result.returncode == 2
+    assert f"{bad}:2:" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_convert_record_reports_drops(tmp_path):
+    out = tmp_path / "ms.txt"
+    result = run("convert-record", PRUNE, "--to", "mindspore", "-o", out)
+    assert result.returncode == 0, result.stderr
+    assert "dropped: 1 prune_record entries" in result.stdout
+    assert load(out, "mindspore").prune_records == []
+    out_tf = tmp_path / "tf.txt"
+    assert run("convert-record", MOBILENET, "--to", "tf", "-o", out_tf).returncode == 0
+    assert out_tf.read_bytes() == MOBILENET.read_bytes()
+
+
+@pytest.mark.parametrize("command", ["inspect", "validate", "convert-record"])
+def test_every_command_has_useful_help(command):
+    result = run(command, "--help")
+    assert result.returncode == 0
+    assert len(result.stdout) > 300 and "usage: amct-bridge " + command in result.stdout
+
+
+def test_top_level_help_and_module_entry():
+    result = run("--help")
+    assert result.returncode == 0
+    for command in ("inspect", "validate", "convert-record"):
+        assert command in result.stdout
