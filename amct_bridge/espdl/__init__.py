@@ -1,0 +1,129 @@
+"""ESP-DL v1 exporter: record + weights -> config.json + coefficient .npy, and an exact preview.
+
+Framework-free: :func:`export` takes the model as a list of
+:class:`~amct_bridge.espdl.source.SourceLayer` or, for convenience, a Keras model (the Keras
+adapter is imported only then). :mod:`amct_bridge.espdl.preview` predicts convert.py's integers.
+
+Example:
+    >>> import numpy as np, tempfile, pathlib
+    >>> from amct_bridge.espdl import SourceLayer, export
+    >>> from amct_bridge.records import LayerFactors, Record
+    >>> from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange
+    >>> w = np.ones((4, 2), np.float32)
+    >>> layers = [SourceLayer("in", "input"),
+    ...           SourceLayer("fc", "dense", ["in"], weights={"kernel": w})]
+    >>> rec = Record({"fc": LayerFactors(scale_d=1 / 255, offset_d=-128)})  # input in [0, 1]
+    >>> stats = CalibrationStats(layers={"fc": LayerStats("Dense", output=TensorRange(-4.0, 4.0))})
+    >>> res = export(rec, layers, None, stats=stats)  # out_dir None: compute, write nothing
+    >>> res.config["fc"]["input_exponent"], res.config["fc"]["output_exponent"]
+    (-6, -4)
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from amct_bridge.errors import ExportError
+from amct_bridge.espdl.export import ExportedLayer, ExportResult, export_layers
+from amct_bridge.espdl.preview import (
+    LayerPreview,
+    load_set,
+    preview_layer,
+    preview_set,
+    tool_output,
+)
+from amct_bridge.espdl.source import SourceLayer
+from amct_bridge.records.calibration import CalibrationStats, load_stats, sidecar_path
+from amct_bridge.records.model import Record
+
+__all__ = [
+    "ExportResult",
+    "ExportedLayer",
+    "LayerPreview",
+    "SourceLayer",
+    "export",
+    "export_layers",
+    "load_set",
+    "preview_layer",
+    "preview_set",
+    "tool_output",
+]
+
+
+def _resolve_record(record: Record | str | os.PathLike | None) -> Record | None:
+    if record is None or isinstance(record, Record):
+        return record
+    from amct_bridge.records import load
+
+    return load(record)
+
+
+def _resolve_stats(
+    stats: CalibrationStats | str | os.PathLike | None, record: object
+) -> CalibrationStats | None:
+    if isinstance(stats, CalibrationStats):
+        return stats
+    if stats is not None:
+        return load_stats(stats)
+    if isinstance(record, (str, os.PathLike)) and sidecar_path(record).is_file():
+        return load_stats(sidecar_path(record))
+    return None
+
+
+def _resolve_layers(model_or_weights: object) -> list[SourceLayer]:
+    if isinstance(model_or_weights, (list, tuple)) and all(
+        isinstance(x, SourceLayer) for x in model_or_weights
+    ):
+        return list(model_or_weights)
+    if type(model_or_weights).__module__.startswith(("keras", "tf_keras", "tensorflow")):
+        from amct_bridge.keras.espdl_weights import source_layers  # TF only when given a model
+
+        return source_layers(model_or_weights)
+    raise ExportError(
+        f"cannot export a {type(model_or_weights).__name__}: pass a Keras model or a list of "
+        "amct_bridge.espdl.SourceLayer"
+    )
+
+
+def export(
+    record: Record | str | os.PathLike | None,
+    model_or_weights: object,
+    out_dir: str | os.PathLike | None,
+    *,
+    stats: CalibrationStats | str | os.PathLike | None = None,
+    feature_type: str = "s8",
+    granularity: str = "per-tensor",
+    target: str = "esp32",
+    skip_unsupported: bool = False,
+    overwrite: bool = False,
+) -> ExportResult:
+    """Export a model as ESP-DL v1 convert.py input in ``out_dir`` (None: compute only).
+
+    Args:
+        record: AMCT record (object or path); None to rely on the sidecar alone.
+        model_or_weights: a Keras model, or a list of SourceLayer in execution order.
+        out_dir: directory to create (built beside it, then renamed: never half-written).
+        stats: calibration sidecar (object or path). Default: ``<record>.calib.json`` when
+            ``record`` is a path and that file exists.
+        feature_type, granularity, target, skip_unsupported, overwrite: see
+            :func:`amct_bridge.espdl.export.export_layers`.
+
+    Example:
+        >>> export(None, "model.keras", None)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        amct_bridge.errors.ExportError: cannot export a str: pass a Keras model or a list of ...
+    """
+    layers = _resolve_layers(model_or_weights)
+    return export_layers(
+        layers,
+        Path(out_dir) if out_dir is not None else None,
+        record=_resolve_record(record),
+        stats=_resolve_stats(stats, record),
+        feature_type=feature_type,
+        granularity=granularity,
+        target=target,
+        skip_unsupported=skip_unsupported,
+        overwrite=overwrite,
+    )

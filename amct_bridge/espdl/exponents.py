@@ -1,0 +1,144 @@
+"""Input and output exponents of exported chains, from the calibration sidecar and the record.
+
+ESP-DL v1 tensors are ``int * 2^e``; a layer's output exponent is a free choice (we take the
+smallest one whose symmetric range covers the calibrated range), its input exponent is whatever
+its producer wrote. Sources, first match wins (each result says which one it used):
+
+output_exponent of a chain (range of the chain's last layer, after the fused activation):
+  1. sidecar ``output`` range of that layer;
+  2. sidecar ``input`` range of the next exported layer, when the chain output reaches it only
+     through exponent-keeping layers (MaxPool, Reshape, Flatten, ReLU...);
+  3. the record's ``scale_d``/``offset_d`` of that next layer (the range AMCT quantizes it to).
+input_exponent of a chain:
+  1. the output exponent of the exported chain feeding it (through exponent-keeping layers):
+     the runtime has exactly that tensor, so anything else would mis-scale the bias;
+  2. sidecar ``input`` range of the layer; 3. the record's ``scale_d``/``offset_d`` of the layer.
+
+Example:
+    >>> from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange
+    >>> stats = CalibrationStats(layers={"c": LayerStats("Conv2D", output=TensorRange(0.0, 6.0))})
+    >>> ExponentFinder([], None, stats, bits=8).range_exponent("c", "output")
+    (-4, "sidecar output range of 'c'", (0.0, 6.0))
+"""
+
+from __future__ import annotations
+
+from amct_bridge.errors import ExportError, QuantError
+from amct_bridge.espdl.plan import Chain, consumers_map
+from amct_bridge.espdl.source import WEIGHT_OPS, SourceLayer
+from amct_bridge.quant.espdl import range_to_exponent, scale_offset_to_exponent
+from amct_bridge.records.calibration import CalibrationStats
+from amct_bridge.records.model import Record
+
+#: Standalone ops whose output exponent equals their input exponent in the runtime.
+_KEEPS = ("relu", "leaky_relu")
+
+Found = tuple[int, str, tuple[float, float] | None]
+
+
+def _keeps_exponent(layer: SourceLayer) -> bool:
+    return layer.op in _KEEPS or (layer.op == "runtime" and bool(layer.attrs.get("keeps_exponent")))
+
+
+class ExponentFinder:
+    """Looks exponents up for chains, in execution order (see the module docstring).
+
+    Example:
+        >>> ExponentFinder([], None, None, bits=16).bits
+        16
+    """
+
+    def __init__(
+        self,
+        layers: list[SourceLayer],
+        record: Record | None,
+        stats: CalibrationStats | None,
+        *,
+        bits: int,
+    ) -> None:
+        self.layers = {layer.name: layer for layer in layers}
+        self.consumers = consumers_map(layers)
+        self.record = record
+        self.stats = stats
+        self.bits = bits
+        self.chain_outputs: dict[str, int] = {}
+
+    def range_exponent(self, name: str, side: str) -> Found | None:
+        """Exponent from the sidecar's ``side`` ("input"/"output") range of layer ``name``."""
+        entry = self.stats.layers.get(name) if self.stats else None
+        rng = getattr(entry, side, None) if entry else None
+        if rng is None:
+            return None
+        try:
+            exp = range_to_exponent(rng.min, rng.max, self.bits)
+        except QuantError as err:
+            raise ExportError(f"calibration sidecar, layer {name!r}, {side}: {err}") from None
+        return exp, f"sidecar {side} range of {name!r}", (float(rng.min), float(rng.max))
+
+    def record_exponent(self, name: str) -> Found | None:
+        """Exponent covering the range the record's scale_d/offset_d of ``name`` encode."""
+        factors = self.record.layers.get(name) if self.record else None
+        if factors is None or factors.scale_d is None or factors.offset_d is None:
+            return None
+        act_bits = 16 if (factors.act_type or "INT8").upper() == "INT16" else 8
+        try:
+            exp = scale_offset_to_exponent(factors.scale_d, factors.offset_d, act_bits, self.bits)
+        except QuantError as err:
+            raise ExportError(f"record, layer {name!r}: scale_d/offset_d: {err}") from None
+        qmin, qmax = -(2 ** (act_bits - 1)), 2 ** (act_bits - 1) - 1
+        lo = (qmin - factors.offset_d) * factors.scale_d
+        hi = (qmax - factors.offset_d) * factors.scale_d
+        return exp, f"record scale_d/offset_d of {name!r}", (float(lo), float(hi))
+
+    def _next_weight_layer(self, name: str) -> SourceLayer | None:
+        """The conv/dense that alone reads ``name``'s output through exponent-keeping layers."""
+        current = self.layers.get(name)
+        while current is not None:
+            users = self.consumers.get(current.name, [])
+            if len(users) != 1 or current.attrs.get("model_output"):
+                return None
+            user = users[0]
+            if user.op in WEIGHT_OPS and user.inputs == [current.name]:
+                return user
+            if not (_keeps_exponent(user) and len(user.inputs) == 1):
+                return None
+            current = user
+        return None
+
+    def _feeding_chain(self, head: SourceLayer) -> Found | None:
+        if len(head.inputs) != 1:
+            return None
+        current = self.layers.get(head.inputs[0])
+        while current is not None:
+            if current.name in self.chain_outputs:
+                exp = self.chain_outputs[current.name]
+                return exp, f"output exponent of {current.name!r}", None
+            if not (_keeps_exponent(current) and len(current.inputs) == 1):
+                return None
+            current = self.layers.get(current.inputs[0])
+        return None
+
+    def output_exponent(self, chain: Chain) -> Found:
+        """The chain's output exponent and where it came from; ExportError if none."""
+        found = self.range_exponent(chain.last, "output")
+        nxt = self._next_weight_layer(chain.last)
+        if found is None and nxt is not None:
+            found = self.range_exponent(nxt.name, "input") or self.record_exponent(nxt.name)
+        if found is None:
+            hint = f" nor an input range / scale_d for its reader {nxt.name!r}" if nxt else ""
+            raise ExportError(
+                f"layer {chain.head.name!r}: cannot choose output_exponent: no calibrated output "
+                f"range for {chain.last!r} in the calibration sidecar{hint}; pass the sidecar "
+                "(<record>.calib.json) written by the Keras calibration callback"
+            )
+        self.chain_outputs[chain.last] = found[0]
+        return found
+
+    def input_exponent(self, chain: Chain) -> Found | None:
+        """The chain's input exponent and its source, or None when nothing gives one."""
+        name = chain.head.name
+        return (
+            self._feeding_chain(chain.head)
+            or self.range_exponent(name, "input")
+            or self.record_exponent(name)
+        )

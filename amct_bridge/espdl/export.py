@@ -1,0 +1,291 @@
+"""Export record + weights as ESP-DL v1 convert.py input: config.json + coefficient .npy files.
+
+One config.json entry per exported chain (conv/depthwise/dense + folded BN + fused activation,
+see :mod:`amct_bridge.espdl.plan`), in execution order, named by a unique C identifier. Next to
+them: ``names.json`` (C identifier -> model layer name) and ``export.json`` (fused layers,
+exponents and where each came from, skipped layers, the convert.py command line). Every entry
+is run through :func:`amct_bridge.espdl.preview.preview_layer` before anything is written, so
+an entry convert.py would reject never reaches the disk.
+
+Example:
+    >>> import numpy as np, tempfile, pathlib
+    >>> from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange
+    >>> layers = [SourceLayer("in", "input"),
+    ...           SourceLayer("fc", "dense", ["in"], "Dense",
+    ...                       {"kernel": np.full((4, 2), 0.5, np.float32)})]
+    >>> stats = CalibrationStats(layers={"fc": LayerStats("Dense", TensorRange(0, 1),
+    ...                                                   TensorRange(-2, 2))})
+    >>> out = pathlib.Path(tempfile.mkdtemp()) / "espdl"
+    >>> res = export_layers(layers, out, stats=stats)
+    >>> sorted(res.config["fc"].items())  # doctest: +NORMALIZE_WHITESPACE
+    [('feature_type', 's8'), ('filter_exponent', -7), ('input_exponent', -6),
+     ('operation', 'fully_connected'), ('output_exponent', -5)]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from amct_bridge.errors import ExportError
+from amct_bridge.espdl import spec
+from amct_bridge.espdl.coefficients import Coefficients, chain_coefficients
+from amct_bridge.espdl.exponents import ExponentFinder
+from amct_bridge.espdl.naming import c_identifiers
+from amct_bridge.espdl.plan import Chain, Problem, plan_chains
+from amct_bridge.espdl.preview import LayerPreview, preview_layer
+from amct_bridge.espdl.source import WEIGHT_OPS, SourceLayer
+from amct_bridge.espdl.writer import npy_bytes, write_directory
+from amct_bridge.quant.espdl import auto_exponent
+from amct_bridge.records.calibration import CalibrationStats
+from amct_bridge.records.model import Record
+
+GRANULARITIES = ("per-tensor", "per-channel")
+REPORT_FORMAT = "amct_bridge.espdl_export/1"
+
+
+@dataclass
+class ExportedLayer:
+    """One config.json entry and how it was made."""
+
+    name: str
+    source: str
+    operation: str
+    fused: list[str]
+    entry: dict
+    coefficients: Coefficients
+    preview: LayerPreview
+    sources: dict[str, str] = field(default_factory=dict)
+    output_range: tuple[float, float] | None = None
+
+
+@dataclass
+class ExportResult:
+    """Everything :func:`export_layers` produced (``out_dir`` is None for a dry run)."""
+
+    out_dir: Path | None
+    feature_type: str
+    granularity: str
+    target: str
+    layers: list[ExportedLayer]
+    skipped: list[Problem]
+
+    @property
+    def config(self) -> dict:
+        """The config.json content."""
+        return {layer.name: layer.entry for layer in self.layers}
+
+    @property
+    def names(self) -> dict[str, str]:
+        """C identifier -> model layer name."""
+        return {layer.name: layer.source for layer in self.layers}
+
+
+def check_options(feature_type: str, granularity: str, target: str) -> None:
+    """Refuse option combinations ESP-DL v1 cannot run.
+
+    Example:
+        >>> check_options("s16", "per-channel", "esp32")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        amct_bridge.errors.ExportError: s16 per-channel is not supported by the ESP-DL v1 ...
+    """
+    if feature_type not in spec.FEATURE_BITS:
+        raise ExportError(f"feature_type {feature_type!r}: expected one of s8, s16")
+    if granularity not in GRANULARITIES:
+        raise ExportError(f"granularity {granularity!r}: expected per-tensor or per-channel")
+    if target not in spec.TARGETS:
+        raise ExportError(f"target {target!r}: expected one of {', '.join(spec.TARGETS)}")
+    if feature_type == "s16" and granularity == "per-channel":
+        raise ExportError(
+            "s16 per-channel is not supported by the ESP-DL v1 runtime (per-channel quantization "
+            "is int8 only): use --feature-type s8 or --granularity per-tensor"
+        )
+
+
+def _check_record_keys(record: Record | None, layers: list[SourceLayer]) -> None:
+    if record is None:
+        return
+    known = {layer.name for layer in layers}
+    missing = [key for key in record.layers if key not in known]
+    if missing:
+        raise ExportError(
+            "record layers not found in the model (is this the model the record was made "
+            f"for?): {', '.join(repr(k) for k in missing)}"
+        )
+
+
+def _entry(
+    chain: Chain, coef: Coefficients, feature_type: str, per_channel: bool, exps: dict
+) -> dict:
+    entry: dict = {"operation": WEIGHT_OPS[chain.head.op], "feature_type": feature_type}
+    if coef.bias is not None:
+        entry["bias"] = "True"  # the tool tests truthiness; omitted entirely when there is none
+    if not per_channel:
+        entry["filter_exponent"] = exps["filter"]
+    if exps.get("input") is not None:
+        entry["input_exponent"] = exps["input"]
+    entry["output_exponent"] = exps["output"]
+    if chain.activation is not None:
+        entry["activation"] = {"type": chain.activation}
+    return entry
+
+
+def _export_chain(
+    chain: Chain,
+    c_name: str,
+    finder: ExponentFinder,
+    feature_type: str,
+    per_channel: bool,
+    target: str,
+) -> ExportedLayer:
+    coef = chain_coefficients(chain)
+    out_exp, out_src, out_range = finder.output_exponent(chain)
+    found_in = finder.input_exponent(chain)
+    if found_in is None and per_channel and coef.bias is not None:
+        raise ExportError(
+            f"layer {chain.head.name!r}: per-channel bias needs input_exponent, but neither the "
+            "calibration sidecar (input range) nor the record (scale_d/offset_d) gives one"
+        )
+    arrays = {f"{c_name}_filter": coef.filter}
+    if coef.bias is not None:
+        arrays[f"{c_name}_bias"] = coef.bias
+    if coef.alpha is not None:
+        arrays[f"{c_name}_activation"] = coef.alpha
+    bits = spec.FEATURE_BITS[feature_type]
+    exps = {
+        "filter": auto_exponent(coef.filter, bits, name=f"{chain.head.name} filter"),
+        "input": None if found_in is None else found_in[0],
+        "output": out_exp,
+    }
+    entry = _entry(chain, coef, feature_type, per_channel, exps)
+    preview = preview_layer(c_name, entry, arrays, target=target, per_channel=per_channel)
+    sources = {"output_exponent": out_src}
+    if found_in is not None:
+        sources["input_exponent"] = found_in[1]
+    return ExportedLayer(
+        c_name,
+        chain.head.name,
+        entry["operation"],
+        chain.members,
+        entry,
+        coef,
+        preview,
+        sources,
+        out_range,
+    )
+
+
+def export_layers(
+    layers: list[SourceLayer],
+    out_dir: str | os.PathLike | None,
+    *,
+    record: Record | None = None,
+    stats: CalibrationStats | None = None,
+    feature_type: str = "s8",
+    granularity: str = "per-tensor",
+    target: str = "esp32",
+    skip_unsupported: bool = False,
+    overwrite: bool = False,
+) -> ExportResult:
+    """Export framework-free ``layers`` (execution order) to ``out_dir`` (None = dry run).
+
+    Args:
+        layers: the model as :class:`SourceLayer` list (from an adapter).
+        out_dir: directory to create; must not exist or be empty unless ``overwrite``.
+        record: AMCT record (skip_fusion, scale_d/offset_d fallback for exponents).
+        stats: calibration sidecar (input/output ranges per layer).
+        feature_type: "s8" or "s16".
+        granularity: "per-tensor" or "per-channel" (convert.py ``-q 0`` / ``-q 1``).
+        target: chip, used for the preview layout and the convert.py command in export.json.
+        skip_unsupported: leave refused layers out (listed in export.json) instead of failing.
+        overwrite: replace an existing non-empty ``out_dir``.
+
+    Example:
+        >>> lstm = SourceLayer("x", "unsupported", kind="LSTM", attrs={"reason": "RNN"})
+        >>> export_layers([lstm], None)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        amct_bridge.errors.ExportError: ESP-DL v1 cannot take these layers (...):
+          layer 'x' (LSTM): RNN
+    """
+    check_options(feature_type, granularity, target)
+    _check_record_keys(record, layers)
+
+    def skip_fusion(name: str) -> bool:
+        factors = record.layers.get(name) if record else None
+        return bool(factors and factors.skip_fusion)
+
+    chains, problems = plan_chains(layers, skip_fusion)
+    if problems and not skip_unsupported:
+        listing = "\n".join(f"  {p}" for p in problems)
+        raise ExportError(
+            f"ESP-DL v1 cannot take these layers (skip_unsupported leaves them out):\n{listing}"
+        )
+    if not chains:
+        raise ExportError("nothing to export: the model has no Conv2D / DepthwiseConv2D / Dense")
+    names = c_identifiers([c.head.name for c in chains])
+    finder = ExponentFinder(layers, record, stats, bits=spec.FEATURE_BITS[feature_type])
+    per_channel = granularity == "per-channel"
+    exported = [
+        _export_chain(c, names[c.head.name], finder, feature_type, per_channel, target)
+        for c in chains
+    ]
+    result = ExportResult(
+        Path(out_dir) if out_dir is not None else None,
+        feature_type,
+        granularity,
+        target,
+        exported,
+        problems,
+    )
+    if out_dir is not None:
+        write_directory(out_dir, _files(result), overwrite=overwrite)
+    return result
+
+
+def _json(doc: object) -> bytes:
+    return (json.dumps(doc, indent=4) + "\n").encode()
+
+
+def _report(result: ExportResult) -> dict:
+    q = 1 if result.granularity == "per-channel" else 0
+    return {
+        "format": REPORT_FORMAT,
+        "feature_type": result.feature_type,
+        "granularity": result.granularity,
+        "convert_command": (
+            f"python convert.py -t {result.target} -i <this directory> -n <NAME> -o <OUT> -q {q}"
+        ),
+        "layers": [
+            {
+                "name": layer.name,
+                "source": layer.source,
+                "fused": layer.fused,
+                "operation": layer.operation,
+                "output_exponent": layer.entry["output_exponent"],
+                "input_exponent": layer.entry.get("input_exponent"),
+                "exponent_sources": layer.sources,
+            }
+            for layer in result.layers
+        ],
+        "skipped": [{"layer": p.layer, "kind": p.kind, "reason": p.reason} for p in result.skipped],
+    }
+
+
+def _files(result: ExportResult) -> dict[str, bytes]:
+    files = {
+        "config.json": _json(result.config),
+        "names.json": _json(result.names),
+        "export.json": _json(_report(result)),
+    }
+    for layer in result.layers:
+        coef = layer.coefficients
+        files[f"{layer.name}_filter.npy"] = npy_bytes(coef.filter)
+        if coef.bias is not None:
+            files[f"{layer.name}_bias.npy"] = npy_bytes(coef.bias)
+        if coef.alpha is not None:
+            files[f"{layer.name}_activation.npy"] = npy_bytes(coef.alpha)
+    return files

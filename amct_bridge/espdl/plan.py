@@ -1,0 +1,173 @@
+"""Decide what gets exported: conv/dense -> [BatchNorm] -> [activation] chains, and what is refused.
+
+A chain starts at every conv2d / depthwise_conv2d / dense layer. A BatchNormalization that is
+the only consumer of the layer's output (and reads nothing else) is folded in, unless the
+record sets ``skip_fusion`` for the layer (or the layer already applies its own activation). A
+ReLU / LeakyReLU / PReLU that is then the only consumer is fused as the chain's activation.
+
+Refused (collected as :class:`Problem`, one per layer): ReLU6 (fused or standalone), depthwise
+multiplier > 1, activations ESP-DL lacks, BatchNormalization that cannot be folded, standalone
+PReLU (convert.py cannot write its alpha), and every ``unsupported`` op.
+
+Example:
+    >>> import numpy as np
+    >>> layers = [SourceLayer("in", "input"),
+    ...           SourceLayer("c", "conv2d", ["in"], weights={"kernel": np.ones((1, 1, 1, 2))}),
+    ...           SourceLayer("r", "relu", ["c"])]
+    >>> chains, problems = plan_chains(layers)
+    >>> [(c.head.name, c.activation, c.last) for c in chains], problems
+    ([('c', 'ReLU', 'r')], [])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from amct_bridge.espdl.source import FUSABLE_ACTIVATIONS, WEIGHT_OPS, SourceLayer
+
+
+@dataclass
+class Problem:
+    """Why one layer cannot be exported as ESP-DL v1 (``str()`` is the user message)."""
+
+    layer: str
+    kind: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"layer {self.layer!r} ({self.kind}): {self.reason}"
+
+
+@dataclass
+class Chain:
+    """One exported ESP-DL layer: a conv/dense ``head`` plus what was fused into it.
+
+    ``last`` names the layer whose output is the chain's output (its range sets
+    output_exponent); ``activation`` is convert.py's type name or None.
+    """
+
+    head: SourceLayer
+    bn: SourceLayer | None = None
+    act_layer: SourceLayer | None = None
+    activation: str | None = None
+    members: list[str] = field(default_factory=list)
+
+    @property
+    def last(self) -> str:
+        """Name of the layer whose output the chain produces."""
+        return self.members[-1] if self.members else self.head.name
+
+
+_OWN_ACTIVATIONS = {"relu": "ReLU", "leaky_relu": "LeakyReLU"}
+
+
+def consumers_map(layers: list[SourceLayer]) -> dict[str, list[SourceLayer]]:
+    """Name -> layers that read its output (in execution order).
+
+    Example:
+        >>> consumers_map([SourceLayer("a", "input"), SourceLayer("b", "relu", ["a"])])["a"][0].name
+        'b'
+    """
+    result: dict[str, list[SourceLayer]] = {layer.name: [] for layer in layers}
+    for layer in layers:
+        for src in layer.inputs:
+            result.setdefault(src, []).append(layer)
+    return result
+
+
+def _sole_consumer(
+    layer: SourceLayer, consumers: dict[str, list[SourceLayer]]
+) -> SourceLayer | None:
+    # Fusing changes what every reader sees, so only a single reader (not a model output) counts.
+    users = consumers.get(layer.name, [])
+    if len(users) == 1 and users[0].inputs == [layer.name] and not layer.attrs.get("model_output"):
+        return users[0]
+    return None
+
+
+def _head_problem(layer: SourceLayer) -> str | None:
+    if layer.op == "depthwise_conv2d" and int(layer.attrs.get("depth_multiplier", 1)) != 1:
+        return (
+            f"depth_multiplier {layer.attrs['depth_multiplier']}: ESP-DL v1 depthwise_conv2d "
+            "takes multiplier 1 only (split it into a depthwise + a 1x1 conv)"
+        )
+    act = layer.attrs.get("activation")
+    if act == "relu6":
+        return "activation relu6: ESP-DL v1 has no ReLU6 (retrain with ReLU)"
+    if act not in (None, *_OWN_ACTIVATIONS):
+        return f"activation {act!r}: ESP-DL v1 can fuse only ReLU, LeakyReLU and PReLU"
+    return None
+
+
+def _build_chain(
+    head: SourceLayer,
+    consumers: dict[str, list[SourceLayer]],
+    skip_fusion: Callable[[str], bool],
+) -> Chain:
+    chain = Chain(head, members=[head.name])
+    own = head.attrs.get("activation")
+    if own is not None:
+        chain.activation = _OWN_ACTIVATIONS[own]
+        return chain
+    nxt = _sole_consumer(head, consumers)
+    if nxt is not None and nxt.op == "batch_norm" and not skip_fusion(head.name):
+        chain.bn = nxt
+        chain.members.append(nxt.name)
+        nxt = _sole_consumer(nxt, consumers)
+    if nxt is not None and nxt.op in FUSABLE_ACTIVATIONS:
+        chain.act_layer = nxt
+        chain.activation = FUSABLE_ACTIVATIONS[nxt.op]
+        chain.members.append(nxt.name)
+    return chain
+
+
+def plan_chains(
+    layers: list[SourceLayer], skip_fusion: Callable[[str], bool] = lambda name: False
+) -> tuple[list[Chain], list[Problem]]:
+    """Group layers into exported chains (execution order) and list every refused layer.
+
+    ``skip_fusion(name)`` tells whether the record forbids folding BN into layer ``name``.
+
+    Example:
+        >>> plan_chains([SourceLayer("x", "unsupported", kind="LSTM", attrs={"reason": "no"})])[1]
+        [Problem(layer='x', kind='LSTM', reason='no')]
+    """
+    consumers = consumers_map(layers)
+    chains: list[Chain] = []
+    problems: list[Problem] = []
+    fused: set[str] = set()
+    for layer in layers:
+        if layer.op in WEIGHT_OPS:
+            reason = _head_problem(layer)
+            if reason:
+                problems.append(Problem(layer.name, layer.kind or layer.op, reason))
+                continue
+            chain = _build_chain(layer, consumers, skip_fusion)
+            fused.update(chain.members)
+            chains.append(chain)
+    for layer in layers:
+        if layer.name in fused:
+            continue
+        reason = _standalone_problem(layer, skip_fusion)
+        if reason:
+            problems.append(Problem(layer.name, layer.kind or layer.op, reason))
+    return chains, problems
+
+
+def _standalone_problem(layer: SourceLayer, skip_fusion: Callable[[str], bool]) -> str | None:
+    if layer.op == "relu6":
+        return "ReLU6: ESP-DL v1 has no ReLU6 (retrain with ReLU, or skip it and clip on the host)"
+    if layer.op == "batch_norm":
+        src = layer.inputs[0] if len(layer.inputs) == 1 else None
+        why = (
+            f"record sets skip_fusion for {src!r}"
+            if src and skip_fusion(src)
+            else ("it does not directly follow a conv/dense with no activation of its own")
+        )
+        return f"BatchNormalization cannot be folded ({why}); ESP-DL v1 has no BatchNorm layer"
+    if layer.op == "prelu":
+        return "PReLU that does not follow a conv/dense: convert.py cannot write its alpha"
+    if layer.op == "unsupported":
+        return str(layer.attrs.get("reason", "not supported by ESP-DL v1"))
+    return None

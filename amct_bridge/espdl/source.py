@@ -1,0 +1,95 @@
+"""The exporter's framework-free view of a model: layers in execution order, plain numpy weights.
+
+Adapters (``amct_bridge.keras.espdl_weights``) translate a framework model into a list of
+:class:`SourceLayer`; the exporter core reads nothing else. ``op`` is a small vocabulary (what the
+layer *is* for ESP-DL), ``kind`` the framework class for messages:
+
+==================  ========================================================================
+op                  weights / attrs
+==================  ========================================================================
+input               model input (no weights)
+conv2d              ``kernel`` HWIO, optional ``bias``; attrs ``activation``, ``alpha``
+depthwise_conv2d    ``kernel`` H, W, C, multiplier; attrs ``depth_multiplier``, ``activation``
+dense               ``kernel`` (in, out), optional ``bias``; attrs ``activation``, ``alpha``
+batch_norm          ``gamma``, ``beta``, ``mean``, ``variance``; attrs ``epsilon``
+relu                (no weights)
+leaky_relu          attrs ``alpha`` (float)
+prelu               ``alpha`` (one per channel, or broadcastable to it)
+relu6               (refused: ESP-DL v1 has no ReLU6)
+runtime             a coefficient-free layer the ESP-DL runtime has (pooling, Add2D, Concat,
+                    Reshape, Pad...); attrs ``keeps_exponent`` (bool: output exponent = input's)
+unsupported         anything else; attrs ``reason``
+==================  ========================================================================
+
+Every layer may carry ``attrs["model_output"] = True`` (its output is a model output, so
+nothing is fused after it). ``attrs["activation"]`` of a conv/dense is the activation fused by
+the layer itself (``None``, ``"relu"``, ``"leaky_relu"`` with ``attrs["alpha"]``, ``"relu6"``,
+or the framework's name of an activation ESP-DL lacks).
+
+Example:
+    >>> import numpy as np
+    >>> conv = SourceLayer("c1", "conv2d", inputs=["in"], kind="Conv2D",
+    ...                    weights={"kernel": np.zeros((3, 3, 1, 4), np.float32)})
+    >>> conv.out_channels
+    4
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+#: Ops the exporter writes coefficients for, and convert.py's operation name for each.
+WEIGHT_OPS: dict[str, str] = {
+    "conv2d": "conv2d",
+    "depthwise_conv2d": "depthwise_conv2d",
+    "dense": "fully_connected",
+}
+
+#: Activations convert.py can fuse into a conv/dense, by op -> convert.py's type name.
+FUSABLE_ACTIVATIONS: dict[str, str] = {"relu": "ReLU", "leaky_relu": "LeakyReLU", "prelu": "PReLU"}
+
+OPS: tuple[str, ...] = (
+    "input",
+    *WEIGHT_OPS,
+    "batch_norm",
+    *FUSABLE_ACTIVATIONS,
+    "relu6",
+    "runtime",
+    "unsupported",
+)
+
+
+@dataclass
+class SourceLayer:
+    """One layer call of the source model (see the module docstring for ``op``/weights/attrs).
+
+    ``name`` is the record / sidecar key (Keras layer name, nested models ``"outer/inner"``);
+    ``inputs`` the names of the layers producing its inputs.
+
+    Example:
+        >>> SourceLayer("r", "relu", inputs=["c1"]).weights
+        {}
+    """
+
+    name: str
+    op: str
+    inputs: list[str] = field(default_factory=list)
+    kind: str = ""
+    weights: dict[str, np.ndarray] = field(default_factory=dict)
+    attrs: dict = field(default_factory=dict)
+
+    @property
+    def out_channels(self) -> int | None:
+        """Output channels of a conv/dense (depthwise: C * multiplier), else None."""
+        kernel = self.weights.get("kernel")
+        if kernel is None or self.op not in WEIGHT_OPS:
+            return None
+        if self.op == "depthwise_conv2d":
+            return int(kernel.shape[-2] * kernel.shape[-1])
+        return int(kernel.shape[-1])
+
+    def describe(self) -> str:
+        """``'name' (Kind)`` for messages."""
+        return f"{self.name!r} ({self.kind or self.op})"
