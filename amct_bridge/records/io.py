@@ -324,6 +324,7 @@ def format_float(value: float) -> str:
         return "nan"
     if math.isinf(value):
         return "inf" if value > 0 else "-inf"
+    value = float(np.float32(value))  # proto floats are float32; spell that value
     short = f"{value:.6g}"
     return short if np.float32(short) == np.float32(value) else f"{value:.9g}"
 
