@@ -1,0 +1,94 @@
+"""``amct-bridge export-espdl``: record + Keras model -> ESP-DL v1 config.json + npy set.
+
+Example:
+    amct-bridge export-espdl --record record.txt --model model.keras --out model_espdl \\
+        --feature-type s8 --granularity per-channel --target esp32s3 --preview
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from amct_bridge.errors import ExportError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``export-espdl`` subcommand.
+
+    Example:
+        >>> p = argparse.ArgumentParser(); register(p.add_subparsers())
+        >>> p.parse_args(["export-espdl", "--model", "m.keras", "--out", "o"]).feature_type
+        's8'
+    """
+    parser = subparsers.add_parser(
+        "export-espdl",
+        help="export an ESP-DL v1 config.json + coefficient .npy set",
+        description="Write what ESP-DL v1.1's convert.py reads: one config.json entry per "
+        "Conv2D/DepthwiseConv2D/Dense (BatchNorm folded, ReLU/LeakyReLU/PReLU fused), exponents "
+        "from the calibration sidecar (<record>.calib.json) and the record.",
+    )
+    parser.add_argument("--record", help="AMCT record file (its sidecar is read if present)")
+    parser.add_argument("--model", required=True, help="Keras model file (.keras / .h5)")
+    parser.add_argument("--out", help="output directory (created; must not exist or be empty)")
+    parser.add_argument("--stats", help="calibration sidecar (default: <record>.calib.json)")
+    parser.add_argument("--feature-type", choices=("s8", "s16"), default="s8")
+    parser.add_argument(
+        "--granularity", choices=("per-tensor", "per-channel"), default="per-tensor"
+    )
+    parser.add_argument(
+        "--target", choices=("esp32", "esp32s2", "esp32c3", "esp32s3"), default="esp32"
+    )
+    parser.add_argument(
+        "--skip-unsupported", action="store_true", help="leave out layers ESP-DL v1 cannot take"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    parser.add_argument(
+        "--preview",
+        action="store_true",
+        help="print per layer the exponents and the share of saturated values; write nothing",
+    )
+    parser.set_defaults(func=run)
+
+
+def _load_model(path: str):
+    if not Path(path).is_file():
+        raise ExportError(f"{path}: model file not found")
+    import keras  # heavy: only when the command runs
+
+    try:
+        return keras.models.load_model(path, compile=False)
+    except Exception as err:  # keras raises many types for a bad file
+        raise ExportError(f"{path}: cannot load Keras model: {err}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the export; returns the exit code."""
+    from amct_bridge.espdl import export
+    from amct_bridge.espdl.report import format_preview
+
+    if not args.preview and not args.out:
+        raise ExportError("--out is required (or use --preview to only print the exponents)")
+    if args.stats is None and args.record is None:
+        raise ExportError("give --record and/or --stats: the exponents come from them")
+    if args.record is not None and not Path(args.record).is_file():
+        raise ExportError(f"{args.record}: record file not found")
+    model = _load_model(args.model)
+    result = export(
+        args.record,
+        model,
+        None if args.preview else args.out,
+        stats=args.stats,
+        feature_type=args.feature_type,
+        granularity=args.granularity,
+        target=args.target,
+        skip_unsupported=args.skip_unsupported,
+        overwrite=args.overwrite,
+    )
+    if args.preview:
+        print(format_preview(result))
+        return 0
+    print(f"wrote {len(result.layers)} layers to {result.out_dir}")
+    for problem in result.skipped:
+        print(f"skipped: {problem}")
+    return 0

@@ -1,0 +1,127 @@
+"""Human-readable preview of an export: exponents per layer and the share of saturated values.
+
+For each exported layer: input / output exponent, filter exponent (``lo..hi`` per channel),
+bias and activation exponents, the share of filter / bias / alpha values that convert.py will
+clip (``sat``) and of nonzero bias values that round to 0 (``bias0``), and how much of the
+representable output range the calibrated output range uses (``out use``: above 100 % the
+runtime saturates, far below it wastes precision).
+
+Example:
+    >>> import numpy as np
+    >>> from amct_bridge.espdl.export import export_layers
+    >>> from amct_bridge.espdl.source import SourceLayer
+    >>> from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange
+    >>> w = {"kernel": np.ones((2, 2), np.float32)}
+    >>> layers = [SourceLayer("in", "input"), SourceLayer("fc", "dense", ["in"], weights=w)]
+    >>> fc = LayerStats("Dense", TensorRange(0, 1), TensorRange(0, 2))
+    >>> st = CalibrationStats(layers={"fc": fc})
+    >>> print(format_preview(export_layers(layers, None, stats=st)).splitlines()[0].split()[:4])
+    ['layer', 'operation', 'in', 'out']
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from amct_bridge.espdl import spec
+from amct_bridge.espdl.export import ExportedLayer, ExportResult
+from amct_bridge.espdl.preview import LayerPreview, QuantizedTensor
+
+_COLUMNS = (
+    "layer",
+    "operation",
+    "in",
+    "out",
+    "filter",
+    "bias",
+    "act",
+    "sat filt",
+    "sat bias",
+    "bias0",
+    "sat act",
+    "out use",
+    "fused",
+)
+
+
+def _exp_text(t: QuantizedTensor | None) -> str:
+    if t is None:
+        return "-"
+    if isinstance(t.exponent, np.ndarray):
+        return f"{int(t.exponent.min())}..{int(t.exponent.max())}"
+    return str(int(t.exponent))
+
+
+def _act_text(p: LayerPreview) -> str:
+    if p.activation is None:
+        return p.activation_type or "-"
+    return f"{p.activation_type}:{_exp_text(p.activation)}"
+
+
+def _share(t: QuantizedTensor | None) -> str:
+    return "-" if t is None else f"{100 * t.saturated_share:.1f}%"
+
+
+def _zeroed(t: QuantizedTensor | None) -> str:
+    if t is None or not t.values.size:
+        return "-"
+    return f"{100 * t.zeroed / t.values.size:.1f}%"
+
+
+def output_use(layer: ExportedLayer, feature_type: str) -> float | None:
+    """Calibrated output range / representable range at output_exponent (None if unknown).
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> output_use(NS(output_range=(0.0, 1.0), entry={"output_exponent": -6}), "s8")
+        0.5039370078740157
+    """
+    if layer.output_range is None:
+        return None
+    bits = spec.FEATURE_BITS[feature_type]
+    e = layer.entry["output_exponent"]
+    lo, hi = layer.output_range
+    top = (2 ** (bits - 1) - 1) * 2.0**e
+    bottom = 2 ** (bits - 1) * 2.0**e
+    return max(hi / top if hi > 0 else 0.0, -lo / bottom if lo < 0 else 0.0)
+
+
+def _row(layer: ExportedLayer, feature_type: str) -> list[str]:
+    p = layer.preview
+    use = output_use(layer, feature_type)
+    return [
+        layer.name,
+        layer.operation,
+        str(layer.entry.get("input_exponent", "-")),
+        str(layer.entry["output_exponent"]),
+        _exp_text(p.filter),
+        _exp_text(p.bias),
+        _act_text(p),
+        _share(p.filter),
+        _share(p.bias),
+        _zeroed(p.bias),
+        _share(p.activation),
+        "?" if use is None else f"{100 * use:.0f}%",
+        "+".join(layer.fused[1:]) or "-",
+    ]
+
+
+def format_preview(result: ExportResult) -> str:
+    """A text table of every exported layer, then warnings and the skipped layers.
+
+    Example:
+        >>> from amct_bridge.espdl.export import ExportResult
+        >>> format_preview(ExportResult(None, "s8", "per-tensor", "esp32", [], []))[:9]
+        'layer  op'
+    """
+    rows = [list(_COLUMNS)] + [_row(layer, result.feature_type) for layer in result.layers]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    warn = [
+        f"warning: {layer.name}: calibrated output exceeds the output_exponent range"
+        for layer in result.layers
+        if (output_use(layer, result.feature_type) or 0.0) > 1.0
+    ]
+    lines.extend(warn)
+    lines.extend(f"skipped: {p}" for p in result.skipped)
+    return "\n".join(lines)

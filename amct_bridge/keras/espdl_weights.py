@@ -1,0 +1,215 @@
+"""Keras model -> the ESP-DL exporter's framework-free layer list (:class:`SourceLayer`).
+
+Execution order and connectivity come from :func:`amct_bridge.keras.graph.extract_graph`
+(nested models are named ``"outer/inner"``); this module only says what each Keras class is
+for ESP-DL (a table, :data:`RUNTIME_KINDS` / :func:`_translate`) and copies the numbers: conv /
+depthwise / dense kernels and bias, BatchNormalization gamma/beta/moving stats/epsilon, the
+layer's own activation, LeakyReLU slope, PReLU alpha. The model is never modified.
+
+Example:
+    >>> import keras
+    >>> x = keras.Input((8, 8, 3))
+    >>> y = keras.layers.Conv2D(4, 3, activation="relu", name="c1")(x)
+    >>> [(s.name, s.op, s.attrs.get("activation")) for s in source_layers(keras.Model(x, y))]
+    [('input_layer', 'input', None), ('c1', 'conv2d', 'relu')]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+
+from amct_bridge.errors import ExportError
+from amct_bridge.espdl.source import SourceLayer
+from amct_bridge.graph.ir import Graph, Node
+from amct_bridge.keras.graph import extract_graph
+from amct_bridge.keras.layers import class_name
+
+#: Coefficient-free Keras layers the ESP-DL v1 runtime has -> whether the output exponent
+#: equals the input exponent (MaxPool, Concat, reshapes) or is chosen anew (Add2D, pools).
+RUNTIME_KINDS: dict[str, bool] = {
+    "MaxPooling2D": True,
+    "GlobalMaxPooling2D": True,
+    "Reshape": True,
+    "Flatten": True,
+    "ZeroPadding2D": True,
+    "Concatenate": True,
+    "Permute": True,
+    "Maximum": True,
+    "Minimum": True,
+    "Dropout": True,
+    "SpatialDropout2D": True,
+    "GaussianNoise": True,
+    "GaussianDropout": True,
+    "Identity": True,
+    "AveragePooling2D": False,
+    "GlobalAveragePooling2D": False,
+    "Add": False,
+    "Subtract": False,
+    "Multiply": False,
+}
+
+#: Keras 3 ``keras.activations.leaky_relu`` default slope (used by ``activation="leaky_relu"``).
+LEAKY_RELU_DEFAULT = 0.2
+
+
+def _to_numpy(var: Any) -> np.ndarray:
+    return np.asarray(keras.ops.convert_to_numpy(var))
+
+
+def _own_activation(name: str) -> tuple[str | None, dict]:
+    """A conv/dense ``activation=`` name -> (SourceLayer activation, extra attrs)."""
+    if name == "linear":
+        return None, {}
+    if name == "leaky_relu":
+        return "leaky_relu", {"alpha": LEAKY_RELU_DEFAULT}
+    return name, {}
+
+
+def _relu(layer: Any) -> tuple[str, dict]:
+    max_value = layer.max_value
+    slope, threshold = float(layer.negative_slope), float(layer.threshold)
+    if threshold != 0.0:
+        return "unsupported", {"reason": f"ReLU threshold {threshold}: ESP-DL v1 has none"}
+    if max_value is not None:
+        if float(max_value) == 6.0 and slope == 0.0:
+            return "relu6", {}
+        return "unsupported", {"reason": f"ReLU max_value {max_value}: ESP-DL v1 cannot clip"}
+    if slope != 0.0:
+        return "leaky_relu", {"alpha": slope}
+    return "relu", {}
+
+
+def _activation(node: Node) -> tuple[str, dict]:
+    name = node.params.get("activation", "linear")
+    if name in ("relu", "relu6"):
+        return name, {}
+    if name == "leaky_relu":
+        return "leaky_relu", {"alpha": LEAKY_RELU_DEFAULT}
+    if name == "linear":
+        return "runtime", {"keeps_exponent": True}
+    return "unsupported", {"reason": f"activation {name!r}: ESP-DL v1 has no such layer"}
+
+
+def _prelu(layer: Any) -> tuple[str, dict, dict]:
+    alpha = _to_numpy(layer.alpha)
+    per_channel = alpha.reshape(-1, alpha.shape[-1])
+    if not np.all(per_channel == per_channel[0]):
+        reason = "PReLU alpha varies over positions: ESP-DL v1 takes one alpha per channel"
+        return "unsupported", {}, {"reason": reason}
+    return "prelu", {"alpha": per_channel[0]}, {}
+
+
+def _conv_like(layer: Any, node: Node, op: str) -> tuple[str, dict, dict]:
+    p = node.params
+    problems = []
+    if p.get("data_format", "channels_last") != "channels_last":
+        problems.append("channels_first data format")
+    if any(int(d) != 1 for d in p.get("dilation_rate", (1,))):
+        problems.append(f"dilation {tuple(p['dilation_rate'])}")
+    if int(p.get("groups", 1)) != 1:
+        problems.append(f"groups {p['groups']}")
+    if node.shared:
+        problems.append("layer called more than once")
+    if problems:
+        reason = f"{', '.join(problems)}: not supported by the ESP-DL v1 exporter"
+        return "unsupported", {}, {"reason": reason}
+    weights = {"kernel": _to_numpy(layer.kernel)}
+    if getattr(layer, "use_bias", False) and layer.bias is not None:
+        weights["bias"] = _to_numpy(layer.bias)
+    act, extra = _own_activation(p.get("activation", "linear"))
+    attrs = {"activation": act, **extra}
+    for key in ("strides", "padding", "depth_multiplier"):
+        if key in p:
+            attrs[key] = p[key]
+    return op, weights, attrs
+
+
+def _batch_norm(layer: Any, node: Node) -> tuple[str, dict, dict]:
+    if node.params.get("axis", -1) != -1:
+        return "unsupported", {}, {"reason": "BatchNormalization not on the last (channel) axis"}
+    weights = {"mean": _to_numpy(layer.moving_mean), "variance": _to_numpy(layer.moving_variance)}
+    if layer.scale:
+        weights["gamma"] = _to_numpy(layer.gamma)
+    if layer.center:
+        weights["beta"] = _to_numpy(layer.beta)
+    return "batch_norm", weights, {"epsilon": float(layer.epsilon)}
+
+
+def _translate(layer: Any, node: Node) -> tuple[str, dict, dict]:
+    """(op, weights, attrs) of one graph node (see amct_bridge.espdl.source for the ops)."""
+    kind = class_name(layer) if layer is not None else node.kind
+    if kind == "Conv2D":
+        return _conv_like(layer, node, "conv2d")
+    if kind == "DepthwiseConv2D":
+        return _conv_like(layer, node, "depthwise_conv2d")
+    if kind == "Dense":
+        return _conv_like(layer, node, "dense")
+    if kind == "BatchNormalization":
+        return _batch_norm(layer, node)
+    if kind == "ReLU":
+        op, attrs = _relu(layer)
+        return op, {}, attrs
+    if kind == "LeakyReLU":
+        return "leaky_relu", {}, {"alpha": float(layer.negative_slope)}
+    if kind == "PReLU":
+        return _prelu(layer)
+    if kind == "Activation":
+        op, attrs = _activation(node)
+        return op, {}, attrs
+    if kind in RUNTIME_KINDS:
+        return "runtime", {}, {"keeps_exponent": RUNTIME_KINDS[kind]}
+    reason = f"Keras {kind} has no ESP-DL v1 equivalent"
+    return "unsupported", {}, {"reason": reason}
+
+
+def find_layer(model: keras.Model, key: str) -> Any:
+    """The Keras layer whose record key is ``key`` (``"outer/inner"`` for nested models).
+
+    Example:
+        >>> inner = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, name="fc")],
+        ...                          name="inner")
+        >>> x = keras.Input((4,))
+        >>> find_layer(keras.Model(x, inner(x)), "inner/fc").name
+        'fc'
+    """
+    obj: Any = model
+    for part in key.split("/"):
+        try:
+            obj = obj.get_layer(part)
+        except (ValueError, AttributeError):
+            raise ExportError(f"model has no layer {key!r}") from None
+    return obj
+
+
+def _input_name(graph: Graph, tid: str) -> str:
+    producer = graph.producer_of(tid)
+    return producer.name if producer is not None else tid.rsplit(":", 1)[0]
+
+
+def source_layers(model: keras.Model) -> list[SourceLayer]:
+    """Translate a built Keras model into :class:`SourceLayer` objects in execution order.
+
+    Args:
+        model: a built Functional or Sequential Keras 3 model.
+
+    Example:
+        >>> m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, name="fc"),
+        ...                       keras.layers.ReLU(6.0, name="r6")])
+        >>> [(s.name, s.op) for s in source_layers(m)][1:]
+        [('fc', 'dense'), ('r6', 'relu6')]
+    """
+    graph = extract_graph(model)
+    result = [
+        SourceLayer(_input_name(graph, tid), "input", kind="InputLayer") for tid in graph.inputs
+    ]
+    for node in graph:
+        layer = find_layer(model, node.layer) if node.is_layer else None
+        op, weights, attrs = _translate(layer, node)
+        if any(graph.is_output(t) for t in node.outputs):
+            attrs["model_output"] = True
+        inputs = list(dict.fromkeys(_input_name(graph, t) for t in node.inputs))
+        result.append(SourceLayer(node.name, op, inputs, node.kind, weights, attrs))
+    return result
