@@ -1,0 +1,125 @@
+"""HFMG: AMCT's histogram clip-range search (PyTorch HistogramObserver's L2 loss).
+
+Given ``num_of_bins`` counts over ``[min, max]`` (AMCT ``hfmg.cpp``):
+
+1. candidates: starting from the full range, repeatedly trim at least
+   ``step = ceil(total / 1e5)`` counts from the left and from the right (scanning bins), and
+   keep the trim that removes fewer bins (the sparser side; ties trim the right), while the
+   range spans more than ``ceil(num_of_bins / 4)`` bins; every trimmed range is a candidate (the
+   full range itself never is);
+2. each candidate ``[left, right]`` is scored by the L2 error of mapping the source bins onto
+   ``2**bits`` equal destination bins spanning it (PyTorch ``_compute_quantization_error``:
+   ``density * (d_end**3 - d_begin**3) / 3`` per overlap);
+3. the lowest loss wins; the clip range is ``[min + left * w, min + (right + 1) * w]``.
+
+AMCT's C++ computes ``(index - left) * width`` in unsigned arithmetic, which wraps for bins
+left of ``left``; we follow the signed (PyTorch) definition the algorithm is taken from.
+
+Example:
+    >>> import numpy as np
+    >>> counts = np.r_[np.full(1000, 100.0), np.full(3096, 0.0)]
+    >>> counts[-1] = 1.0  # one outlier at the top
+    >>> lo, hi = hfmg_search(counts, 0.0, 4.096)
+    >>> lo, round(hi, 2)
+    (0.0, 1.0)
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from amct_bridge.errors import QuantError
+
+#: AMCT's option values for ``hfmg_quantize { num_of_bins }``.
+NUM_OF_BINS_CHOICES = (1024, 2048, 4096, 8192)
+_STEP_DIVISOR = 100000
+_MIN_BIN_RATIO = 4
+_CHUNK = 1 << 20  # candidate x bin elements evaluated per vectorised block
+
+
+def search_candidates(counts: np.ndarray) -> list[tuple[int, int]]:
+    """AMCT's trimmed ``(left, right)`` bin ranges, in search order.
+
+    Example:
+        >>> search_candidates(np.array([0, 5, 5, 5, 5, 5, 5, 0.0]))
+        [(0, 5), (2, 5), (2, 4)]
+    """
+    n = counts.size
+    total = float(counts.sum())
+    step = max(math.ceil(np.float32(total) / np.float32(_STEP_DIVISOR)), 1)
+    min_bins = math.ceil(n / _MIN_BIN_RATIO)
+    prefix = np.concatenate(([0.0], np.cumsum(counts)))  # prefix[i] = sum(counts[:i])
+    left, right = 0, n - 1
+    out: list[tuple[int, int]] = []
+    while right - left > min_bins:
+        # leftmost t > left with sum(counts[left:t]) >= step, capped at right
+        t_left = int(np.searchsorted(prefix, prefix[left] + step, side="left"))
+        t_left = min(max(t_left, left + 1), right)
+        # rightmost t < right with sum(counts[t+1:right+1]) >= step, never below t_left
+        need = prefix[right + 1] - step
+        t_right = int(np.searchsorted(prefix, need, side="right")) - 2
+        t_right = max(min(t_right, right - 1), t_left) if t_left < right else right
+        if right - t_right >= t_left - left:
+            right = t_right
+        else:
+            left = t_left
+        out.append((left, right))
+    return out
+
+
+def l2_losses(counts: np.ndarray, ranges: list[tuple[int, int]], dst_bins: int) -> np.ndarray:
+    """PyTorch HistogramObserver L2 error of each ``(left, right)`` range (unit bin width).
+
+    Losses scale with the bin width cubed, so comparing candidates needs no real width.
+
+    Example:
+        >>> float(l2_losses(np.array([1.0, 1.0]), [(0, 1)], 2)[0])  # two bins map exactly
+        0.16666666666666666
+    """
+    n = counts.size
+    keep = counts > 0
+    src = np.arange(n, dtype=np.float64)[keep][None, :]
+    density = counts[keep][None, :]
+    out = np.empty(len(ranges))
+    rows = max(1, _CHUNK // max(int(keep.sum()), 1))
+    for start in range(0, len(ranges), rows):
+        block = np.asarray(ranges[start : start + rows], dtype=np.float64)
+        left, right = block[:, :1], block[:, 1:]
+        dst_w = (right - left + 1.0) / dst_bins
+        begin = src - left
+        end = begin + 1.0
+        b_idx = np.clip(np.floor(begin / dst_w), 0, dst_bins - 1)
+        e_idx = np.clip(np.floor(end / dst_w), 0, dst_bins - 1)
+        half = dst_w / 2
+        b_center = b_idx * dst_w + half
+        e_center = e_idx * dst_w + half
+        norm = ((half) ** 3 - (begin - b_center) ** 3) / 3.0
+        norm += (e_idx - b_idx - 1.0) * ((2.0 * half**3) / 3.0)
+        norm += ((end - e_center) ** 3 + half**3) / 3.0
+        out[start : start + rows] = (density * norm).sum(axis=1)
+    return out
+
+
+def hfmg_search(counts: np.ndarray, vmin: float, vmax: float, bits: int = 8) -> tuple[float, float]:
+    """HFMG clip range ``(lo, hi)`` for ``len(counts)`` bins over ``[vmin, vmax]``.
+
+    A constant tensor (``vmin == vmax``) returns ``(vmin, vmax)``.
+
+    Example:
+        >>> hfmg_search(np.ones(1024), -1.0, 1.0)  # flat: trims one bin on the right
+        (-1.0, 0.998046875)
+    """
+    counts = np.asarray(counts, dtype=np.float64)
+    if counts.size not in NUM_OF_BINS_CHOICES:
+        raise QuantError(
+            f"HFMG num_of_bins must be one of {NUM_OF_BINS_CHOICES}, got {counts.size}"
+        )
+    if vmax <= vmin or counts.sum() <= 0:
+        return float(vmin), float(vmax)
+    ranges = search_candidates(counts)
+    losses = l2_losses(counts, ranges, 2**bits)
+    left, right = ranges[int(np.argmin(losses))]
+    width = (vmax - vmin) / counts.size
+    return float(vmin + left * width), float(vmin + (right + 1) * width)

@@ -1,0 +1,152 @@
+"""IFMR (AMCT's default activation algorithm) evaluated on a histogram instead of raw data.
+
+AMCT's IFMR (``ifmr.cpp``): take the percentile max (>= 0) and min (<= 0) of all data, then for
+each ratio ``r = search_range_start + i * search_step`` (61 candidates 0.70..1.30 by default)
+clip to ``[min, r * max]``, round onto the grid of ``scale = (r * max - min) / (2**b - 1)``,
+dequantize and keep the candidate with the lowest mean squared error. Symmetric mode
+(``activation_offset = false``) clips to ``[-r * A, r * A]`` with ``A`` the larger of |max|,
+|min| and ``scale = r * A / 127`` (``/ 128`` when |min| dominates).
+
+AMCT keeps every activation to compute the MSE. Here the MSE of every candidate is integrated in
+closed form over a histogram, assuming uniform density inside each bin: one vectorised pass over
+the bins for all candidates at once, no pass over the data per candidate. For rounding onto
+``s * round(x / s)`` the antiderivative of the squared error is ``s**3 * H(x / s)`` with
+``H(m + t) = m / 12 + (t**3 + 1/8) / 3`` (``m`` the nearest integer, ``|t| <= 1/2``); clipped
+tails integrate ``(x - q_edge)**2``.
+
+Example:
+    >>> import numpy as np
+    >>> ratios = candidate_ratios(0.7, 1.3, 0.01)
+    >>> len(ratios), float(ratios[0]), float(ratios[-1])
+    (61, 0.699999988079071, 1.2999999523162842)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from amct_bridge.errors import QuantError
+from amct_bridge.quant.factors import FLT_EPSILON, round_half_away
+from amct_bridge.quant.histogram import GridHistogram
+
+
+def candidate_ratios(start: float, end: float, step: float) -> np.ndarray:
+    """Float32 search ratios ``start + i * step`` for ``i`` in ``0 .. round((end-start)/step)``.
+
+    AMCT evaluates ``start + i * step`` in float32; the count includes ``end`` (61 by default).
+
+    Example:
+        >>> candidate_ratios(0.9, 1.0, 0.05).tolist()
+        [0.8999999761581421, 0.949999988079071, 1.0]
+    """
+    if not (0 < start <= end and step > 0):
+        raise QuantError(
+            f"IFMR search range must satisfy 0 < search_range_start <= search_range_end and "
+            f"search_step > 0, got start={start}, end={end}, step={step}"
+        )
+    n = int(round((end - start) / step)) + 1
+    f32 = np.float32
+    i = np.arange(n, dtype=np.float32)
+    return (f32(start) + i * f32(step)).astype(np.float32)
+
+
+def candidate_clips(
+    vmin: float, vmax: float, ratios: np.ndarray, bits: int, symmetric: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per candidate ``(clip_lo, clip_hi, scale)`` in AMCT's float32 arithmetic.
+
+    ``vmin <= 0 <= vmax`` are the percentile min/max.
+
+    Example:
+        >>> lo, hi, s = candidate_clips(0.0, 6.0, np.float32([0.99, 1.0]), 8, False)
+        >>> [f"{v:.9g}" for v in s]
+        ['0.0232941173', '0.0235294122']
+    """
+    f32 = np.float32
+    if symmetric:
+        dominant = vmax if abs(vmax) > abs(vmin) else vmin
+        c = (ratios * f32(abs(dominant))).astype(np.float32)
+        limit = 2 ** (bits - 1) - 1 if dominant > 0 else 2 ** (bits - 1)
+        scale = (c / f32(limit)).astype(np.float32)
+        lo, hi = -c.astype(np.float64), c.astype(np.float64)
+    else:
+        hi32 = (ratios * f32(vmax)).astype(np.float32)
+        scale = ((hi32 - f32(vmin)) / f32(2**bits - 1)).astype(np.float32)
+        lo, hi = np.full(ratios.shape, float(f32(vmin))), hi32.astype(np.float64)
+    scale = np.where(scale < FLT_EPSILON, np.float32(1.0), scale).astype(np.float64)
+    return lo, hi, scale
+
+
+def _round_antiderivative(u: np.ndarray) -> np.ndarray:
+    """``H(u) = integral_{-1/2}^{u} (round(t) - t)**2 dt`` (any u)."""
+    m = np.floor(u + 0.5)
+    t = u - m
+    return m / 12.0 + (t**3 + 0.125) / 3.0
+
+
+def _tail_integral(p: np.ndarray, q: np.ndarray, edge: np.ndarray) -> np.ndarray:
+    """``integral_p^q (x - edge)**2 dx`` for ``q >= p``."""
+    return ((q - edge) ** 3 - (p - edge) ** 3) / 3.0
+
+
+def histogram_mse(
+    hist: GridHistogram, clip_lo: np.ndarray, clip_hi: np.ndarray, scale: np.ndarray
+) -> np.ndarray:
+    """Squared error sum of clamp -> round -> dequantize for each candidate, from a histogram.
+
+    Example:
+        >>> h = GridHistogram(0.0, 1.0, np.array([1.0]))  # uniform on [0, 1)
+        >>> round(float(histogram_mse(h, np.zeros(1), np.ones(1), np.ones(1))[0]), 6)
+        0.083333
+    """
+    lo, hi, s = clip_lo[:, None], clip_hi[:, None], scale[:, None]
+    if hist.width == 0.0:
+        x = np.full((1, 1), hist.lo)
+        q = round_half_away(np.clip(x, lo, hi) / s) * s
+        return ((q - x) ** 2 * hist.total)[:, 0]
+    keep = hist.counts > 0
+    edges = hist.edges()
+    a, b = edges[:-1][keep][None, :], edges[1:][keep][None, :]
+    density = (hist.counts[keep] / hist.width)[None, :]
+    q_lo = round_half_away(lo / s) * s
+    q_hi = round_half_away(hi / s) * s
+    below_end = np.minimum(b, lo)
+    err = _tail_integral(a, np.maximum(below_end, a), q_lo)
+    mid_a, mid_b = np.maximum(a, lo), np.minimum(b, hi)
+    mid_b = np.maximum(mid_b, mid_a)
+    err += s**3 * (_round_antiderivative(mid_b / s) - _round_antiderivative(mid_a / s))
+    above_start = np.maximum(a, hi)
+    err += _tail_integral(above_start, np.maximum(b, above_start), q_hi)
+    return (err * density).sum(axis=1)
+
+
+def ifmr_search(
+    hist: GridHistogram,
+    vmin: float,
+    vmax: float,
+    *,
+    bits: int = 8,
+    symmetric: bool = False,
+    search_range_start: float = 0.7,
+    search_range_end: float = 1.3,
+    search_step: float = 0.01,
+) -> tuple[float, float]:
+    """Clip range chosen by IFMR: ``(min, r * max)``, or ``(r * min, r * max)`` if symmetric.
+
+    ``vmin``/``vmax`` are the percentile min/max (clamped here to <= 0 / >= 0). The symmetric
+    range is reported with both ends scaled so that ``activation_factors(..., symmetric=True)``
+    reproduces AMCT's /127 vs /128 choice.
+
+    Example:
+        >>> h = GridHistogram(0.0, 6.0 / 1000, np.ones(1000))
+        >>> ifmr_search(h, 0.0, 6.0)
+        (0.0, 6.0)
+    """
+    vmin, vmax = min(float(vmin), 0.0), max(float(vmax), 0.0)
+    ratios = candidate_ratios(search_range_start, search_range_end, search_step)
+    lo, hi, scale = candidate_clips(vmin, vmax, ratios, bits, symmetric)
+    best = int(np.argmin(histogram_mse(hist, lo, hi, scale)))
+    r = np.float32(ratios[best])
+    if symmetric:
+        return float(r * np.float32(vmin)), float(r * np.float32(vmax))
+    return float(np.float32(vmin)), float(hi[best])

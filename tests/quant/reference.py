@@ -1,0 +1,125 @@
+"""Brute-force exact references: AMCT's algorithms on ALL raw data (what AMCT itself computes).
+
+Written independently of amct_bridge.quant (plain loops / sorting / per-candidate passes).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+F32 = np.float32
+
+
+def c_round(x):
+    """C round(): half away from zero."""
+    return np.sign(x) * np.floor(np.abs(x) + 0.5)
+
+
+def exact_percentile(x: np.ndarray, p_max: float, p_min: float) -> tuple[float, float]:
+    """AMCT FindMaxAndMinValueWithPercentile: k-th largest / smallest by full sort."""
+    v = np.sort(x.ravel().astype(np.float32))
+    n = v.size
+
+    def rank(p):
+        return 1 if p == 1.0 else n - int(math.floor(F32(p) * F32(n)))
+
+    hi = float(v[n - rank(p_max)])
+    lo = float(v[rank(p_min) - 1])
+    return min(lo, 0.0), max(hi, 0.0)
+
+
+def exact_ifmr(x, bits=8, symmetric=False, p=0.999999, start=0.7, end=1.3, step=0.01):
+    """AMCT IFMR with one pass over all data per candidate; returns (scale, offset)."""
+    data = x.ravel().astype(np.float32)
+    lo, hi = exact_percentile(data, p, p)
+    lo32, hi32 = F32(lo), F32(hi)
+    d64 = data.astype(np.float64)
+    losses, scales = [], []
+    n_cand = int(round((end - start) / step)) + 1
+    for i in range(n_cand):
+        r = F32(F32(start) + F32(i) * F32(step))
+        if symmetric:
+            dom = hi32 if abs(hi32) > abs(lo32) else lo32
+            c = F32(r * F32(abs(dom)))
+            limit = 2 ** (bits - 1) - 1 if dom > 0 else 2 ** (bits - 1)
+            s = F32(c / F32(limit))
+            clo, chi = -float(c), float(c)
+        else:
+            c = F32(r * hi32)
+            s = F32(F32(c - lo32) / F32(2**bits - 1))
+            clo, chi = float(lo32), float(c)
+        s = 1.0 if s < np.finfo(np.float32).eps else float(s)
+        q = c_round(np.clip(d64, clo, chi) / s) * s
+        losses.append(float(np.mean((q - d64) ** 2)))
+        scales.append((s, clo, chi))
+    best = int(np.argmin(losses))
+    s, clo, chi = scales[best]
+    if symmetric:
+        return s, 0
+    return s, int(-(2 ** (bits - 1)) - c_round(F32(clo) / F32(s)))
+
+
+def tf_histogram(x: np.ndarray, bins: int, lo: float, hi: float) -> np.ndarray:
+    """np.histogram over [lo, hi] (right edge inclusive), as AMCT's HfmgDistribute."""
+    return np.histogram(x.astype(np.float64), bins=bins, range=(lo, hi))[0].astype(np.float64)
+
+
+def amct_search_range(counts: np.ndarray) -> list[tuple[int, int]]:
+    """Literal port of HfmgGetSearchRange's nested while loops."""
+    left, right = 0, len(counts) - 1
+    total = counts.sum()
+    step = max(math.ceil(F32(total) / F32(100000)), 1)
+    min_bins = math.ceil(len(counts) / 4)
+    out = []
+    while right - left > min_bins:
+        tl, tr, ls, rs = left, right, 0, 0
+        while tl < tr and ls < step:
+            ls += counts[tl]
+            tl += 1
+        while tl < tr and rs < step:
+            rs += counts[tr]
+            tr -= 1
+        if right - tr >= tl - left:
+            right = tr
+        else:
+            left = tl
+        out.append((left, right))
+    return out
+
+
+def torch_l2(counts: np.ndarray, left: int, right: int, dst: int) -> float:
+    """PyTorch HistogramObserver._compute_quantization_error (L2), unit bin width."""
+    n = len(counts)
+    dst_w = (right - left + 1) / dst
+    norm = 0.0
+    for i in range(n):
+        if counts[i] == 0:
+            continue
+        b = i - left
+        e = b + 1.0
+        bi = min(max(math.floor(b / dst_w), 0), dst - 1)
+        ei = min(max(math.floor(e / dst_w), 0), dst - 1)
+        dens = counts[i]
+        if bi == ei:
+            c = bi * dst_w + dst_w / 2
+            norm += dens * ((e - c) ** 3 - (b - c) ** 3) / 3
+        else:
+            c = bi * dst_w + dst_w / 2
+            norm += dens * ((dst_w / 2) ** 3 - (b - c) ** 3) / 3
+            norm += (ei - bi - 1) * dens * (2 * (dst_w / 2) ** 3) / 3
+            c = ei * dst_w + dst_w / 2
+            norm += dens * ((e - c) ** 3 + (dst_w / 2) ** 3) / 3
+    return norm
+
+
+def exact_hfmg(x: np.ndarray, nbins: int = 4096, bits: int = 8) -> tuple[float, float]:
+    """HFMG on the exact histogram of all data over [min, max]: clip (lo, hi)."""
+    lo, hi = float(x.min()), float(x.max())
+    counts = tf_histogram(x, nbins, lo, hi)
+    ranges = amct_search_range(counts)
+    losses = [torch_l2(counts, a, b, 2**bits) for a, b in ranges]
+    a, b = ranges[int(np.argmin(losses))]
+    w = (hi - lo) / nbins
+    return lo + a * w, lo + (b + 1) * w
