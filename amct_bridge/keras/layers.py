@@ -1,0 +1,147 @@
+"""What gets quantized, per Keras layer type: one table instead of isinstance chains.
+
+Each quantizable Keras class maps to one or more :class:`QuantPart`. A part is one AMCT record
+entry (one quantized TF op): its record-key suffix, the TF op type convert_model sees, which kernel
+attribute holds its weights, the kernel layout, whether per-channel weight scales are allowed and
+whether a following BatchNormalization may be folded into it.
+
+``SeparableConv2D`` is two ops in TF (DepthwiseConv2dNative, then a 1x1 Conv2D); its parts are
+keyed ``<layer>/depthwise`` and ``<layer>/pointwise``. The pointwise part's input is the depthwise
+output (a tensor inside the layer), so the callback computes it alongside the layer.
+
+Layout letters: H, W kernel size; I input channels; O output channels; M depth multiplier.
+
+Example:
+    >>> spec = QUANTIZABLE["SeparableConv2D"]
+    >>> [(p.key("sep"), p.op_type) for p in spec]
+    [('sep/depthwise', 'DepthwiseConv2dNative'), ('sep/pointwise', 'Conv2D')]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class QuantPart:
+    """One quantized op of a layer.
+
+    Args:
+        suffix: record-key suffix ("" = the layer name itself).
+        op_type: TF op type in the frozen inference graph.
+        kernel_attr: layer attribute with the weights (None: no weights, e.g. AvgPool).
+        layout: kernel layout ("HWIO", "HWIM", "HWOI", "IO"), None without weights.
+        channel_wise: per-output-channel scale_w allowed (AMCT: Conv2D, depthwise, transpose).
+        foldable: a directly following BatchNormalization can be folded into this op.
+        out_axis: axis of the output channels in the kernel (None: depthwise, I*M flattened).
+
+    Example:
+        >>> QUANTIZABLE["Dense"][0].channel_wise
+        False
+    """
+
+    suffix: str
+    op_type: str
+    kernel_attr: str | None
+    layout: str | None
+    channel_wise: bool
+    foldable: bool
+    bias_attr: str | None = "bias"
+
+    def key(self, layer_name: str) -> str:
+        """Record key of this part for a layer named ``layer_name``."""
+        return f"{layer_name}/{self.suffix}" if self.suffix else layer_name
+
+    @property
+    def has_weights(self) -> bool:
+        """True if the part has a kernel (scale_w / offset_w are written)."""
+        return self.kernel_attr is not None
+
+
+_CONV = QuantPart("", "Conv2D", "kernel", "HWIO", True, True)
+_DEPTHWISE = QuantPart("", "DepthwiseConv2dNative", "kernel", "HWIM", True, True)
+_TRANSPOSE = QuantPart("", "Conv2DBackpropInput", "kernel", "HWOI", True, True)
+_DENSE = QuantPart("", "MatMul", "kernel", "IO", False, True)
+_AVGPOOL = QuantPart("", "AvgPool", None, None, False, False, bias_attr=None)
+
+#: Keras class name -> quantized parts, in execution order.
+QUANTIZABLE: dict[str, tuple[QuantPart, ...]] = {
+    "Conv2D": (_CONV,),
+    "DepthwiseConv2D": (_DEPTHWISE,),
+    "Conv2DTranspose": (_TRANSPOSE,),
+    "Dense": (_DENSE,),
+    "SeparableConv2D": (
+        QuantPart(
+            "depthwise",
+            "DepthwiseConv2dNative",
+            "depthwise_kernel",
+            "HWIM",
+            True,
+            False,
+            bias_attr=None,
+        ),
+        QuantPart("pointwise", "Conv2D", "pointwise_kernel", "HWIO", True, True),
+    ),
+    "AveragePooling2D": (_AVGPOOL,),
+}
+
+#: Keras classes whose input/output ranges go to the calibration sidecar (no record entry).
+ACTIVATIONS: frozenset[str] = frozenset(
+    {"ReLU", "Activation", "LeakyReLU", "PReLU", "ELU", "Softmax"}
+)
+
+#: Keras class names of batch normalization (folded into a preceding foldable part).
+BATCH_NORMS: frozenset[str] = frozenset({"BatchNormalization"})
+
+
+def class_name(layer) -> str:
+    """The registry name of ``layer``: its own class, or the nearest registered base class.
+
+    Subclasses of a registered Keras layer (``class MyConv(keras.layers.Conv2D)``) are
+    quantized like their base.
+
+    Example:
+        >>> class Conv2D: ...
+        >>> class MyConv(Conv2D): ...
+        >>> class_name(MyConv())
+        'Conv2D'
+    """
+    for klass in type(layer).__mro__:
+        if klass.__name__ in QUANTIZABLE or klass.__name__ in ACTIVATIONS:
+            return klass.__name__
+        if klass.__name__ in BATCH_NORMS:
+            return klass.__name__
+    return type(layer).__name__
+
+
+def quant_parts(layer) -> tuple[QuantPart, ...]:
+    """Quantized parts of ``layer`` (empty tuple if it is not quantizable).
+
+    Example:
+        >>> class Dense: ...
+        >>> [p.op_type for p in quant_parts(Dense())]
+        ['MatMul']
+    """
+    return QUANTIZABLE.get(class_name(layer), ())
+
+
+def is_activation(layer) -> bool:
+    """True for standalone activation layers (their ranges go to the sidecar only).
+
+    Example:
+        >>> class ReLU: ...
+        >>> is_activation(ReLU())
+        True
+    """
+    return class_name(layer) in ACTIVATIONS
+
+
+def is_batch_norm(layer) -> bool:
+    """True for BatchNormalization layers.
+
+    Example:
+        >>> class BatchNormalization: ...
+        >>> is_batch_norm(BatchNormalization())
+        True
+    """
+    return class_name(layer) in BATCH_NORMS

@@ -1,0 +1,199 @@
+"""Calibration plan: which layers/parts of a Keras model get factors, how, and with which BN.
+
+:func:`make_plan` reads the model once (via :func:`amct_bridge.keras.graph.extract_graph` for
+Functional/Sequential models; a plain layer walk for subclassed ones) and resolves, per quantizable
+part (see :mod:`amct_bridge.keras.layers`), its record key, its effective
+:class:`~amct_bridge.config.LayerQuantConfig`, the BatchNormalization folded into it (Conv+BN chains
+where the conv has no fused activation and the BN is its only reader) and how often it runs per
+step. Activation layers are planned too: their ranges go to the calibration sidecar.
+
+Example:
+    >>> import keras
+    >>> from amct_bridge.config import QuantConfig
+    >>> x = keras.Input((8, 8, 3))
+    >>> y = keras.layers.Conv2D(4, 3, use_bias=False, name="c1")(x)
+    >>> y = keras.layers.BatchNormalization(name="bn1")(y)
+    >>> y = keras.layers.ReLU(name="r1")(y)
+    >>> plan = make_plan(keras.Model(x, y), QuantConfig())
+    >>> [(t.key, t.bn.name if t.bn else None) for t in plan.targets]
+    [('c1', 'bn1'), ('r1', None)]
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+import keras
+
+from amct_bridge.config import LayerQuantConfig, QuantConfig
+from amct_bridge.errors import CalibrationError, GraphError
+from amct_bridge.keras import layers as registry
+from amct_bridge.keras.graph import extract_graph
+
+
+@dataclass
+class Target:
+    """One record entry (quantized part) or one activation layer (sidecar only).
+
+    Args:
+        key: record / sidecar key ("conv1", "outer/inner", "sep/pointwise").
+        layer_key: key of the Keras layer ("sep" for "sep/pointwise").
+        layer: the Keras layer object.
+        kind: registry class name ("Conv2D", "ReLU"...).
+        part: the quantized part (None for activation layers).
+        config: effective settings of this layer.
+        bn: BatchNormalization folded into this part (None: none or fusion skipped).
+        skip_fusion: the user turned Conv+BN folding off for this layer.
+        calls: times the layer runs per model call (shared layers).
+
+    Example:
+        >>> Target("r1", "r1", None, "ReLU", None, LayerQuantConfig()).quantized
+        False
+    """
+
+    key: str
+    layer_key: str
+    layer: object
+    kind: str
+    part: registry.QuantPart | None
+    config: LayerQuantConfig
+    bn: object | None = None
+    skip_fusion: bool = False
+    calls: int = 1
+
+    @property
+    def quantized(self) -> bool:
+        """True if the target gets a record entry (not just sidecar ranges)."""
+        return self.part is not None
+
+    @property
+    def types(self) -> tuple[str, ...]:
+        """Type names a config may use for it: Keras class and TF op type."""
+        return (self.kind, self.part.op_type) if self.part else (self.kind,)
+
+
+@dataclass
+class Plan:
+    """All targets in execution order.
+
+    Example:
+        >>> Plan([]).quantized
+        []
+    """
+
+    targets: list[Target]
+
+    @property
+    def quantized(self) -> list[Target]:
+        """Targets that get record entries."""
+        return [t for t in self.targets if t.quantized]
+
+
+def walk_layers(model, prefix: str = "") -> dict[str, object]:
+    """Every leaf layer of ``model`` by key (nested models: "outer/inner"), in layer order.
+
+    Example:
+        >>> import keras
+        >>> d = keras.layers.Dense(2, name="d")
+        >>> inner = keras.Sequential([keras.Input((2,)), d], name="in")
+        >>> outer = keras.Sequential([keras.Input((2,)), inner])
+        >>> list(walk_layers(outer))
+        ['in/d']
+    """
+    out: dict[str, object] = {}
+    for layer in model.layers:
+        if isinstance(layer, keras.Model):
+            out.update(walk_layers(layer, f"{prefix}{layer.name}/"))
+        else:
+            out.setdefault(prefix + layer.name, layer)
+    return out
+
+
+def make_plan(model, config: QuantConfig) -> Plan:
+    """Resolve the calibration targets of ``model`` under ``config``.
+
+    Raises CalibrationError for unknown skip_layers / skip_fusion_layers names and when nothing
+    is left to quantize.
+
+    Example:
+        >>> # see the module docstring
+    """
+    by_key = walk_layers(model)
+    order, calls, chains = _graph_facts(model, by_key)
+    _check_names(config.skip_layers, by_key, "skip_layers")
+    _check_names(config.skip_fusion_layers, by_key, "skip_fusion_layers")
+    targets: list[Target] = []
+    for layer_key in order:
+        layer = by_key[layer_key]
+        kind = registry.class_name(layer)
+        parts = registry.quant_parts(layer)
+        for part in parts:
+            key = part.key(layer_key)
+            types = (kind, part.op_type)
+            if config.is_skipped(layer_key, types) or config.is_skipped(key, types):
+                continue
+            skip_fusion = config.skips_fusion(layer_key)
+            bn = chains.get(layer_key) if part.foldable and not skip_fusion else None
+            cfg = config.for_layer(key, types) if key in config.by_name else None
+            cfg = cfg or config.for_layer(layer_key, types)
+            targets.append(
+                Target(key, layer_key, layer, kind, part, cfg, bn, skip_fusion, calls[layer_key])
+            )
+        if not parts and registry.is_activation(layer):
+            cfg = config.for_layer(layer_key, (kind,))
+            targets.append(
+                Target(layer_key, layer_key, layer, kind, None, cfg, calls=calls[layer_key])
+            )
+    plan = Plan(targets)
+    if not plan.quantized:
+        raise CalibrationError(
+            f"model {model.name!r} has no quantizable layer left "
+            f"(quantizable types: {', '.join(registry.QUANTIZABLE)}; skipped: "
+            f"{config.skip_layers + config.skip_layer_types or 'none'})"
+        )
+    return plan
+
+
+def _graph_facts(model, by_key: dict[str, object]):
+    """(layer keys in execution order, calls per layer, foldable layer -> BN layer)."""
+    try:
+        graph = extract_graph(model)
+    except GraphError:
+        # subclassed model: no call graph, so no fusion and one call per layer
+        return list(by_key), dict.fromkeys(by_key, 1), {}
+    order: list[str] = []
+    calls: dict[str, int] = {}
+    for node in graph:
+        if node.layer in by_key:
+            if node.layer not in calls:
+                order.append(node.layer)
+            calls[node.layer] = calls.get(node.layer, 0) + 1
+    foldable = tuple(k for k, parts in registry.QUANTIZABLE.items() if parts[-1].foldable)
+    chains = {}
+    for chain in graph.chains(foldable, tuple(registry.BATCH_NORMS)):
+        head = chain[0]
+        if len(chain) < 2 or head.shared or chain[1].shared:
+            continue
+        if head.params.get("activation", "linear") != "linear":
+            continue
+        bn_layer = by_key.get(chain[1].layer)
+        if bn_layer is not None and _bn_on_channels(bn_layer):
+            chains[head.layer] = bn_layer
+    return order, calls, chains
+
+
+def _bn_on_channels(bn) -> bool:
+    axis = bn.axis if isinstance(bn.axis, int) else (bn.axis[0] if len(bn.axis) == 1 else None)
+    return axis is not None and axis in (-1, len(bn.input.shape) - 1)
+
+
+def _check_names(names: list[str], by_key: dict[str, object], option: str) -> None:
+    known = set(by_key)
+    for key, layer in by_key.items():
+        known.update(part.key(key) for part in registry.quant_parts(layer))
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=3)
+            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+            raise CalibrationError(f"{option}: no layer named {name!r} in the model{hint}")

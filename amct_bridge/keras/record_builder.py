@@ -1,0 +1,140 @@
+"""Observers + layer weights -> AMCT record, calibration sidecar and (optionally) frozen graph.
+
+Everything is built in memory first and written only when all pieces exist, so a failure (bad
+factors, an op that cannot be found in the frozen graph...) never leaves a partial record.
+
+Per quantized part: ``scale_d``/``offset_d`` from its input observer (act_type bits,
+activation_offset), ``scale_w``/``offset_w`` by ARQ on the (BN-folded unless skip_fusion) kernel,
+``tensor_balance_factor`` with DMQ, ``shift_bit`` with joint_quant, ``skip_fusion: true`` for
+layers the user excluded from fusion, ``act_type`` only when it is not the default INT8.
+
+Example:
+    >>> # used by Session.write; see tests/keras/test_quant_calibration.py
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from amct_bridge.errors import CalibrationError
+from amct_bridge.keras import weights as kw
+from amct_bridge.records import LayerFactors, Record, convert, dumps
+from amct_bridge.records.atomic import atomic_write_bytes
+from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange, sidecar_path
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Built:
+    """What one write produces: record text, sidecar JSON, frozen graph bytes (or None)."""
+
+    record: Record
+    record_text: str
+    stats: CalibrationStats
+    graph_bytes: bytes | None = None
+
+
+def build_outputs(session, record_path, flavor: str, keys: str, frozen_graph_path=None) -> Built:
+    """Build record + sidecar (+ frozen graph) from a session's observers and the model."""
+    plan = session.plan
+    record = Record(flavor="inner")
+    folds = []
+    for target in plan.quantized:
+        factors, fold = _layer_factors(session, target)
+        record.layers[target.key] = factors
+        if fold is not None:
+            folds.append(fold)
+    stats = _sidecar(session)
+    frozen = None
+    if keys == "tf_op" or frozen_graph_path is not None:
+        from amct_bridge.keras.freeze import freeze_model
+
+        frozen = freeze_model(session.model, folds)
+    if keys == "tf_op":
+        record = _rekey(record, frozen.op_names)
+    if flavor != "inner":
+        record, dropped = convert(record, flavor)
+        for line in dropped:
+            log.warning("record flavor %r cannot hold %s: dropped", flavor, line)
+    record.flavor = flavor
+    text = dumps(record, flavor)
+    if not record.layers:
+        raise CalibrationError("no record entry was produced; nothing written")
+    graph = frozen.graph_def.SerializeToString(deterministic=True) if frozen_graph_path else None
+    return Built(record, text, stats, graph)
+
+
+def write_outputs(built: Built, record_path, flavor, keys, frozen_graph_path=None) -> None:
+    """Write the record, its sidecar and the frozen graph (each atomically)."""
+    atomic_write_bytes(record_path, built.record_text.encode())
+    atomic_write_bytes(sidecar_path(record_path), built.stats.to_json().encode())
+    if frozen_graph_path is not None and built.graph_bytes is not None:
+        atomic_write_bytes(Path(frozen_graph_path), built.graph_bytes)
+
+
+def _input_observed(session, target):
+    role = "inner" if target.key.endswith("/pointwise") else "input"
+    return session.observed[session.tensors[(target.layer_key, role)]]
+
+
+def _layer_factors(session, target):
+    cfg, config = target.config, session.config
+    observed = _input_observed(session, target)
+    scale_d, offset_d = observed.observer.factors()
+    factors = LayerFactors(scale_d=float(scale_d), offset_d=int(offset_d))
+    if cfg.act_type != "INT8":
+        factors.act_type = cfg.act_type
+    fold = None
+    if target.part.has_weights:
+        kernel, bias = kw.part_kernel(target)
+        scale_w, offset_w = kw.weight_factors(kernel, target.part, cfg.channel_wise)
+        factors.scale_w, factors.offset_w = scale_w, offset_w
+        if target.skip_fusion:
+            factors.skip_fusion = True
+        if target.bn is not None:
+            fold = kw.freeze_fold(target, kernel, bias)
+        if cfg.migration_strength is not None:
+            factors.tensor_balance_factor = kw.balance(
+                observed.absmax, kernel, target.part, cfg.migration_strength, target.key
+            )
+        if config.joint_quant:
+            factors.shift_bit = kw.shift_bits(kernel, target.part, scale_w, scale_d, cfg)
+    return factors, fold
+
+
+def _range(observed) -> TensorRange:
+    obs = observed.observer
+    lo, hi = obs.clip_range()
+    return TensorRange(float(lo), float(hi), float(obs.min), float(obs.max))
+
+
+def _sidecar(session) -> CalibrationStats:
+    algorithms = sorted({t.config.algorithm for t in session.plan.targets})
+    stats = CalibrationStats(algorithm=",".join(algorithms), batches=session.batches)
+    for target in session.plan.targets:
+        get = session.tensors.get
+        if target.kind == "SeparableConv2D":
+            roles = ("input", "inner") if target.key.endswith("/depthwise") else ("inner", "output")
+        else:
+            roles = ("input", "output")
+        ranges = []
+        for role in roles:
+            index = get((target.layer_key, role))
+            seen = index is not None and session.observed[index].observer.batches > 0
+            ranges.append(_range(session.observed[index]) if seen else None)
+        stats.layers[target.key] = LayerStats(target.kind, input=ranges[0], output=ranges[1])
+    return stats
+
+
+def _rekey(record: Record, op_names: dict[str, list[str]]) -> Record:
+    out = Record(flavor=record.flavor)
+    for key, factors in record.layers.items():
+        names = op_names.get(key)
+        if not names:
+            raise CalibrationError(f"layer {key!r}: no op found in the frozen graph for its record")
+        for name in names:
+            out.layers[name] = factors
+    return out

@@ -1,0 +1,218 @@
+"""One calibration session of ``QuantCalibration``: passes, observers, output.
+
+A session lives from the start of a run (fit / evaluate / predict) to its end (or across runs with
+``accumulate=True``). Inside it, each *pass* instruments one step function (train / test /
+predict), re-traces it, feeds the per-batch summaries read back from the graph to one observer per
+observed tensor, and puts the original step function back when the pass ends or ``batch_num``
+batches were seen. :meth:`Session.write` turns observers + weights into the record, sidecar and
+(optionally) frozen graph, and writes them only when every piece was built.
+
+Example:
+    >>> import keras, numpy as np
+    >>> from amct_bridge.config import QuantConfig
+    >>> x = keras.Input((4,))
+    >>> m = keras.Model(x, keras.layers.Dense(2, name="fc")(x))
+    >>> s = Session(m, QuantConfig(), batch_num=None); s.new_run(); s.start_pass("predict")
+    >>> _ = m.predict(np.ones((8, 4), "float32"), batch_size=4, verbose=0)
+    >>> s.stop_pass("predict"); s.batches
+    0
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from amct_bridge.config import QuantConfig
+from amct_bridge.errors import CalibrationError
+from amct_bridge.keras.instrument import Instrumentation, Point
+from amct_bridge.keras.plan import Plan, Target, make_plan
+from amct_bridge.keras.record_builder import build_outputs, write_outputs
+from amct_bridge.keras.weights import input_channels
+from amct_bridge.quant.factors import bits_of
+from amct_bridge.quant.observers import make_observer
+
+#: Host reads happen every this many batch ends when observers need only min/max.
+_READ_EVERY_MINMAX = 16
+
+
+@dataclass
+class Observed:
+    """One observed tensor: its point, observer and (DMQ) running per-channel max|x|."""
+
+    point: Point
+    observer: object
+    absmax: np.ndarray | None = None
+
+
+class Session:
+    """Statistics of one calibration session (see the module docstring)."""
+
+    def __init__(self, model, config: QuantConfig, batch_num: int | None) -> None:
+        self.model = model
+        self.config = config
+        self.batch_num = batch_num
+        self.plan: Plan | None = None
+        self.observed: list[Observed] = []
+        self.tensors: dict[tuple[str, str], int] = {}
+        self.batches = 0
+        self._inst: Instrumentation | None = None
+        self._mode: str | None = None
+        self._saved_fn = None
+        self._pass_base = 0
+        self._pass_batches = 0
+        self._begin = 0
+        self._ends = 0
+
+    # ---- set-up -------------------------------------------------------------------------------
+
+    def new_run(self) -> None:
+        """Start a run: plan the model on first use (it is built by now)."""
+        if self.plan is None:
+            self.plan = make_plan(self.model, self.config)
+            self._make_points()
+        self._pass_base = self.batches
+
+    def _make_points(self) -> None:
+        for target in self.plan.targets:
+            if (target.layer_key, "input") in self.tensors:
+                continue  # second part of a SeparableConv2D: points made with the first
+            self._add(target, "input", target.part)
+            if target.kind == "SeparableConv2D":
+                pointwise = next(
+                    t for t in self.plan.targets if t.key == f"{target.layer_key}/pointwise"
+                )
+                self._add(target, "inner", pointwise.part, _depthwise_output)
+            self._add(target, "output", None)
+
+    def _add(self, target: Target, role: str, part, inner=None) -> None:
+        cfg = target.config
+        observer = make_observer(
+            cfg.algorithm,
+            num_bits=bits_of(cfg.act_type),
+            activation_offset=self.config.activation_offset,
+            name=f"layer {target.layer_key!r} {role}",
+            **cfg.options,
+        )
+        dmq = cfg.migration_strength is not None and part is not None and part.has_weights
+        axis = _channel_axis(target.layer) if dmq else None
+        point = Point(
+            key=target.layer_key,
+            role=role,
+            layer=target.layer,
+            bins=int(observer.bins),
+            channel_axis=axis,
+            channels=input_channels(target.layer, part) if dmq else 0,
+            calls=target.calls,
+            inner=inner,
+        )
+        self.tensors[(target.layer_key, role)] = len(self.observed)
+        self.observed.append(Observed(point, observer))
+
+    # ---- passes -------------------------------------------------------------------------------
+
+    def start_pass(self, mode: str) -> None:
+        """Instrument the ``mode`` step function (train / test / predict) and re-trace it."""
+        if self._inst is not None or self._done():
+            return
+        points = [o.point for o in self.observed]
+        hist = any(p.bins for p in points)
+        self._inst = Instrumentation(self.model, points, 1 if hist else _READ_EVERY_MINMAX)
+        self._inst.install()
+        self._mode, self._pass_base, self._pass_batches = mode, self.batches, 0
+        self._saved_fn = getattr(self.model, f"{mode}_function")
+        getattr(self.model, f"make_{mode}_function")(force=True)
+
+    def batch_begin(self, mode: str, batch: int) -> None:
+        """Note the first step of this execution (steps_per_execution may cover several)."""
+        self._begin = batch
+
+    def batch_end(self, mode: str, batch: int) -> None:
+        """Count the steps just run; read summaries when buffers may fill or batch_num is hit."""
+        if self._inst is None or mode != self._mode:
+            return
+        self._pass_batches += max(1, batch - self._begin + 1)
+        self._ends += 1
+        done = self.batch_num is not None and self._pass_base + self._pass_batches >= self.batch_num
+        if done or self._ends % self._inst.steps_per_read == 0:
+            self._drain()
+        if done:
+            self.stop_pass(mode)
+
+    def stop_pass(self, mode: str) -> None:
+        """Read what is left, remove the instrumentation and put the original step function back."""
+        if self._inst is None or mode != self._mode:
+            return
+        try:
+            self._drain()
+        finally:
+            self.stop_all()
+
+    def stop_all(self) -> None:
+        """Remove instrumentation and restore the step function (idempotent; used on errors)."""
+        if self._inst is None:
+            return
+        self._inst.remove()
+        setattr(self.model, f"{self._mode}_function", self._saved_fn)
+        self._inst, self._saved_fn = None, None
+        self.batches = self._pass_base + self._pass_batches
+        if self.batch_num is not None:
+            self.batches = min(self.batches, self.batch_num)
+
+    def _done(self) -> bool:
+        return self.batch_num is not None and self.batches >= self.batch_num
+
+    def _drain(self) -> None:
+        for row in self._inst.drain():
+            obs = self.observed[row.point]
+            batch = self._pass_base + row.step // max(1, obs.point.calls)
+            if self.batch_num is not None and batch >= self.batch_num:
+                continue  # steps_per_execution overshoot past batch_num
+            stats = row.stats
+            if not (math.isfinite(stats.min) and math.isfinite(stats.max)):
+                raise CalibrationError(
+                    f"layer {obs.point.key!r}: {obs.point.role} of batch {batch} contains "
+                    f"NaN or Inf (min {stats.min}, max {stats.max}); no record written"
+                )
+            obs.observer.update_stats(stats)
+            if stats.channel_absmax is not None:
+                prev = obs.absmax
+                obs.absmax = (
+                    stats.channel_absmax if prev is None else np.maximum(prev, stats.channel_absmax)
+                )
+
+    # ---- output -------------------------------------------------------------------------------
+
+    def write(self, outputs: dict, require_batches: bool = False) -> None:
+        """Build record + sidecar (+ frozen graph) from what was seen, then write them all."""
+        if self.batches == 0:
+            if require_batches:
+                raise CalibrationError(
+                    f"no calibration batch was seen for model {self.model.name!r}; "
+                    "no record written (empty dataset or steps=0?)"
+                )
+            return
+        built = build_outputs(self, **outputs)
+        write_outputs(built, **outputs)
+
+
+def _channel_axis(layer) -> int:
+    return 1 if getattr(layer, "data_format", "channels_last") == "channels_first" else -1
+
+
+def _depthwise_output(layer, x):
+    """SeparableConv2D's inner tensor: the depthwise convolution of its input (TF's own op)."""
+    import tensorflow as tf
+
+    fmt = "NCHW" if layer.data_format == "channels_first" else "NHWC"
+    strides = (1, 1, *layer.strides) if fmt == "NCHW" else (1, *layer.strides, 1)
+    return tf.nn.depthwise_conv2d(
+        x,
+        layer.depthwise_kernel,
+        strides=strides,
+        padding=layer.padding.upper(),
+        dilations=layer.dilation_rate,
+        data_format=fmt,
+    )
