@@ -131,12 +131,14 @@ class Observer:
             raise QuantError(f"{where}: batch min/max is {s.min}/{s.max}; data must be finite")
         if s.min > s.max:
             raise QuantError(f"{where}: batch min {s.min} > max {s.max}")
-        if self.bins and s.hist is None:
+        if self.bins and s.hist is None and s.max > s.min:
             raise QuantError(f"{where}: {self.algorithm} needs a histogram of {self.bins} bins")
-        if self.bins and np.asarray(s.hist).size != self.bins:
-            raise QuantError(
-                f"{where}: histogram has {np.asarray(s.hist).size} bins, expected {self.bins}"
-            )
+        if self.bins and s.max > s.min:
+            hist = np.asarray(s.hist)
+            if hist.shape != (self.bins,):
+                raise QuantError(f"{where}: histogram shape {hist.shape}, expected ({self.bins},)")
+            if int(hist.sum()) != int(s.count):
+                raise QuantError(f"{where}: histogram counts sum to {hist.sum()}, not {s.count}")
 
     def _merge_absmax(self, absmax: np.ndarray | None) -> None:
         if absmax is None:

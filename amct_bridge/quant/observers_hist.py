@@ -49,7 +49,11 @@ class _HistogramObserver(Observer):
         self.hist: GridHistogram | None = None
 
     def _absorb(self, s: BatchStats) -> None:
-        batch = GridHistogram.from_batch(s.min, s.max, np.asarray(s.hist))
+        hist = np.asarray(s.hist)
+        if s.max == s.min:  # a constant batch is a point mass; TF cannot histogram it anyway
+            hist = np.zeros(self.bins)
+            hist[0] = s.count
+        batch = GridHistogram.from_batch(s.min, s.max, hist)
         if self.hist is None:
             self.hist = batch
         else:

@@ -24,9 +24,10 @@ class BatchStats:
         count: number of elements.
         min: smallest value.
         max: largest value.
-        hist: ``bins`` int64 counts over ``[min, max]`` with tf.histogram_fixed_width semantics
-            (``idx = clip(floor((x - min) / (max - min) * bins), 0, bins - 1)``; all in bin 0
-            when ``max == min``), or None.
+        hist: ``bins`` int64 counts over ``[min, max]`` exactly as tf.histogram_fixed_width
+            computes them (``idx = min(floor((x - min) / ((max - min) / bins)), bins - 1)`` in
+            float64), or None. When ``max == min`` only the total matters (TF refuses that
+            range; any histogram whose counts sum to ``count`` is accepted).
         channel_absmax: ``max|x|`` per channel along the channel axis, or None.
 
     Example:
@@ -69,8 +70,10 @@ def batch_stats(
     hist = None
     if bins:
         if vmax > vmin:
-            idx = np.floor((arr.ravel() - vmin) / (vmax - vmin) * arr.dtype.type(bins))
-            idx = np.clip(idx, 0, bins - 1).astype(np.intp)
+            # tf.histogram_fixed_width (TF 2.21 CPU) works in float64: same bins bit for bit.
+            step = (float(vmax) - float(vmin)) / bins
+            idx = ((arr.ravel().astype(np.float64) - float(vmin)) / step).astype(np.intp)
+            np.minimum(idx, bins - 1, out=idx)
             hist = np.bincount(idx, minlength=bins).astype(np.int64)
         else:
             hist = np.zeros(bins, dtype=np.int64)

@@ -90,28 +90,21 @@ def amct_search_range(counts: np.ndarray) -> list[tuple[int, int]]:
 
 
 def torch_l2(counts: np.ndarray, left: int, right: int, dst: int) -> float:
-    """PyTorch HistogramObserver._compute_quantization_error (L2), unit bin width."""
-    n = len(counts)
+    """PyTorch/AMCT HfmgCalculateLoss (L2) for one candidate, AMCT's two branches, unit width."""
+    i = np.nonzero(counts)[0].astype(np.float64)
+    dens = counts[counts > 0]
     dst_w = (right - left + 1) / dst
-    norm = 0.0
-    for i in range(n):
-        if counts[i] == 0:
-            continue
-        b = i - left
-        e = b + 1.0
-        bi = min(max(math.floor(b / dst_w), 0), dst - 1)
-        ei = min(max(math.floor(e / dst_w), 0), dst - 1)
-        dens = counts[i]
-        if bi == ei:
-            c = bi * dst_w + dst_w / 2
-            norm += dens * ((e - c) ** 3 - (b - c) ** 3) / 3
-        else:
-            c = bi * dst_w + dst_w / 2
-            norm += dens * ((dst_w / 2) ** 3 - (b - c) ** 3) / 3
-            norm += (ei - bi - 1) * dens * (2 * (dst_w / 2) ** 3) / 3
-            c = ei * dst_w + dst_w / 2
-            norm += dens * ((e - c) ** 3 + (dst_w / 2) ** 3) / 3
-    return norm
+    half = dst_w / 2
+    b = i - left
+    e = b + 1.0
+    bi = np.clip(np.floor(b / dst_w), 0, dst - 1)
+    ei = np.clip(np.floor(e / dst_w), 0, dst - 1)
+    cb = bi * dst_w + half
+    ce = ei * dst_w + half
+    inside = ((e - cb) ** 3 - (b - cb) ** 3) / 3
+    across = (half**3 - (b - cb) ** 3) / 3 + (ei - bi - 1) * (2 * half**3) / 3
+    across = across + ((e - ce) ** 3 + half**3) / 3
+    return float(np.sum(dens * np.where(bi == ei, inside, across)))
 
 
 def exact_hfmg(x: np.ndarray, nbins: int = 4096, bits: int = 8) -> tuple[float, float]:
