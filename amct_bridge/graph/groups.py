@@ -41,7 +41,8 @@ class Member:
 
     ``attrs`` carries what begin/end cannot say: ``multiplier`` (each root channel is that many
     consecutive channels here), ``tile``/``stride`` (the range repeats ``tile`` times every
-    ``stride`` channels: Flatten of NHWC), ``branch_idx`` (split output).
+    ``stride`` channels: Flatten of NHWC), ``branch_idx`` (split output), ``depth_multiplier``
+    (on a depthwise node, whose range is in its input channels: outputs per input channel).
 
     Example:
         >>> Member("fc", "MatMul", 0, 4, (("tile", 9), ("stride", 16))).attr("tile")
@@ -224,6 +225,8 @@ class _Resolver:
         for u, s, e in uses:
             sub = u.piece.sub(s, e)
             attrs = dict(u.attrs)
+            if sub.repeat > 1:
+                attrs["multiplier"] = sub.repeat
             if sub.tiles > 1:
                 attrs.update(tile=sub.tiles, stride=sub.stride)
             m = Member(u.name, u.op_type, sub.offset, sub.end, tuple(attrs.items()), u.closing)

@@ -5,7 +5,8 @@ node per consumer range, each with ``type`` (TF op type), ``begin`` and ``end``.
 say what begin/end cannot: ``multiplier`` (each pruned root channel is that many consecutive
 channels of this node: depthwise multiplier), ``tile`` + ``stride`` (the range repeats ``tile``
 times every ``stride`` channels: rows of a Dense after Flatten of an NHWC map),
-``branch_idx`` (which split output the range goes to).
+``branch_idx`` (which split output the range goes to), ``depth_multiplier`` (on a depthwise
+node, whose range counts its input channels: filters per input channel).
 
 Example:
     >>> from amct_bridge.graph.groups import Member, PruneGroup

@@ -164,15 +164,14 @@ class _Tracer:
 
     def on_separable(self, node: Node, inputs: list[list[Piece]]) -> list[list[Piece]]:
         m = depth_multiplier(node)
-        attrs = (("multiplier", m),) if m > 1 else ()
-        self.use(f"{node.layer}/depthwise", "DepthwiseConv2dNative", inputs[0])
-        repeated = [p.repeated(m) for p in inputs[0]]
-        self.use(node.layer, "Conv2D", repeated, closing=True, attrs=attrs)
+        attrs = (("depth_multiplier", m),) if m > 1 else ()
+        self.use(f"{node.layer}/depthwise", "DepthwiseConv2dNative", inputs[0], attrs=attrs)
+        self.use(node.layer, "Conv2D", [p.repeated(m) for p in inputs[0]], closing=True)
         return [self.new_source(node, "Conv2D")]
 
     def on_depthwise(self, node: Node, inputs: list[list[Piece]]) -> list[list[Piece]]:
         m = depth_multiplier(node)
-        attrs = (("multiplier", m),) if m > 1 else ()
+        attrs = (("depth_multiplier", m),) if m > 1 else ()
         self.use(node.layer, node.op_type, inputs[0], attrs=attrs)
         return [[p.repeated(m) for p in inputs[0]]]
 
