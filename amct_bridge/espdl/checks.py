@@ -29,7 +29,8 @@ def as_float32(x: np.ndarray, layer: str, what: str) -> np.ndarray:
     arr = np.asarray(x)
     if not np.issubdtype(arr.dtype, np.floating):
         raise ExportError(f"layer {layer!r}: {what} has dtype {arr.dtype}, expected floating point")
-    out = np.ascontiguousarray(arr, dtype=np.float32)
+    with np.errstate(over="ignore"):  # overflow to Inf is reported just below
+        out = np.ascontiguousarray(arr, dtype=np.float32)
     if not np.all(np.isfinite(out)):
         bad = "NaN" if np.isnan(out).any() else "Inf (or a value beyond float32)"
         raise ExportError(f"layer {layer!r}: {what} contains {bad}")

@@ -152,6 +152,8 @@ def plan_chains(
         reason = _standalone_problem(layer, skip_fusion)
         if reason:
             problems.append(Problem(layer.name, layer.kind or layer.op, reason))
+    order = {layer.name: i for i, layer in enumerate(layers)}
+    problems.sort(key=lambda p: order[p.layer])  # report in execution order
     return chains, problems
 
 

@@ -1,0 +1,323 @@
+"""Framework-free exporter: chains, folding, exponents, refusals, bad input, atomic output."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from amct_bridge.errors import ExportError
+from amct_bridge.espdl import SourceLayer, export
+from amct_bridge.espdl.export import export_layers
+from amct_bridge.espdl.preview import load_set, preview_set
+from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange
+from amct_bridge.records.model import LayerFactors, Record
+
+RNG = np.random.default_rng(0)
+
+
+def ref_exponent(lo: float, hi: float, bits: int = 8) -> int:
+    """Independent: smallest e with max(|lo|, |hi|) <= (2^(b-1) - 1) * 2^e."""
+    m = max(abs(lo), abs(hi))
+    e = math.ceil(math.log2(m / (2 ** (bits - 1) - 1)))
+    assert m <= (2 ** (bits - 1) - 1) * 2.0**e and m > (2 ** (bits - 1) - 1) * 2.0 ** (e - 1)
+    return e
+
+
+def conv(name, inputs, cin=3, cout=4, bias=True, **attrs):
+    w = {"kernel": RNG.normal(size=(3, 3, cin, cout)).astype(np.float32)}
+    if bias:
+        w["bias"] = RNG.normal(size=cout).astype(np.float32)
+    return SourceLayer(name, "conv2d", inputs, "Conv2D", w, attrs)
+
+
+def bn(name, inputs, c=4):
+    w = {
+        "gamma": RNG.uniform(0.5, 2, c).astype(np.float32),
+        "beta": RNG.normal(size=c).astype(np.float32),
+        "mean": RNG.normal(size=c).astype(np.float32),
+        "variance": RNG.uniform(0.1, 3, c).astype(np.float32),
+    }
+    return SourceLayer(name, "batch_norm", inputs, "BatchNormalization", w, {"epsilon": 1e-3})
+
+
+def stats_for(**ranges):
+    st = CalibrationStats(algorithm="minmax", batches=1)
+    for name, (inp, out) in ranges.items():
+        st.layers[name] = LayerStats(
+            "X", TensorRange(*inp) if inp else None, TensorRange(*out) if out else None
+        )
+    return st
+
+
+def simple_model():
+    return [
+        SourceLayer("in", "input"),
+        conv("c1", ["in"]),
+        bn("bn1", ["c1"]),
+        SourceLayer("r1", "relu", ["bn1"], "ReLU"),
+        SourceLayer("pool", "runtime", ["r1"], "MaxPooling2D", attrs={"keeps_exponent": True}),
+        conv("c2", ["pool"], cin=4, cout=6, bias=False),
+        SourceLayer("lr", "leaky_relu", ["c2"], "LeakyReLU", attrs={"alpha": 0.1}),
+    ]
+
+
+def test_bn_folded_and_activation_fused_matches_numpy():
+    layers = simple_model()
+    st = stats_for(c1=((0, 1), None), r1=(None, (0, 5.0)), lr=(None, (-0.3, 9.0)))
+    res = export_layers(layers, None, stats=st)
+    assert [x.name for x in res.layers] == ["c1", "c2"]
+    c1 = res.layers[0]
+    assert c1.fused == ["c1", "bn1", "r1"]
+    k, b = layers[1].weights["kernel"], layers[1].weights["bias"]
+    g = layers[2].weights
+    s = g["gamma"].astype(np.float64) / np.sqrt(g["variance"].astype(np.float64) + 1e-3)
+    np.testing.assert_allclose(c1.coefficients.filter, k * s, rtol=1e-6)
+    np.testing.assert_allclose(
+        c1.coefficients.bias, (b - g["mean"]) * s + g["beta"], rtol=1e-5, atol=1e-6
+    )
+    assert c1.entry == {
+        "operation": "conv2d",
+        "feature_type": "s8",
+        "bias": "True",
+        "filter_exponent": ref_exponent(0, float(np.abs(k * s).max())),
+        "input_exponent": ref_exponent(0, 1),
+        "output_exponent": ref_exponent(0, 5.0),
+        "activation": {"type": "ReLU"},
+    }
+    c2 = res.layers[1].entry
+    assert "bias" not in c2  # no bias, no BN: the key must be absent
+    assert c2["input_exponent"] == c1.entry["output_exponent"]  # through the MaxPool
+    assert c2["output_exponent"] == ref_exponent(-0.3, 9.0)
+    assert c2["activation"] == {"type": "LeakyReLU"}
+    assert res.layers[1].coefficients.alpha.tolist() == [np.float32(0.1)]
+
+
+def test_written_set_round_trips_through_preview(tmp_path):
+    st = stats_for(c1=((0, 1), None), r1=(None, (0, 5.0)), lr=(None, (-0.3, 9.0)))
+    res = export_layers(simple_model(), tmp_path / "out", stats=st, target="esp32s3")
+    files = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert files == [
+        "c1_bias.npy",
+        "c1_filter.npy",
+        "c2_activation.npy",
+        "c2_filter.npy",
+        "config.json",
+        "export.json",
+        "names.json",
+    ]
+    config, arrays = load_set(tmp_path / "out")
+    assert all(a.dtype == np.float32 for a in arrays.values())
+    for entry in config.values():
+        for key in ("filter_exponent", "input_exponent", "output_exponent"):
+            assert type(entry[key]) is int
+    again = preview_set(config, arrays, target="esp32s3")
+    for mine, disk in zip(res.layers, again, strict=True):
+        assert mine.preview.filter.values.tolist() == disk.filter.values.tolist()
+    assert json.loads((tmp_path / "out" / "names.json").read_text()) == {"c1": "c1", "c2": "c2"}
+    report = json.loads((tmp_path / "out" / "export.json").read_text())
+    assert report["layers"][1]["exponent_sources"]["input_exponent"] == "output exponent of 'r1'"
+    assert "-q 0" in report["convert_command"]
+
+
+def test_record_fallbacks_for_exponents():
+    layers = simple_model()
+    rec = Record(
+        {
+            "c1": LayerFactors(scale_d=1 / 255, offset_d=-128),  # [0, 1]
+            "c2": LayerFactors(scale_d=6 / 255, offset_d=-128),  # [0, 6]
+        }
+    )
+    st = stats_for(lr=(None, (-1.0, 1.0)))
+    res = export_layers(layers, None, record=rec, stats=st)
+    c1, c2 = res.layers
+    assert c1.entry["input_exponent"] == ref_exponent(0, 1)
+    # r1 has no sidecar output: the next layer (through MaxPool) c2's record range is used
+    assert c1.entry["output_exponent"] == ref_exponent(0, 6.0)
+    assert c1.sources["output_exponent"] == "record scale_d/offset_d of 'c2'"
+
+
+def test_missing_output_range_fails_clearly():
+    with pytest.raises(ExportError, match="cannot choose output_exponent.*'lr'"):
+        export_layers(simple_model(), None, stats=stats_for(r1=(None, (0, 1))))
+
+
+def test_per_channel_needs_input_exponent_for_bias():
+    st = stats_for(r1=(None, (0, 5.0)), lr=(None, (-1, 1)))
+    with pytest.raises(ExportError, match="per-channel bias needs input_exponent"):
+        export_layers(simple_model(), None, stats=st, granularity="per-channel")
+    res = export_layers(simple_model(), None, stats=st)  # per-tensor does not need it
+    assert "input_exponent" not in res.layers[0].entry
+
+
+def test_skip_fusion_refuses_bn_then_skip_unsupported():
+    rec = Record({"c1": LayerFactors(skip_fusion=True)})
+    st = stats_for(c1=((0, 1), (-2, 2)), r1=(None, (0, 5)), lr=(None, (-1, 1)))
+    with pytest.raises(ExportError, match="'bn1'.*skip_fusion"):
+        export_layers(simple_model(), None, record=rec, stats=st)
+    res = export_layers(simple_model(), None, record=rec, stats=st, skip_unsupported=True)
+    assert res.layers[0].fused == ["c1"]
+    assert res.layers[0].entry["output_exponent"] == ref_exponent(-2, 2)
+    assert [p.layer for p in res.skipped] == ["bn1"]
+
+
+def test_every_refusal_is_listed_at_once():
+    layers = [
+        SourceLayer("in", "input"),
+        conv("c6", ["in"], activation="relu6"),
+        conv("c", ["c6"], cin=4),
+        SourceLayer("r6", "relu6", ["c"], "ReLU"),
+        SourceLayer(
+            "dw",
+            "depthwise_conv2d",
+            ["r6"],
+            "DepthwiseConv2D",
+            {"kernel": np.ones((3, 3, 4, 2), np.float32)},
+            {"depth_multiplier": 2},
+        ),
+        conv("sig", ["dw"], cin=8, activation="sigmoid"),
+        SourceLayer("lstm", "unsupported", ["sig"], "LSTM", attrs={"reason": "no RNN"}),
+        SourceLayer("pr", "prelu", ["lstm"], "PReLU", {"alpha": np.zeros(4, np.float32)}),
+    ]
+    with pytest.raises(ExportError) as info:
+        export_layers(layers, None)
+    msg = str(info.value)
+    for name, why in [
+        ("c6", "relu6"),
+        ("r6", "ReLU6"),
+        ("dw", "depth_multiplier 2"),
+        ("sig", "'sigmoid'"),
+        ("lstm", "no RNN"),
+        ("pr", "PReLU"),
+    ]:
+        assert f"layer '{name}'" in msg and why in msg, name
+    assert "layer 'c' " not in msg
+
+
+def test_s16_per_channel_and_bad_options_refused():
+    for kw, match in [
+        ({"feature_type": "s16", "granularity": "per-channel"}, "s16 per-channel"),
+        ({"feature_type": "u8"}, "feature_type"),
+        ({"granularity": "per-layer"}, "granularity"),
+        ({"target": "esp8266"}, "target"),
+    ]:
+        with pytest.raises(ExportError, match=match):
+            export_layers(simple_model(), None, **kw)
+
+
+def test_record_key_missing_from_model():
+    rec = Record({"c1": LayerFactors(scale_d=0.1, offset_d=0), "ghost": LayerFactors()})
+    with pytest.raises(ExportError, match="not found in the model.*'ghost'"):
+        export_layers(simple_model(), None, record=rec)
+
+
+@pytest.mark.parametrize(
+    "mutate, match",
+    [
+        (lambda ls: ls[1].weights.__setitem__("kernel", ls[1].weights["kernel"] * np.nan), "NaN"),
+        (lambda ls: ls[1].weights.__setitem__("bias", np.full(4, np.inf, np.float32)), "Inf"),
+        (
+            lambda ls: ls[1].weights.__setitem__("bias", np.full(4, 1e39, np.float64)),
+            "beyond float32",
+        ),
+        (lambda ls: ls[1].weights.__setitem__("kernel", np.ones((3, 3, 3, 4), int)), "dtype"),
+        (lambda ls: ls[1].weights.__setitem__("bias", np.ones(5, np.float32)), "bias has shape"),
+        (lambda ls: ls[1].weights.__setitem__("kernel", np.ones((3, 3, 4), np.float32)), "HWIO"),
+        (lambda ls: ls[2].weights.__setitem__("gamma", np.ones(3, np.float32)), "BN gamma"),
+        (lambda ls: ls[2].weights.pop("variance"), "moving mean/variance"),
+    ],
+)
+def test_bad_arrays_are_refused(mutate, match):
+    layers = simple_model()
+    mutate(layers)
+    st = stats_for(c1=((0, 1), None), r1=(None, (0, 5.0)), lr=(None, (-0.3, 9.0)))
+    with pytest.raises(ExportError, match=match):
+        export_layers(layers, None, stats=st)
+
+
+def test_prelu_alpha_length_checked_and_broadcast():
+    def model(alpha):
+        return [
+            SourceLayer("in", "input"),
+            conv("c", ["in"]),
+            SourceLayer("p", "prelu", ["c"], "PReLU", {"alpha": alpha}),
+        ]
+
+    st = stats_for(p=(None, (-1, 1)))
+    with pytest.raises(ExportError, match="PReLU alpha has 3 values, expected 4"):
+        export_layers(model(np.ones(3, np.float32)), None, stats=st)
+    res = export_layers(model(np.full((1, 1, 1), 0.25, np.float32)), None, stats=st)
+    assert res.layers[0].coefficients.alpha.tolist() == [0.25] * 4
+
+
+def test_conv_output_read_twice_is_not_fused():
+    layers = [
+        SourceLayer("in", "input"),
+        conv("c", ["in"]),
+        bn("b", ["c"]),
+        SourceLayer("add", "runtime", ["c", "b"], "Add", attrs={"keeps_exponent": False}),
+    ]
+    with pytest.raises(ExportError, match="'b'.*cannot be folded"):
+        export_layers(layers, None, stats=stats_for(c=(None, (-1, 1))))
+
+
+def test_model_output_is_not_fused_past():
+    layers = [
+        SourceLayer("in", "input"),
+        conv("c", ["in"], model_output=True),
+        SourceLayer("r", "relu", ["c"], "ReLU", attrs={"model_output": True}),
+    ]
+    res = export_layers(layers, None, stats=stats_for(c=(None, (-1, 1))))
+    assert res.layers[0].fused == ["c"] and "activation" not in res.layers[0].entry
+
+
+def test_names_become_unique_c_identifiers_inside_out_dir(tmp_path):
+    layers = [SourceLayer("in", "input")]
+    names = ["../../evil", "block/conv.1", "block_conv_1", "for", "9lives"]
+    prev = "in"
+    for i, name in enumerate(names):
+        layers.append(conv(name, [prev], cin=3 if i == 0 else 4))
+        prev = name
+    st = stats_for(**{n: (None, (-1, 1)) for n in names})
+    out = tmp_path / "deep" / "out"
+    out.parent.mkdir()
+    res = export(None, layers, out, stats=st)
+    assert list(res.names) == ["evil", "block_conv_1", "block_conv_1_2", "for_", "l_9lives"]
+    assert list(res.names.values()) == names
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == sorted(
+        [f"{c}_{k}.npy" for c in res.names for k in ("filter", "bias")]
+        + ["config.json", "names.json", "export.json"]
+    )
+    assert all(p.parent == out for p in tmp_path.rglob("*") if p.is_file())
+
+
+def test_failed_export_leaves_nothing_and_keeps_previous(tmp_path):
+    st = stats_for(c1=((0, 1), None), r1=(None, (0, 5.0)), lr=(None, (-0.3, 9.0)))
+    out = tmp_path / "out"
+    export_layers(simple_model(), out, stats=st)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(ExportError, match="not empty"):
+        export_layers(simple_model(), out, stats=st)
+    bad = simple_model()
+    bad[5].weights["kernel"] = bad[5].weights["kernel"] * np.nan
+    with pytest.raises(ExportError, match="NaN"):
+        export_layers(bad, out, stats=st, overwrite=True)
+    with pytest.raises(ExportError, match="NaN"):
+        export_layers(bad, tmp_path / "fresh", stats=st)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temp dirs, no "fresh"
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    st.layers["lr"].output = TensorRange(-0.3, 90.0)
+    export_layers(simple_model(), out, stats=st, overwrite=True)
+    assert json.loads((out / "config.json").read_text())["c2"]["output_exponent"] == ref_exponent(
+        0, 90.0
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_unreadable_inputs_for_export():
+    with pytest.raises(ExportError, match="pass a Keras model"):
+        export(None, {"not": "a model"}, None)
+    with pytest.raises(ExportError, match="nothing to export"):
+        export_layers([SourceLayer("in", "input")], None)
