@@ -1,0 +1,117 @@
+"""`amct-bridge export-espdl` on a saved Keras model, record and sidecar."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from amct_bridge.cli import main
+from amct_bridge.records import LayerFactors, Record, save
+from amct_bridge.records.calibration import save_stats, sidecar_path
+from tests.espdl.keras_stats import layer_activations, sidecar_from
+
+
+def _model(relu6: bool = False) -> keras.Model:
+    keras.utils.set_random_seed(5)
+    x = keras.Input((8, 8, 3))
+    y = keras.layers.Conv2D(4, 3, name="c1")(x)
+    y = keras.layers.BatchNormalization(name="bn1")(y)
+    y = keras.layers.ReLU(6.0 if relu6 else None, name="act1")(y)
+    y = keras.layers.DepthwiseConv2D(3, name="dw")(y)
+    y = keras.layers.Flatten(name="flat")(y)
+    y = keras.layers.Dense(3, name="fc")(y)
+    return keras.Model(x, y)
+
+
+def _files(tmp_path, relu6=False, sidecar=True):
+    model = _model(relu6)
+    path = tmp_path / ("m6.keras" if relu6 else "m.keras")
+    model.save(path)
+    data = np.random.default_rng(0).uniform(0, 1, (4, 8, 8, 3)).astype("float32")
+    acts = layer_activations(model, data)
+    record = tmp_path / "record.txt"
+    save(Record({"c1": LayerFactors(scale_d=1 / 255, offset_d=-128)}), record)
+    if sidecar:
+        save_stats(sidecar_from(acts), sidecar_path(record))
+    return path, record, acts
+
+
+def test_export_with_auto_sidecar(tmp_path, capsys):
+    model, record, acts = _files(tmp_path)
+    out = tmp_path / "espdl"
+    code = main(["export-espdl", "--record", str(record), "--model", str(model), "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    assert "wrote 3 layers" in capsys.readouterr().out
+    config = json.loads((out / "config.json").read_text())
+    assert list(config) == ["c1", "dw", "fc"]
+    top = float(np.abs(acts["fc"][1]).max())
+    assert (
+        127 * 2.0 ** (config["fc"]["output_exponent"] - 1)
+        < top
+        <= 127 * 2.0 ** config["fc"]["output_exponent"]
+    )
+
+
+def test_preview_prints_exponents_and_writes_nothing(tmp_path, capsys):
+    model, record, _ = _files(tmp_path)
+    argv = ["export-espdl", "--record", str(record), "--model", str(model), "--preview"]
+    code = main([*argv, "--granularity", "per-channel", "--target", "esp32s3"])
+    out = capsys.readouterr().out
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split()[:4] == ["layer", "operation", "in", "out"]
+    assert [line.split()[0] for line in lines[1:4]] == ["c1", "dw", "fc"]
+    assert "%" in lines[1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "m.keras",
+        "record.txt",
+        "record.txt.calib.json",
+    ]
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--feature-type", "s16", "--granularity", "per-channel"], "s16 per-channel"),
+        (["--model", "missing.keras"], "model file not found"),
+        (["--record", "missing.txt"], "record file not found"),
+    ],
+)
+def test_cli_errors(tmp_path, capsys, extra, message):
+    model, record, _ = _files(tmp_path)
+    argv = ["export-espdl", "--record", str(record), "--model", str(model), "--out", "x", *extra]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_needs_out_and_ranges(tmp_path, capsys):
+    model, record, _ = _files(tmp_path, sidecar=False)
+    assert main(["export-espdl", "--model", str(model), "--out", str(tmp_path / "o")]) == 2
+    assert "--record and/or --stats" in capsys.readouterr().err
+    assert main(["export-espdl", "--record", str(record), "--model", str(model)]) == 2
+    assert "--out is required" in capsys.readouterr().err
+    argv = ["export-espdl", "--record", str(record), "--model", str(model), "--out", "o"]
+    assert main(argv) == 2  # the record alone says nothing about the outputs
+    assert "cannot choose output_exponent" in capsys.readouterr().err
+
+
+def test_relu6_refused_and_skipped_as_a_user_runs_it(tmp_path):
+    model, record, _ = _files(tmp_path, relu6=True)
+    out = tmp_path / "o"
+    argv = [sys.executable, "-m", "amct_bridge", "export-espdl", "--record", str(record)]
+    argv += ["--model", str(model), "--out", str(out)]
+    refused = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2
+    assert "layer 'act1' (ReLU): ReLU6" in refused.stderr
+    assert not out.exists()
+    done = subprocess.run(
+        [*argv, "--skip-unsupported"], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert "skipped: layer 'act1' (ReLU)" in done.stdout
+    assert json.loads((out / "names.json").read_text()) == {"c1": "c1", "dw": "dw", "fc": "fc"}
