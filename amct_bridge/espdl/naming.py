@@ -4,13 +4,13 @@ convert.py pastes layer names into C++ (``get_<name>_filter``, ``<name>_filter_e
 file names (``<name>_filter.npy``) without checking them, so every name we write must be a C
 identifier that cannot escape the output directory. Rules, in order: every character outside
 ``[A-Za-z0-9_]`` (``/`` of nested models included) becomes ``_``; runs of ``_`` collapse and
-leading/trailing ``_`` go (C++ reserves ``__`` and ``_X``); an empty or digit-leading result gets
-the prefix ``l_``; C/C++ keywords get a ``_`` suffix; a name already taken gets ``_2``, ``_3``...
-in the order given.
+leading/trailing ``_`` go (C++ reserves ``__`` and ``_X``); an empty result becomes ``layer``; a
+digit-leading result or a C/C++ keyword gets the prefix ``l_``; a name already taken gets ``_2``,
+``_3``... in the order given. So every result matches ``[A-Za-z][A-Za-z0-9]*(_[A-Za-z0-9]+)*``.
 
 Example:
     >>> list(c_identifiers(["block1/conv.1", "block1_conv_1", "2nd", "int"]).values())
-    ['block1_conv_1', 'block1_conv_1_2', 'l_2nd', 'int_']
+    ['block1_conv_1', 'block1_conv_1_2', 'l_2nd', 'l_int']
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ _KEYWORDS = frozenset(
 
 _NOT_IDENT = re.compile(r"[^A-Za-z0-9_]+")
 _UNDERSCORES = re.compile(r"_+")
-_IDENT = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
+_IDENT = re.compile(r"[A-Za-z][A-Za-z0-9]*(_[A-Za-z0-9]+)*\Z")
 
 
 def c_identifier(name: str) -> str:
@@ -41,10 +41,10 @@ def c_identifier(name: str) -> str:
         'model_conv_1'
     """
     ident = _UNDERSCORES.sub("_", _NOT_IDENT.sub("_", name)).strip("_")
-    if not ident or not ident[0].isalpha():
+    if not ident:
+        return "layer"
+    if not ident[0].isalpha() or ident in _KEYWORDS:
         ident = "l_" + ident
-    if ident in _KEYWORDS:
-        ident += "_"
     return ident
 
 
@@ -52,10 +52,10 @@ def is_c_identifier(name: str) -> bool:
     """True if ``name`` is safe to paste into C++ and into a file name.
 
     Example:
-        >>> is_c_identifier("conv_1"), is_c_identifier("../x"), is_c_identifier("for")
+        >>> is_c_identifier("conv_1"), is_c_identifier("../x"), is_c_identifier("a__b")
         (True, False, False)
     """
-    return bool(_IDENT.match(name)) and name not in _KEYWORDS and "__" not in name
+    return bool(_IDENT.match(name)) and name not in _KEYWORDS
 
 
 def c_identifiers(names: list[str]) -> dict[str, str]:

@@ -284,7 +284,7 @@ def test_names_become_unique_c_identifiers_inside_out_dir(tmp_path):
     out = tmp_path / "deep" / "out"
     out.parent.mkdir()
     res = export(None, layers, out, stats=st)
-    assert list(res.names) == ["evil", "block_conv_1", "block_conv_1_2", "for_", "l_9lives"]
+    assert list(res.names) == ["evil", "block_conv_1", "block_conv_1_2", "l_for", "l_9lives"]
     assert list(res.names.values()) == names
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == sorted(
         [f"{c}_{k}.npy" for c in res.names for k in ("filter", "bias")]
