@@ -8,6 +8,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from amct_bridge.errors import ExportError
@@ -88,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
     if args.preview:
         print(format_preview(result))
         return 0
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     print(f"wrote {len(result.layers)} layers to {result.out_dir}")
     for problem in result.skipped:
         print(f"skipped: {problem}")

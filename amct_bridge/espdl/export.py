@@ -32,6 +32,7 @@ from pathlib import Path
 from amct_bridge.errors import ExportError
 from amct_bridge.espdl import spec
 from amct_bridge.espdl.coefficients import Coefficients, chain_coefficients
+from amct_bridge.espdl.consistency import check_scale_w
 from amct_bridge.espdl.exponents import ExponentFinder
 from amct_bridge.espdl.naming import c_identifiers
 from amct_bridge.espdl.plan import Chain, Problem, plan_chains
@@ -59,6 +60,7 @@ class ExportedLayer:
     preview: LayerPreview
     sources: dict[str, str] = field(default_factory=dict)
     output_range: tuple[float, float] | None = None
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -71,6 +73,11 @@ class ExportResult:
     target: str
     layers: list[ExportedLayer]
     skipped: list[Problem]
+
+    @property
+    def warnings(self) -> list[str]:
+        """Warnings of every layer (e.g. record scale_w not matching the weights)."""
+        return [w for layer in self.layers for w in layer.warnings]
 
     @property
     def config(self) -> dict:
@@ -142,6 +149,10 @@ def _export_chain(
     target: str,
 ) -> ExportedLayer:
     coef = chain_coefficients(chain)
+    axis = spec.OPERATIONS[WEIGHT_OPS[chain.head.op]].channel_axis
+    record = finder.record
+    factors = record.layers.get(chain.head.name) if record else None
+    warning = check_scale_w(chain.head.name, factors, coef.filter, axis)
     out_exp, out_src, out_range = finder.output_exponent(chain)
     found_in = finder.input_exponent(chain)
     if found_in is None and per_channel and coef.bias is not None:
@@ -175,6 +186,7 @@ def _export_chain(
         preview,
         sources,
         out_range,
+        [warning] if warning else [],
     )
 
 
@@ -272,6 +284,7 @@ def _report(result: ExportResult) -> dict:
             for layer in result.layers
         ],
         "skipped": [{"layer": p.layer, "kind": p.kind, "reason": p.reason} for p in result.skipped],
+        "warnings": result.warnings,
     }
 
 

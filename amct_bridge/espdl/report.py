@@ -123,5 +123,6 @@ def format_preview(result: ExportResult) -> str:
         if (output_use(layer, result.feature_type) or 0.0) > 1.0
     ]
     lines.extend(warn)
+    lines.extend(f"warning: {w}" for w in result.warnings)
     lines.extend(f"skipped: {p}" for p in result.skipped)
     return "\n".join(lines)

@@ -321,3 +321,29 @@ def test_unreadable_inputs_for_export():
         export(None, {"not": "a model"}, None)
     with pytest.raises(ExportError, match="nothing to export"):
         export_layers([SourceLayer("in", "input")], None)
+
+
+def _arq(w: np.ndarray) -> list[float]:
+    """Independent ARQ per output channel (last axis): max(|max|, |min|) / (128 if |min|>=|max|)."""
+    out = []
+    for c in range(w.shape[-1]):
+        hi, lo = float(w[..., c].max()), float(w[..., c].min())
+        out.append(max(abs(hi), abs(lo)) / (128.0 if abs(lo) >= abs(hi) else 127.0))
+    return out
+
+
+def test_record_scale_w_checked_against_folded_weights(tmp_path):
+    layers = simple_model()
+    k, g = layers[1].weights["kernel"].astype(np.float64), layers[2].weights
+    folded = k * (g["gamma"] / np.sqrt(g["variance"].astype(np.float64) + 1e-3))
+    st = stats_for(c1=((0, 1), None), r1=(None, (0, 5.0)), lr=(None, (-0.3, 9.0)))
+    good = Record({"c1": LayerFactors(scale_w=_arq(folded), offset_w=[0] * 4)})
+    assert export_layers(layers, None, record=good, stats=st).warnings == []
+    stale = Record({"c1": LayerFactors(scale_w=_arq(k), offset_w=[0] * 4)})  # unfolded weights
+    res = export_layers(layers, tmp_path / "o", record=stale, stats=st)
+    assert len(res.warnings) == 1 and "scale_w differs" in res.warnings[0]
+    report = json.loads((tmp_path / "o" / "export.json").read_text())
+    assert report["warnings"] == res.warnings
+    wrong = Record({"c1": LayerFactors(scale_w=[0.1] * 3, offset_w=[0] * 3)})
+    with pytest.raises(ExportError, match="3 scale_w values but the layer has 4 output channels"):
+        export_layers(layers, None, record=wrong, stats=st)

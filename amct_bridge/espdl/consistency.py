@@ -1,0 +1,73 @@
+"""Does the record belong to these weights? Compare its ARQ ``scale_w`` with the exported filter.
+
+AMCT's ARQ weight scale is ``max(|max|, |min|) / 127`` (divisor 128 when ``|min| >= |max|``) per
+output channel or per tensor, computed on the BN-folded weights unless ``skip_fusion``. If the
+record's scales disagree with the filter we are about to export, the record (and its sidecar
+ranges) were most likely made for other weights. A wrong count of scales is an error; differing
+values are a warning (QAT or DMQ may legitimately change the weights afterwards).
+
+Example:
+    >>> import numpy as np
+    >>> from amct_bridge.records.model import LayerFactors
+    >>> w = np.array([[1.0, 0.25], [-0.25, -0.5]], np.float32).reshape(1, 1, 2, 2)  # HWCN
+    >>> check_scale_w("c", LayerFactors(scale_w=[1 / 127, 0.5 / 128]), w, 3)  # fits: None
+    >>> print(check_scale_w("c", LayerFactors(scale_w=[0.02]), w, 3))  # doctest: +ELLIPSIS
+    layer 'c': record scale_w differs from the model's (folded) weights by up to 154%: ...
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from amct_bridge.errors import ExportError
+from amct_bridge.records.model import LayerFactors
+
+#: Relative difference above which scale_w and the weights are said to disagree.
+TOLERANCE = 1e-3
+
+
+def arq_scales(filt: np.ndarray, axis: int | None) -> np.ndarray:
+    """AMCT ARQ scales of ``filt``: per channel along ``axis`` or one (axis None).
+
+    Example:
+        >>> arq_scales(np.array([-1.0, 0.5]), None).tolist()
+        [0.0078125]
+    """
+    flat = (
+        filt.reshape(1, -1)
+        if axis is None
+        else np.moveaxis(filt, axis, 0).reshape(filt.shape[axis], -1)
+    )
+    hi = np.max(flat, axis=1).astype(np.float64)
+    lo = np.min(flat, axis=1).astype(np.float64)
+    divisor = np.where(np.abs(lo) >= np.abs(hi), 128.0, 127.0)
+    return np.maximum(np.abs(hi), np.abs(lo)) / divisor
+
+
+def check_scale_w(
+    name: str, factors: LayerFactors | None, filt: np.ndarray, axis: int
+) -> str | None:
+    """None if ``factors.scale_w`` fits ``filt`` (or there is none), else a warning text.
+
+    Raises ExportError when the number of scales is neither 1 nor the channel count.
+    """
+    if factors is None or not factors.scale_w or factors.tensor_balance_factor:
+        return None
+    scales = np.asarray(factors.scale_w, np.float64)
+    channels = filt.shape[axis]
+    if scales.size not in (1, channels):
+        raise ExportError(
+            f"layer {name!r}: record has {scales.size} scale_w values but the layer has {channels} "
+            "output channels: was the record made for this model?"
+        )
+    ref = arq_scales(filt, None if scales.size == 1 else axis)
+    usable = ref > np.finfo(np.float32).eps  # ARQ replaces tiny scales by 1.0
+    if not usable.any():
+        return None
+    diff = np.abs(scales[usable] - ref[usable]) / ref[usable]
+    if float(diff.max()) <= TOLERANCE:
+        return None
+    return (
+        f"layer {name!r}: record scale_w differs from the model's (folded) weights by up to "
+        f"{100 * float(diff.max()):.0f}%: was the record made for this model?"
+    )
