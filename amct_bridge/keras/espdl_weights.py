@@ -51,6 +51,14 @@ RUNTIME_KINDS: dict[str, bool] = {
     "Multiply": False,
 }
 
+#: What to do instead, for layers users often have.
+HINTS: dict[str, str] = {
+    "SeparableConv2D": "split it into DepthwiseConv2D + a 1x1 Conv2D",
+    "Conv1D": "use Conv2D on an (1, W, C) input",
+    "UpSampling2D": "ESP-DL v1 has no resize layer",
+    "Softmax": "apply softmax on the host to the int outputs (it keeps the arg max)",
+}
+
 #: Keras 3 ``keras.activations.leaky_relu`` default slope (used by ``activation="leaky_relu"``).
 LEAKY_RELU_DEFAULT = 0.2
 
@@ -162,6 +170,8 @@ def _translate(layer: Any, node: Node) -> tuple[str, dict, dict]:
     if kind in RUNTIME_KINDS:
         return "runtime", {}, {"keeps_exponent": RUNTIME_KINDS[kind]}
     reason = f"Keras {kind} has no ESP-DL v1 equivalent"
+    if kind in HINTS:
+        reason += f" ({HINTS[kind]})"
     return "unsupported", {}, {"reason": reason}
 
 
