@@ -1,0 +1,84 @@
+"""``amct-bridge prune-groups``: channel-pruning groups (and 2:4 layers) of a Keras model.
+
+Example:
+    amct-bridge prune-groups model.keras                       # table of groups and refusals
+    amct-bridge prune-groups model.keras --json                # the same as JSON
+    amct-bridge prune-groups model.keras --selective --record prune.txt --with-mask
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from amct_bridge.errors import GraphError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``prune-groups`` subcommand.
+
+    Example:
+        >>> p = argparse.ArgumentParser(); register(p.add_subparsers())
+        >>> p.parse_args(["prune-groups", "m.keras", "--json"]).json
+        True
+    """
+    parser = subparsers.add_parser(
+        "prune-groups",
+        help="list channel-pruning groups and refused layers of a Keras model",
+        description="Find the groups of layers whose channels must be pruned together "
+        "(producers and every consumer with its channel range), each refused layer with a "
+        "reason code, and optionally the layers eligible for 2:4 selective pruning.",
+    )
+    parser.add_argument("model", help="Keras model file (.keras / .h5)")
+    parser.add_argument("--record", help="write the PruneRecords to this AMCT record file")
+    parser.add_argument(
+        "--selective", action="store_true", help="add 2:4 selective pruning (mask_shape) records"
+    )
+    parser.add_argument(
+        "--with-mask",
+        action="store_true",
+        help="with --selective: also write selective_mask, the 2:4 mask of the current weights",
+    )
+    parser.add_argument("--no-channel", action="store_true", help="leave out channel groups")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.set_defaults(func=run)
+
+
+def _load_model(path: str):
+    if not Path(path).is_file():
+        raise GraphError(f"{path}: model file not found")
+    import keras  # heavy: only when the command runs
+
+    try:
+        return keras.models.load_model(path, compile=False)
+    except Exception as err:  # keras raises many types for a bad file
+        raise GraphError(f"{path}: cannot load Keras model: {err}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the command; returns the exit code."""
+    from amct_bridge.graph.groups import Discovery, discover_groups
+    from amct_bridge.graph.report import format_table, to_json
+    from amct_bridge.graph.selective import selective_candidates
+    from amct_bridge.keras.graph import extract_graph
+    from amct_bridge.keras.prune import prune_record, selective_masks
+    from amct_bridge.records import save
+
+    if args.with_mask and not args.selective:
+        raise GraphError("--with-mask needs --selective")
+    model = _load_model(args.model)
+    graph = extract_graph(model)
+    discovery = Discovery() if args.no_channel else discover_groups(graph)
+    selective = selective_candidates(graph) if args.selective else None
+    if args.json:
+        print(json.dumps(to_json(discovery, selective), indent=2))
+    else:
+        print(format_table(discovery, selective))
+    if args.record:
+        masks = selective_masks(model, graph) if args.with_mask else None
+        record = prune_record(
+            model, channel=not args.no_channel, selective=args.selective, masks=masks
+        )
+        save(record, args.record)
+    return 0
