@@ -141,7 +141,7 @@ class QuantCalibration(keras.callbacks.Callback):
         self._guard(self._session.batch_end, "train", batch)
 
     def on_epoch_end(self, epoch, logs=None):
-        if self.save_every_epoch and self._session.batches:
+        if self.save_every_epoch:
             self._guard(self._session.write, self._outputs())
 
     def on_train_end(self, logs=None):

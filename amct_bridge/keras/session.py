@@ -62,7 +62,8 @@ class Session:
         self._mode: str | None = None
         self._saved_fn = None
         self._pass_base = 0
-        self._pass_batches = 0
+        self._pass_batches = 0  # upper bound from batch hooks (decides when to stop)
+        self._pass_seen = 0  # exact, from the rows read back
         self._begin = 0
         self._ends = 0
 
@@ -121,7 +122,8 @@ class Session:
         hist = any(p.bins for p in points)
         self._inst = Instrumentation(self.model, points, 1 if hist else _READ_EVERY_MINMAX)
         self._inst.install()
-        self._mode, self._pass_base, self._pass_batches = mode, self.batches, 0
+        self._mode, self._pass_base = mode, self.batches
+        self._pass_batches = self._pass_seen = 0
         self._saved_fn = getattr(self.model, f"{mode}_function")
         getattr(self.model, f"make_{mode}_function")(force=True)
 
@@ -157,7 +159,7 @@ class Session:
         self._inst.remove()
         setattr(self.model, f"{self._mode}_function", self._saved_fn)
         self._inst, self._saved_fn = None, None
-        self.batches = self._pass_base + self._pass_batches
+        self.batches = self._pass_base + self._pass_seen
         if self.batch_num is not None:
             self.batches = min(self.batches, self.batch_num)
 
@@ -170,6 +172,7 @@ class Session:
             batch = self._pass_base + row.step // max(1, obs.point.calls)
             if self.batch_num is not None and batch >= self.batch_num:
                 continue  # steps_per_execution overshoot past batch_num
+            self._pass_seen = max(self._pass_seen, batch - self._pass_base + 1)
             stats = row.stats
             if not (math.isfinite(stats.min) and math.isfinite(stats.max)):
                 raise CalibrationError(
@@ -187,6 +190,9 @@ class Session:
 
     def write(self, outputs: dict, require_batches: bool = False) -> None:
         """Build record + sidecar (+ frozen graph) from what was seen, then write them all."""
+        if self._inst is not None:  # mid-pass (save_every_epoch): read what the graph holds
+            self._drain()
+            self.batches = self._pass_base + self._pass_seen
         if self.batches == 0:
             if require_batches:
                 raise CalibrationError(

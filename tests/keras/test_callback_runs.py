@@ -1,0 +1,207 @@
+"""How the callback behaves across fit / evaluate / predict, repeated runs, and what it leaves."""
+
+import keras
+import numpy as np
+import pytest
+from calib_models import images, ref_act_factors, sequential_model
+
+from amct_bridge.keras import QuantCalibration
+from amct_bridge.quant.observers import batch_stats, make_observer
+from amct_bridge.records import load, validate
+from amct_bridge.records.calibration import load_stats, sidecar_path
+
+
+def _c1_input_factors(path):
+    return load(path).layers["c1"]
+
+
+def _assert_range(factors, lo, hi):
+    scale, offset = ref_act_factors(lo, hi)
+    assert factors.scale_d == pytest.approx(scale, rel=1e-6)
+    assert factors.offset_d == offset
+
+
+def _compiled(lr=0.0):
+    model = sequential_model()
+    model.compile(optimizer=keras.optimizers.SGD(lr), loss="mse")
+    return model
+
+
+def test_no_trace_left_in_model(tmp_path):
+    model = _compiled()
+    x = images()
+    before = model.predict(x, verbose=0)
+    predict_fn = model.predict_function
+    n_vars, config = len(model.variables), model.get_config()
+    model.save(tmp_path / "before.keras")
+    model.predict(x, verbose=0, callbacks=[QuantCalibration(tmp_path / "r.txt", algorithm="ifmr")])
+    assert model.predict_function is predict_fn  # original compiled step back: same speed
+    assert not [layer.name for layer in model.layers if "call" in vars(layer)]
+    assert len(model.variables) == n_vars and model.get_config() == config
+    np.testing.assert_array_equal(model.predict(x, verbose=0), before)
+    model.save(tmp_path / "after.keras")
+    reloaded = keras.models.load_model(tmp_path / "after.keras")
+    assert [v.path for v in reloaded.variables] == [
+        v.path for v in keras.models.load_model(tmp_path / "before.keras").variables
+    ]
+    np.testing.assert_array_equal(reloaded.predict(x, verbose=0), before)
+
+
+def test_fit_calibrates_training_batches(tmp_path):
+    model = _compiled()
+    x = images(32)
+    x[5, 0, 0, 0] = 3.0
+    path = tmp_path / "r.txt"
+    cb = QuantCalibration(path, algorithm="minmax")
+    model.fit(x, np.zeros((32, 5)), batch_size=8, epochs=2, verbose=0, callbacks=[cb])
+    _assert_range(_c1_input_factors(path), x.min(), 3.0)
+    assert load_stats(sidecar_path(path)).batches == 8
+
+
+def test_fit_on_validation_uses_only_validation_batches(tmp_path):
+    model = _compiled()
+    train, val = images(16), images(16, seed=9) + 2.0
+    path = tmp_path / "r.txt"
+    cb = QuantCalibration(path, algorithm="minmax", on="validation")
+    model.fit(
+        train,
+        np.zeros((16, 5)),
+        validation_data=(val, np.zeros((16, 5))),
+        batch_size=8,
+        epochs=2,
+        verbose=0,
+        callbacks=[cb],
+    )
+    _assert_range(_c1_input_factors(path), val.min(), val.max())
+    assert load_stats(sidecar_path(path)).batches == 4  # 2 validation batches x 2 epochs
+    assert model.test_function is not None and "call" not in vars(model.get_layer("c1"))
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_repeated_runs_reset_or_accumulate(tmp_path, accumulate):
+    model = _compiled()
+    first, second = images(16) * 5.0, images(16, seed=3)
+    path = tmp_path / "r.txt"
+    cb = QuantCalibration(path, algorithm="minmax", accumulate=accumulate)
+    for data in (first, second):
+        model.evaluate(data, np.zeros((16, 5)), batch_size=8, verbose=0, callbacks=[cb])
+    both = np.concatenate([first, second])
+    expected = both if accumulate else second
+    _assert_range(_c1_input_factors(path), expected.min(), expected.max())
+    assert load_stats(sidecar_path(path)).batches == (4 if accumulate else 2)
+
+
+def test_batch_num_stops_collecting_and_restores_step(tmp_path):
+    model = _compiled()
+    x = images(32)
+    x[20, 0, 0, 0] = 9.0  # in batch 3 (of 8 samples): must be ignored with batch_num=2
+    path = tmp_path / "r.txt"
+    model.make_predict_function()
+    fn = model.predict_function
+    model.predict(
+        x,
+        batch_size=8,
+        verbose=0,
+        callbacks=[QuantCalibration(path, algorithm="minmax", batch_num=2)],
+    )
+    _assert_range(_c1_input_factors(path), x[:16].min(), x[:16].max())
+    assert load_stats(sidecar_path(path)).batches == 2
+    assert model.predict_function is fn
+
+
+def test_steps_per_execution_reads_every_step(tmp_path):
+    model = sequential_model()
+    model.compile(loss="mse", steps_per_execution=3)
+    x = images(40)
+    x[37, 1, 1, 1] = -4.0  # last, partial execution
+    path = tmp_path / "r.txt"
+    model.evaluate(
+        x,
+        np.zeros((40, 5)),
+        batch_size=8,
+        verbose=0,
+        callbacks=[QuantCalibration(path, algorithm="minmax")],
+    )
+    _assert_range(_c1_input_factors(path), -4.0, x.max())
+    assert load_stats(sidecar_path(path)).batches == 5
+
+
+def test_ifmr_in_graph_histograms_match_numpy_observer(tmp_path):
+    """The default algorithm from in-graph summaries equals IFMR fed the same batches on host."""
+    model = _compiled()
+    x = images(32)
+    path = tmp_path / "r.txt"
+    model.predict(x, batch_size=16, verbose=0, callbacks=[QuantCalibration(path)])
+    record = load(path)
+    assert validate(record) == []
+    fc_in = keras.Model(model.inputs, model.get_layer("fc").input).predict(x, verbose=0)
+    obs = make_observer("ifmr")
+    for batch in (fc_in[:16], fc_in[16:]):
+        obs.update_stats(batch_stats(batch, obs.bins))
+    scale, offset = obs.factors()
+    assert record.layers["fc"].scale_d == pytest.approx(scale, rel=1e-4)
+    assert abs(record.layers["fc"].offset_d - offset) <= 1
+    assert load_stats(sidecar_path(path)).algorithm == "ifmr"
+
+
+def test_int16_dmq_and_joint_quant_fields(tmp_path):
+    model = _compiled()
+    x = images(16)
+    path = tmp_path / "r.txt"
+    cb = QuantCalibration(
+        path, algorithm="minmax", act_type="INT16", migration_strength=0.5, joint_quant=True
+    )
+    model.predict(x, batch_size=8, verbose=0, callbacks=[cb])
+    record = load(path)
+    c1 = record.layers["c1"]
+    assert c1.act_type == "INT16"
+    scale, offset = ref_act_factors(x.min(), x.max(), bits=16)
+    assert c1.scale_d == pytest.approx(scale, rel=1e-6) and c1.offset_d == offset
+    assert len(c1.tensor_balance_factor) == 3  # one per input channel
+    assert len(c1.shift_bit) == len(c1.scale_w)
+    assert record.layers["ap"].tensor_balance_factor == []  # never on AvgPool
+    assert validate(record) == []
+
+
+def test_skip_layers_and_skip_fusion(tmp_path):
+    model = _compiled()
+    path = tmp_path / "r.txt"
+    cb = QuantCalibration(path, algorithm="minmax", skip_layers=["fc"], skip_fusion_layers=["c1"])
+    model.predict(images(16), verbose=0, callbacks=[cb])
+    record = load(path)
+    assert list(record.layers) == ["c1", "ap"]
+    assert record.layers["c1"].skip_fusion is True
+    from calib_models import ref_arq
+
+    np.testing.assert_allclose(
+        record.layers["c1"].scale_w, ref_arq(model.get_layer("c1").kernel, 3), rtol=2e-6
+    )
+
+
+def test_config_file_sets_batch_num(tmp_path, data_dir):
+    model = _compiled()
+    x = images(32)
+    x[30, 0, 0, 0] = 7.0
+    path = tmp_path / "r.txt"
+    cb = QuantCalibration(
+        path, config=data_dir / "amct" / "tf_yolo_v3_quant.cfg", algorithm="minmax"
+    )
+    assert cb.batch_num == 1
+    model.predict(x, batch_size=8, verbose=0, callbacks=[cb])
+    _assert_range(_c1_input_factors(path), x[:8].min(), x[:8].max())
+
+
+def test_save_every_epoch_writes_during_fit(tmp_path):
+    model = _compiled()
+    path = tmp_path / "r.txt"
+    seen = []
+
+    class Peek(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            seen.append(path.exists())
+
+    cb = QuantCalibration(path, algorithm="minmax", save_every_epoch=True)
+    model.fit(
+        images(16), np.zeros((16, 5)), batch_size=8, epochs=2, verbose=0, callbacks=[cb, Peek()]
+    )
+    assert seen == [True, True]
