@@ -146,6 +146,18 @@ class GridHistogram:
         self.counts = np.bincount(groups, weights=self.counts, minlength=n)[:n]
         self.lo, self.width = new_lo, w * k
 
+    def edges_within(self, vmin: float, vmax: float) -> np.ndarray:
+        """Bin edges clamped to the known data support ``[vmin, vmax]``.
+
+        The merged grid usually extends past the exact min/max; clamping keeps the
+        uniform-density model from placing mass where no value was ever seen.
+
+        Example:
+            >>> GridHistogram(0.0, 1.0, np.ones(3)).edges_within(0.5, 2.5).tolist()
+            [0.5, 1.0, 2.0, 2.5]
+        """
+        return np.clip(self.edges(), vmin, vmax)
+
     def rebin(self, lo: float, hi: float, nbins: int) -> np.ndarray:
         """Counts of ``nbins`` equal bins over ``[lo, hi]`` (mass outside goes to the end bins).
 
@@ -159,12 +171,16 @@ class GridHistogram:
             out[min(max(idx, 0), nbins - 1)] = self.total
             return out
         cum = np.concatenate(([0.0], np.cumsum(self.counts)))
-        at = np.interp(lo + np.arange(nbins + 1) * ((hi - lo) / nbins), self.edges(), cum)
+        at = np.interp(
+            lo + np.arange(nbins + 1) * ((hi - lo) / nbins), self.edges_within(lo, hi), cum
+        )
         at[0], at[-1] = 0.0, cum[-1]
         return np.diff(at)
 
-    def kth_largest(self, k: float) -> float:
+    def kth_largest(self, k: float, vmin: float = -math.inf, vmax: float = math.inf) -> float:
         """Estimated k-th largest value (1-based): order statistic of uniform data in its bin.
+
+        ``vmin``/``vmax``: the exact data support (bin edges are clamped to it).
 
         Example:
             >>> GridHistogram(0.0, 1.0, np.array([0.0, 3.0])).kth_largest(1)
@@ -178,9 +194,10 @@ class GridHistogram:
         c = self.counts[i]
         beyond = above[i] - c
         r = min(max(k - beyond, 0.0), c)
-        return self.lo + (i + 1) * self.width - r / (c + 1.0) * self.width
+        a, b = np.clip([self.lo + i * self.width, self.lo + (i + 1) * self.width], vmin, vmax)
+        return float(b - r / (c + 1.0) * (b - a))
 
-    def kth_smallest(self, k: float) -> float:
+    def kth_smallest(self, k: float, vmin: float = -math.inf, vmax: float = math.inf) -> float:
         """Estimated k-th smallest value (1-based).
 
         Example:
@@ -190,7 +207,7 @@ class GridHistogram:
         if self.width == 0.0:
             return self.lo
         mirrored = GridHistogram(-self.hi, self.width, self.counts[::-1])
-        return -mirrored.kth_largest(k)
+        return -mirrored.kth_largest(k, -vmax, -vmin)
 
     def state_dict(self) -> dict:
         """JSON-ready state."""

@@ -90,9 +90,16 @@ def _tail_integral(p: np.ndarray, q: np.ndarray, edge: np.ndarray) -> np.ndarray
 
 
 def histogram_mse(
-    hist: GridHistogram, clip_lo: np.ndarray, clip_hi: np.ndarray, scale: np.ndarray
+    hist: GridHistogram,
+    clip_lo: np.ndarray,
+    clip_hi: np.ndarray,
+    scale: np.ndarray,
+    support: tuple[float, float] | None = None,
 ) -> np.ndarray:
     """Squared error sum of clamp -> round -> dequantize for each candidate, from a histogram.
+
+    ``support``: the exact data ``(min, max)``; bins are clamped to it, and a bin clamped to
+    zero width is a point mass.
 
     Example:
         >>> h = GridHistogram(0.0, 1.0, np.array([1.0]))  # uniform on [0, 1)
@@ -105,11 +112,24 @@ def histogram_mse(
         q = round_half_away(np.clip(x, lo, hi) / s) * s
         return ((q - x) ** 2 * hist.total)[:, 0]
     keep = hist.counts > 0
-    edges = hist.edges()
+    edges = hist.edges() if support is None else hist.edges_within(*support)
     a, b = edges[:-1][keep][None, :], edges[1:][keep][None, :]
-    density = (hist.counts[keep] / hist.width)[None, :]
+    counts = hist.counts[keep][None, :]
     q_lo = round_half_away(lo / s) * s
     q_hi = round_half_away(hi / s) * s
+    point = (b - a) <= 0.0
+    total = _interval_errors(a, np.where(point, a + 1.0, b), lo, hi, s, q_lo, q_hi)
+    per_bin = np.where(point, 0.0, total * counts / np.where(point, 1.0, b - a))
+    if point.any():
+        x = a[0, point[0]][None, :]
+        q = round_half_away(np.clip(x, lo, hi) / s) * s
+        per_point = (q - x) ** 2 * counts[:, point[0]]
+        return per_bin.sum(axis=1) + per_point.sum(axis=1)
+    return per_bin.sum(axis=1)
+
+
+def _interval_errors(a, b, lo, hi, s, q_lo, q_hi):
+    """``integral_a^b (Q(clamp(x)) - x)**2 dx`` per (candidate, bin)."""
     below_end = np.minimum(b, lo)
     err = _tail_integral(a, np.maximum(below_end, a), q_lo)
     mid_a, mid_b = np.maximum(a, lo), np.minimum(b, hi)
@@ -117,7 +137,7 @@ def histogram_mse(
     err += s**3 * (_round_antiderivative(mid_b / s) - _round_antiderivative(mid_a / s))
     above_start = np.maximum(a, hi)
     err += _tail_integral(above_start, np.maximum(b, above_start), q_hi)
-    return (err * density).sum(axis=1)
+    return err
 
 
 def ifmr_search(
@@ -130,6 +150,7 @@ def ifmr_search(
     search_range_start: float = 0.7,
     search_range_end: float = 1.3,
     search_step: float = 0.01,
+    support: tuple[float, float] | None = None,
 ) -> tuple[float, float]:
     """Clip range chosen by IFMR: ``(min, r * max)``, or ``(r * min, r * max)`` if symmetric.
 
@@ -145,7 +166,7 @@ def ifmr_search(
     vmin, vmax = min(float(vmin), 0.0), max(float(vmax), 0.0)
     ratios = candidate_ratios(search_range_start, search_range_end, search_step)
     lo, hi, scale = candidate_clips(vmin, vmax, ratios, bits, symmetric)
-    best = int(np.argmin(histogram_mse(hist, lo, hi, scale)))
+    best = int(np.argmin(histogram_mse(hist, lo, hi, scale, support)))
     r = np.float32(ratios[best])
     if symmetric:
         return float(r * np.float32(vmin)), float(r * np.float32(vmax))

@@ -41,6 +41,28 @@ def percentile_rank(p: float, n: int) -> int:
     return max(k, 1)
 
 
+def integer_counts(counts: np.ndarray) -> np.ndarray:
+    """Round a re-binned histogram to integers as AMCT's own histogram has them.
+
+    Cumulative rounding keeps the total and every partial sum within 1/2 of the interpolated
+    one; the first and last bins hold the exact min and max, so each keeps at least one count
+    (AMCT's trimming compares per-bin counts against ``ceil(total / 1e5)``).
+
+    Example:
+        >>> integer_counts(np.array([0.4, 0.4, 1.2, 0.0])).tolist()
+        [1.0, 0.0, 0.0, 1.0]
+    """
+    cum = np.rint(np.cumsum(counts))
+    out = np.diff(np.concatenate(([0.0], cum)))
+    for end, inward in ((0, 1), (out.size - 1, -1)):
+        if out[end] < 1 and out.sum() >= 2:
+            donors = np.nonzero(out[::inward] >= 1)[0]
+            donor = donors[0] if inward == 1 else out.size - 1 - donors[0]
+            out[donor] -= 1
+            out[end] += 1
+    return out
+
+
 class _HistogramObserver(Observer):
     """Shared histogram bookkeeping."""
 
@@ -102,8 +124,8 @@ class PercentileObserver(_HistogramObserver):
         self._require_data()
         k_hi = percentile_rank(self.max_percentile, self.count)
         k_lo = percentile_rank(self.min_percentile, self.count)
-        hi = self.max if k_hi <= 1 else self.hist.kth_largest(k_hi)
-        lo = self.min if k_lo <= 1 else self.hist.kth_smallest(k_lo)
+        hi = self.max if k_hi <= 1 else self.hist.kth_largest(k_hi, self.min, self.max)
+        lo = self.min if k_lo <= 1 else self.hist.kth_smallest(k_lo, self.min, self.max)
         hi = min(max(hi, self.min), self.max)
         lo = min(max(lo, self.min), self.max)
         return min(lo, 0.0), max(hi, 0.0)
@@ -154,6 +176,7 @@ class IfmrObserver(PercentileObserver):
             self.hist,
             lo,
             hi,
+            support=(self.min, self.max),
             bits=bits,
             symmetric=symmetric,
             search_range_start=self.search_range_start,
@@ -195,8 +218,7 @@ class HfmgObserver(_HistogramObserver):
         """The ``num_of_bins`` counts over the exact global ``[min, max]`` that HFMG searches."""
         self._require_data()
         counts = self.hist.rebin(self.min, self.max, self.num_of_bins)
-        near = np.rint(counts)
-        return np.where(np.abs(counts - near) < 1e-6, near, counts)
+        return integer_counts(counts)
 
     def _clip_range(self, bits: int, symmetric: bool) -> tuple[float, float]:
         if self.max <= self.min:
