@@ -17,7 +17,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 
 class Misaligned(Exception):
@@ -42,6 +42,10 @@ class Piece:
     stride: int = 0
 
     @property
+    def _layout(self) -> tuple[int, int, int]:
+        return (self.repeat, self.tiles, self.stride)
+
+    @property
     def width(self) -> int:
         """Contiguous positions covered in one tile."""
         return (self.hi - self.lo) * self.repeat
@@ -53,11 +57,19 @@ class Piece:
 
     def shifted(self, delta: int) -> Piece:
         """The piece moved by ``delta`` positions (concat offsets)."""
-        return replace(self, offset=self.offset + delta)
+        return Piece(self.source, self.lo, self.hi, self.offset + delta, *self._layout)
 
     def repeated(self, m: int) -> Piece:
         """Each position expanded to ``m`` consecutive ones (depthwise multiplier ``m``)."""
-        return replace(self, offset=self.offset * m, repeat=self.repeat * m, stride=self.stride * m)
+        return Piece(
+            self.source,
+            self.lo,
+            self.hi,
+            self.offset * m,
+            self.repeat * m,
+            self.tiles,
+            self.stride * m,
+        )
 
     def tiled(self, tiles: int, stride: int) -> Piece:
         """Repeated ``tiles`` times every ``stride`` positions (flatten of NHWC)."""
@@ -65,7 +77,7 @@ class Piece:
             raise Misaligned("flattening an already tiled mapping")
         if tiles == 1:
             return self
-        return replace(self, tiles=tiles, stride=stride)
+        return Piece(self.source, self.lo, self.hi, self.offset, self.repeat, tiles, stride)
 
     def roots_of(self, a: int, b: int) -> tuple[int, int]:
         """Root range whose positions are exactly ``[a, b)`` (within one tile)."""
@@ -78,7 +90,8 @@ class Piece:
 
     def sub(self, lo: int, hi: int) -> Piece:
         """The part of this piece holding roots ``[lo, hi)`` (same coordinates)."""
-        return replace(self, lo=lo, hi=hi, offset=self.offset + (lo - self.lo) * self.repeat)
+        offset = self.offset + (lo - self.lo) * self.repeat
+        return Piece(self.source, lo, hi, offset, *self._layout)
 
     def sliced(self, a: int, b: int) -> Piece | None:
         """The part inside positions ``[a, b)``, re-based to start at 0; None if disjoint."""
