@@ -33,6 +33,7 @@ from amct_bridge.errors import ExportError
 from amct_bridge.espdl import spec
 from amct_bridge.espdl.coefficients import Coefficients, chain_coefficients
 from amct_bridge.espdl.consistency import check_scale_w
+from amct_bridge.espdl.cpp import constructor
 from amct_bridge.espdl.exponents import ExponentFinder
 from amct_bridge.espdl.naming import c_identifiers
 from amct_bridge.espdl.plan import Chain, Problem, plan_chains
@@ -61,6 +62,7 @@ class ExportedLayer:
     sources: dict[str, str] = field(default_factory=dict)
     output_range: tuple[float, float] | None = None
     warnings: list[str] = field(default_factory=list)
+    cpp: str | None = None
 
 
 @dataclass
@@ -187,6 +189,7 @@ def _export_chain(
         sources,
         out_range,
         [warning] if warning else [],
+        constructor(c_name, entry["operation"], entry, feature_type, per_channel, chain.head.attrs),
     )
 
 
@@ -280,6 +283,7 @@ def _report(result: ExportResult) -> dict:
                 "output_exponent": layer.entry["output_exponent"],
                 "input_exponent": layer.entry.get("input_exponent"),
                 "exponent_sources": layer.sources,
+                "cpp": layer.cpp,
             }
             for layer in result.layers
         ],

@@ -220,6 +220,8 @@ def source_layers(model: keras.Model) -> list[SourceLayer]:
         op, weights, attrs = _translate(layer, node)
         if any(graph.is_output(t) for t in node.outputs):
             attrs["model_output"] = True
+        if op == "dense":  # FullyConnected(flatten=...) in the C++ model
+            attrs["input_rank"] = len(graph.tensors[node.inputs[0]].shape)
         inputs = list(dict.fromkeys(_input_name(graph, t) for t in node.inputs))
         result.append(SourceLayer(node.name, op, inputs, node.kind, weights, attrs))
     return result

@@ -325,3 +325,24 @@ def test_mobilenet_v2_skip_unsupported_exports_every_conv(mobilenet, tmp_path):
     )
     # the second conv of a residual block reads an Add: its input exponent is from the sidecar
     assert by_source["block_3_expand"].sources["input_exponent"].startswith("sidecar input")
+
+
+def test_cpp_constructors_in_report(cnn, tmp_path):
+    model, _, stats = cnn
+    res = export(None, model, tmp_path / "o", stats=stats, granularity="per-channel")
+    cpp = {
+        x["name"]: x["cpp"]
+        for x in json.loads((tmp_path / "o" / "export.json").read_text())["layers"]
+    }
+    e = res.config
+    assert cpp["c1"] == (
+        f"dl::layer::Conv2D<int8_t, int16_t>({e['c1']['output_exponent']}, get_c1_filter(), "
+        'get_c1_bias(), get_c1_activation(), PADDING_VALID, {}, 1, 1, "c1")'
+    )
+    assert cpp["dw"].startswith("dl::layer::DepthwiseConv2D<int8_t, int16_t>(")
+    assert "PADDING_SAME_END, {}, 1, 1" in cpp["dw"]
+    assert cpp["c4"] == (
+        f"dl::layer::Conv2D<int8_t>({e['c4']['output_exponent']}, get_c4_filter(), NULL, "
+        'get_c4_activation(), PADDING_VALID, {}, 1, 1, "c4")'
+    )
+    assert cpp["fc"].endswith(', get_fc_activation(), true, "fc")')
