@@ -30,7 +30,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "from the calibration sidecar (<record>.calib.json) and the record.",
     )
     parser.add_argument("--record", help="AMCT record file (its sidecar is read if present)")
-    parser.add_argument("--model", required=True, help="Keras model file (.keras / .h5)")
+    parser.add_argument("--model", help="Keras model file (.keras / .h5)")
+    parser.add_argument(
+        "--set",
+        dest="input_set",
+        metavar="DIR",
+        help="with --preview: preview an existing convert.py input directory (config.json + npy)",
+    )
     parser.add_argument("--out", help="output directory (created; must not exist or be empty)")
     parser.add_argument("--stats", help="calibration sidecar (default: <record>.calib.json)")
     parser.add_argument("--feature-type", choices=("s8", "s16"), default="s8")
@@ -63,11 +69,28 @@ def _load_model(path: str):
         raise ExportError(f"{path}: cannot load Keras model: {err}") from None
 
 
+def _preview_set(args: argparse.Namespace) -> int:
+    from amct_bridge.espdl.preview import load_set, preview_set
+    from amct_bridge.espdl.report import format_set_preview
+
+    if not args.preview:
+        raise ExportError("--set reads an existing set: use it with --preview")
+    config, arrays = load_set(args.input_set)
+    per_channel = args.granularity == "per-channel"
+    previews = preview_set(config, arrays, target=args.target, per_channel=per_channel)
+    print(format_set_preview(previews))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the export; returns the exit code."""
     from amct_bridge.espdl import export
     from amct_bridge.espdl.report import format_preview
 
+    if args.input_set is not None:
+        return _preview_set(args)
+    if args.model is None:
+        raise ExportError("--model is required (or --preview --set DIR for an existing set)")
     if not args.preview and not args.out:
         raise ExportError("--out is required (or use --preview to only print the exponents)")
     if args.stats is None and args.record is None:

@@ -86,14 +86,12 @@ def output_use(layer: ExportedLayer, feature_type: str) -> float | None:
     return max(hi / top if hi > 0 else 0.0, -lo / bottom if lo < 0 else 0.0)
 
 
-def _row(layer: ExportedLayer, feature_type: str) -> list[str]:
-    p = layer.preview
-    use = output_use(layer, feature_type)
+def _row(p: LayerPreview, use: float | None, fused: list[str]) -> list[str]:
     return [
-        layer.name,
-        layer.operation,
-        str(layer.entry.get("input_exponent", "-")),
-        str(layer.entry["output_exponent"]),
+        p.name,
+        p.operation,
+        "-" if p.input_exponent is None else str(p.input_exponent),
+        "-" if p.output_exponent is None else str(p.output_exponent),
         _exp_text(p.filter),
         _exp_text(p.bias),
         _act_text(p),
@@ -102,8 +100,24 @@ def _row(layer: ExportedLayer, feature_type: str) -> list[str]:
         _zeroed(p.bias),
         _share(p.activation),
         "?" if use is None else f"{100 * use:.0f}%",
-        "+".join(layer.fused[1:]) or "-",
+        "+".join(fused) or "-",
     ]
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    rows = [list(_COLUMNS), *rows]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
+def format_set_preview(previews: list[LayerPreview]) -> str:
+    """The same table for a convert.py input set read from disk (no calibration ranges).
+
+    Example:
+        >>> format_set_preview([]).split()[:2]
+        ['layer', 'operation']
+    """
+    return "\n".join(_table([_row(p, None, []) for p in previews]))
 
 
 def format_preview(result: ExportResult) -> str:
@@ -114,9 +128,9 @@ def format_preview(result: ExportResult) -> str:
         >>> format_preview(ExportResult(None, "s8", "per-tensor", "esp32", [], []))[:9]
         'layer  op'
     """
-    rows = [list(_COLUMNS)] + [_row(layer, result.feature_type) for layer in result.layers]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines = _table(
+        [_row(x.preview, output_use(x, result.feature_type), x.fused[1:]) for x in result.layers]
+    )
     warn = [
         f"warning: {layer.name}: calibrated output exceeds the output_exponent range"
         for layer in result.layers

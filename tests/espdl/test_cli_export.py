@@ -112,3 +112,18 @@ def test_relu6_refused_and_skipped_as_a_user_runs_it(tmp_path, capsys):
     assert done.returncode == 0, done.stderr
     assert "skipped: layer 'act1' (ReLU)" in done.stdout
     assert json.loads((out / "names.json").read_text()) == {"c1": "c1", "dw": "dw", "fc": "fc"}
+
+
+def test_preview_existing_set_matches_golden_exponents(capsys):
+    from pathlib import Path
+
+    s8_set = Path(__file__).resolve().parents[1] / "data" / "espdl_v1_golden" / "s8_set"
+    golden = json.loads((s8_set.parent / "s8_set.esp32.q0.json").read_text())["constants"]
+    assert main(["export-espdl", "--preview", "--set", str(s8_set)]) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[1:]}
+    for layer in ("conv", "dw", "fc"):
+        exp = golden[f"{layer}_filter"]["args"].split(", ")[1]
+        assert rows[layer][4] == exp
+    assert rows["fc"][6] == "LeakyReLU:" + golden["fc_activation"]["args"].split(", ")[2]
+    assert main(["export-espdl", "--set", str(s8_set)]) == 2
+    assert "use it with --preview" in capsys.readouterr().err
