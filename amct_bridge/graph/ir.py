@@ -25,7 +25,8 @@ Node fields (what other modules may rely on):
   ``center`` (BatchNormalization), ``activation`` (name of the fused activation, ``"linear"`` if
   none), ``axis`` (concat/split/normalization axis, normalized to be negative), ``split_sizes``,
   ``axes`` (transpose), ``target_shape`` (reshape), ``data_format``, ``strides``, ``padding``,
-  ``dilation_rate``, ``const_operands`` (count of non-scalar constant arguments of a raw op).
+  ``dilation_rate``, ``const_operands`` (count of non-scalar constant arguments of a raw op),
+  ``per_channel_constant`` (a layer such as Rescaling holding a per-channel constant).
 - ``is_layer``: False for raw ops. ``shared``: the layer is called more than once in this graph.
 - ``call_index``: which call of the layer this node is (0 for the first).
 

@@ -150,7 +150,7 @@ def classify(node: Node) -> tuple[str, Reason | None]:
     kind, params = node.kind, node.params
     if params.get("data_format") == "channels_first" or params.get("channel_axis", -1) != -1:
         return "STOP", Reason.UNSUPPORTED_LAYOUT
-    if params.get("const_operands"):
+    if params.get("const_operands") or params.get("per_channel_constant"):
         return "STOP", Reason.CONSTANT_OPERAND
     if kind in PRODUCER_KINDS:
         return _conv_role(node)

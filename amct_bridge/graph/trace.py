@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from amct_bridge.graph.ir import Graph, Node
 from amct_bridge.graph.mapping import Misaligned, Piece
 from amct_bridge.graph.reasons import Reason
-from amct_bridge.graph.rules import classify, depth_multiplier, is_weighted
+from amct_bridge.graph.rules import MIXING_ACTIVATIONS, classify, depth_multiplier, is_weighted
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,10 @@ class _Tracer:
         if node.layer not in self.source_of:
             self.source_of[node.layer] = len(self.trace.sources)
             self.trace.sources.append(Source(node.layer, op_type, size, self.order))
-        return [Piece(self.source_of[node.layer], 0, size)]
+        pieces = [Piece(self.source_of[node.layer], 0, size)]
+        if node.params.get("activation") in MIXING_ACTIVATIONS:
+            self.taint(pieces, Reason.CHANNEL_MIXING)  # a fused softmax normalizes over them
+        return pieces
 
     def stop(self, node: Node, inputs: list[list[Piece]], reason: Reason) -> None:
         for pieces in inputs:

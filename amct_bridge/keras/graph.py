@@ -375,6 +375,15 @@ def _flatten_params(op: Any, rank: int, graph: Graph, inputs: list[str]) -> dict
     return {"data_format": getattr(op, "data_format", "channels_last")}
 
 
+def _rescaling_params(op: Any, rank: int, graph: Graph, inputs: list[str]) -> dict[str, Any]:
+    scale, offset = np.asarray(op.scale), np.asarray(op.offset)
+    return {
+        "scale": scale.tolist(),
+        "offset": offset.tolist(),
+        "per_channel_constant": bool(scale.size > 1 or offset.size > 1),
+    }
+
+
 _PARAMS: dict[str, Callable[[Any, int, Graph, list[str]], dict[str, Any]]] = {
     **{k: _conv_params for k in OP_TYPES if k.startswith(("Conv", "Depthwise", "Separable"))},
     "Dense": _dense_params,
@@ -388,6 +397,7 @@ _PARAMS: dict[str, Callable[[Any, int, Graph, list[str]], dict[str, Any]]] = {
     "Flatten": _flatten_params,
     "Activation": _activation_params,
     "ReLU": _relu_params,
+    "Rescaling": _rescaling_params,
 }
 
 

@@ -393,3 +393,14 @@ def test_bn_without_scale_and_conv_without_bias():
     assert graph.node("c1").params["use_bias"] is False
     assert [w.name for w in m.get_layer("bn").weights] == ["moving_mean", "moving_variance"]
     assert groups(discover(m))[(("c1", 0, 4),)][0] == ("bn", "FusedBatchNormV3", 0, 4)
+
+
+def test_fused_softmax_producer_and_per_channel_rescaling_are_refused():
+    x = inp()
+    attn = layers.Dense(4, activation="softmax", name="sm")(conv(6, "c0")(x))
+    scaled = layers.Rescaling(np.arange(1, 5, dtype="float32"), name="resc")(conv(4, "c1")(x))
+    plain = layers.Rescaling(0.5, name="half")(conv(4, "c2")(x))
+    r = refusals(discover(keras.Model(x, [head(attn, "fa"), head(scaled, "fb"), head(plain)])))
+    assert r[("sm", 0, 4)] == "CHANNEL_MIXING"
+    assert r[("c1", 0, 4)] == "CONSTANT_OPERAND"
+    assert ("c2", 0, 4) not in r  # a scalar rescale is channel-wise
