@@ -71,8 +71,10 @@ def batch_stats(
     if bins:
         if vmax > vmin:
             # tf.histogram_fixed_width (TF 2.21 CPU) works in float64: same bins bit for bit.
-            step = (float(vmax) - float(vmin)) / bins
-            idx = ((arr.ravel().astype(np.float64) - float(vmin)) / step).astype(np.intp)
+            pos = arr.ravel().astype(np.float64)
+            pos -= float(vmin)
+            pos /= (float(vmax) - float(vmin)) / bins
+            idx = pos.astype(np.intp)
             np.minimum(idx, bins - 1, out=idx)
             hist = np.bincount(idx, minlength=bins).astype(np.int64)
         else:

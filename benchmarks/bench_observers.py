@@ -1,0 +1,126 @@
+"""Observer throughput (numpy path: batch_stats + update_stats) and bounded-vs-exact accuracy.
+
+Run: .venv/bin/python benchmarks/bench_observers.py [--batches 5] [--size 1000000] [--no-accuracy]
+
+Prints, for 1M-element float32 batches:
+- update throughput per algorithm (elements/s) and its cost relative to minmax;
+- the one-off cost of ``factors()`` (the search) per algorithm;
+- AMCT-style exact IFMR on the same data (all activations kept, one pass per candidate) as a
+  baseline for the bounded IFMR;
+- the deviation of every bounded algorithm from the brute-force exact reference, in % of scale_d.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "quant"))
+
+from quant_reference import exact_hfmg, exact_ifmr, exact_percentile  # noqa: E402
+
+from amct_bridge.quant.factors import activation_factors  # noqa: E402
+from amct_bridge.quant.observers import make_observer  # noqa: E402
+
+ALGORITHMS = ["minmax", "ema", "percentile", "ifmr", "hfmg"]
+
+
+def best_of(fn, repeats: int = 3) -> float:
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def throughput(batches: list[np.ndarray]) -> None:
+    n = sum(b.size for b in batches)
+    print(f"\nupdate throughput, {len(batches)} batches x {batches[0].size:,} float32 elements")
+    print(f"{'algorithm':<11} {'bins':>6} {'Melem/s':>9} {'vs minmax':>10} {'factors() ms':>13}")
+    base = None
+    for name in ALGORITHMS:
+
+        def feed(name=name):
+            obs = make_observer(name)
+            for b in batches:
+                obs.update(b)
+            return obs
+
+        seconds = best_of(feed)
+        obs = feed()
+        fin = best_of(obs.factors)
+        base = base or seconds
+        print(
+            f"{name:<11} {obs.bins:>6} {n / seconds / 1e6:>9.1f} {seconds / base:>9.2f}x "
+            f"{fin * 1e3:>13.1f}"
+        )
+    raw = best_of(lambda: [(b.min(), b.max()) for b in batches])
+    print(
+        f"{'np.min+max':<11} {'':>6} {n / raw / 1e6:>9.1f} {raw / base:>9.2f}x  (raw numpy floor)"
+    )
+    allx = np.concatenate(batches)
+    exact = best_of(lambda: exact_ifmr(allx), repeats=1)
+    ifmr = best_of(lambda: [make_observer("ifmr").update(b) for b in batches] and None, 1)
+    print(
+        f"exact AMCT-style IFMR on the same {n:,} values (kept in memory, 61 passes): "
+        f"{exact:.2f} s = {exact / base:.1f}x minmax; bounded IFMR update+search: "
+        f"{ifmr + fin:.2f} s"
+    )
+
+
+def datasets(n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    return {
+        "relu": np.maximum(rng.normal(0.3, 1.0, n), 0.0),
+        "relu6": np.clip(rng.normal(1.0, 2.5, n), 0.0, 6.0),
+        "gaussian": rng.normal(0.0, 1.0, n),
+        "heavy_t3": rng.standard_t(3, n),
+    }
+
+
+def accuracy(n: int, parts: int) -> None:
+    print(f"\ndeviation from brute force on all data ({n:,} values in {parts} growing batches),")
+    print("|scale_d - exact| / exact in %, offset difference in brackets")
+    print(f"{'data':<10} {'ifmr':>12} {'ifmr sym':>12} {'percentile':>12} {'hfmg 4096':>12}")
+    rng = np.random.default_rng(0)
+    for name, x in datasets(n, rng).items():
+        x = x.astype(np.float32)
+        batches = [b * np.float32(1 + 0.15 * i) for i, b in enumerate(np.array_split(x, parts))]
+        allx = np.concatenate(batches)
+        cells = []
+        refs = [
+            ("ifmr", {}, exact_ifmr(allx)),
+            ("ifmr", {"activation_offset": False}, exact_ifmr(allx, symmetric=True)),
+            ("percentile", {}, activation_factors(*exact_percentile(allx, 0.999999, 0.999999))),
+            ("hfmg", {}, activation_factors(*exact_hfmg(allx, 4096))),
+        ]
+        for algo, opts, (rs, ro) in refs:
+            obs = make_observer(algo, **opts)
+            for b in batches:
+                obs.update(b)
+            s, o = obs.factors()
+            cells.append(f"{abs(s - rs) / rs * 100:.3f} [{o - ro:+d}]")
+        print(f"{name:<10} " + " ".join(f"{c:>12}" for c in cells))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, default=5)
+    parser.add_argument("--size", type=int, default=1_000_000)
+    parser.add_argument("--no-accuracy", action="store_true")
+    args = parser.parse_args()
+    rng = np.random.default_rng(42)
+    batches = [
+        rng.normal(0, 1 + 0.1 * i, args.size).astype(np.float32) for i in range(args.batches)
+    ]
+    throughput(batches)
+    if not args.no_accuracy:
+        accuracy(1_200_000, 4)
+
+
+if __name__ == "__main__":
+    main()
