@@ -101,9 +101,14 @@ class Graph:
     tensors: dict[str, TensorInfo] = field(default_factory=dict)
     inputs: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
-    _by_name: dict[str, Node] = field(default_factory=dict, repr=False)
-    _producer: dict[str, Node] = field(default_factory=dict, repr=False)
-    _consumers: dict[str, list[Node]] = field(default_factory=dict, repr=False)
+    _by_name: dict[str, Node] = field(default_factory=dict, repr=False, init=False)
+    _producer: dict[str, Node] = field(default_factory=dict, repr=False, init=False)
+    _consumers: dict[str, list[Node]] = field(default_factory=dict, repr=False, init=False)
+
+    def __post_init__(self) -> None:
+        nodes, self.nodes = self.nodes, []
+        for node in nodes:  # index nodes given to the constructor (and check them)
+            self.add_node(node)
 
     def add_node(self, node: Node) -> None:
         """Append ``node`` (callers add nodes in topological order); names must be unique."""

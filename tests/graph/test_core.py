@@ -207,3 +207,9 @@ def test_pack_layout_is_msb_first_little_endian_int64():
     mask[:] = False
     mask[8] = True  # byte 1 MSB
     assert pack_mask(mask) == [0x8000]
+
+
+def test_graph_built_from_a_node_list_is_indexed():
+    tensors = {"x": TensorInfo((None, 3)), "y": TensorInfo((None, 2))}
+    g = Graph([Node("fc", "fc", "Dense", "MatMul", ["x"], ["y"])], tensors, ["x"], ["y"])
+    assert g.producer_of("y").name == "fc" and g.node("fc").kind == "Dense"

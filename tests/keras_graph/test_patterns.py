@@ -404,3 +404,24 @@ def test_fused_softmax_producer_and_per_channel_rescaling_are_refused():
     assert r[("sm", 0, 4)] == "CHANNEL_MIXING"
     assert r[("c1", 0, 4)] == "CONSTANT_OPERAND"
     assert ("c2", 0, 4) not in r  # a scalar rescale is channel-wise
+
+
+def test_nested_model_called_twice_shares_its_layers():
+    block = keras.Sequential(
+        [keras.Input((8, 8, 8)), conv(4, "bc"), layers.ReLU(name="br")], name="blk"
+    )
+    x = inp()
+    a, b = block(conv(8, "c1")(x)), block(conv(8, "c2")(x))
+    m = keras.Model(x, head(conv(2, "c3")(layers.Add(name="add")([a, b]))))
+    graph = extract_graph(m)
+    assert [n.name for n in graph if n.layer == "blk/bc"] == ["blk/bc", "blk/bc@1"]
+    assert graph.node("blk/bc@1").shared and graph.node("blk/bc@1").call_index == 1
+    g = groups(discover(m))
+    producers = next(k for k in g if ("c1", 0, 8) in k)
+    assert sorted(producers) == [("c1", 0, 8), ("c2", 0, 8)]
+    assert g[producers] == [("blk/bc", "Conv2D", 0, 8)]
+    assert g[(("blk/bc", 0, 4),)] == [
+        ("blk/br", "Relu", 0, 4),
+        ("add", "AddV2", 0, 4),
+        ("c3", "Conv2D", 0, 4),
+    ]
