@@ -3,7 +3,8 @@
 - conv2d: Keras HWIO is already HWCN; depthwise_conv2d: (H, W, C, 1); dense (in, out) ->
   (1, 1, in, out).
 - BatchNorm folded into the preceding layer (per output channel ``s = gamma / sqrt(var + eps)``):
-  ``filter' = filter * s``, ``bias' = (bias - mean) * s + beta`` (bias = 0 when the layer has none).
+  ``filter' = filter * s``, ``bias' = (bias - mean) * s + beta`` (bias = 0 when the layer has
+  none), by :func:`amct_bridge.quant.fold.fold_batchnorm` in float64.
 - LeakyReLU alpha -> (1,); PReLU alpha -> (C,) (one per output channel).
 All arrays float32, finite, with the lengths the runtime will read.
 
@@ -22,10 +23,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from amct_bridge.errors import ExportError
+from amct_bridge.errors import ExportError, QuantError
 from amct_bridge.espdl.checks import as_float32, channel_vector, check_shape
 from amct_bridge.espdl.plan import Chain
 from amct_bridge.espdl.source import SourceLayer
+from amct_bridge.quant.fold import fold_batchnorm
 
 
 @dataclass
@@ -52,44 +54,41 @@ def _filter_of(layer: SourceLayer) -> np.ndarray:
     return kernel
 
 
-def _bn_scale_shift(bn: SourceLayer, channels: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-channel (scale, shift) of an inference BatchNorm, in float64."""
-    params = {}
-    for key in ("gamma", "beta", "mean", "variance"):
-        if key in bn.weights:
-            params[key] = channel_vector(bn.weights[key], channels, bn.name, f"BN {key}")
-    gamma = params.get("gamma", np.ones(channels, np.float32)).astype(np.float64)
-    beta = params.get("beta", np.zeros(channels, np.float32)).astype(np.float64)
-    if "mean" not in params or "variance" not in params:
-        raise ExportError(f"layer {bn.name!r}: BatchNormalization without moving mean/variance")
-    eps = float(bn.attrs.get("epsilon", 1e-3))
-    variance = params["variance"].astype(np.float64)
-    if np.any(variance + eps <= 0):
-        raise ExportError(f"layer {bn.name!r}: moving variance + epsilon must be > 0")
-    scale = gamma / np.sqrt(variance + eps)
-    return scale, beta - params["mean"].astype(np.float64) * scale
-
-
 def fold_batch_norm(
-    filt: np.ndarray, bias: np.ndarray | None, bn: SourceLayer, channel_axis: int
+    filt: np.ndarray, bias: np.ndarray | None, bn: SourceLayer, layout: str
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Fold ``bn`` into ``filt`` (scaled along ``channel_axis``) and ``bias``.
+    """Fold ``bn`` into ``filt`` (convert.py layout ``layout``: "HWIO" or "HWCM") and ``bias``.
+
+    Uses :func:`amct_bridge.quant.fold.fold_batchnorm` (the folding AMCT's scale_w sees).
 
     Example:
         >>> bn = SourceLayer("bn", "batch_norm", weights={"gamma": np.array([2.0]),
         ...     "beta": np.array([1.0]), "mean": np.array([0.5]), "variance": np.array([1.0])},
         ...     attrs={"epsilon": 0.0})
-        >>> w, b = fold_batch_norm(np.ones((1, 1, 1, 1), np.float32), None, bn, 3)
+        >>> w, b = fold_batch_norm(np.ones((1, 1, 1, 1), np.float32), None, bn, "HWIO")
         >>> float(w.ravel()[0]), float(b[0])
         (2.0, 0.0)
     """
-    channels = filt.shape[channel_axis]
-    scale, shift = _bn_scale_shift(bn, channels)
-    shape = [1] * filt.ndim
-    shape[channel_axis] = channels
-    folded = filt.astype(np.float64) * scale.reshape(shape)
-    base = np.zeros(channels) if bias is None else bias.astype(np.float64)
-    new_bias = base * scale + shift
+    w = bn.weights
+    if "mean" not in w or "variance" not in w:
+        raise ExportError(f"layer {bn.name!r}: BatchNormalization without moving mean/variance")
+    params = {k: as_float32(w[k], bn.name, f"BN {k}") for k in w}
+    try:
+        folded, new_bias = fold_batchnorm(
+            filt.astype(np.float64),
+            bias,
+            params.get("gamma"),
+            params.get("beta"),
+            params["mean"],
+            params["variance"],
+            float(bn.attrs.get("epsilon", 1e-3)),
+            layout,
+            name=bn.name,
+        )
+    except QuantError as err:
+        raise ExportError(
+            f"layer {bn.name!r}: cannot fold into the previous layer: {err}"
+        ) from None
     return as_float32(folded, bn.name, "folded filter"), as_float32(
         new_bias, bn.name, "folded bias"
     )
@@ -128,5 +127,5 @@ def chain_coefficients(chain: Chain) -> Coefficients:
         bias = as_float32(bias, head.name, "bias")
         check_shape(bias, (channels,), head.name, "bias")
     if chain.bn is not None:
-        filt, bias = fold_batch_norm(filt, bias, chain.bn, axis)
+        filt, bias = fold_batch_norm(filt, bias, chain.bn, "HWCM" if axis == 2 else "HWIO")
     return Coefficients(filt, bias, _alpha_of(chain, channels))
