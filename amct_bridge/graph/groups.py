@@ -201,6 +201,7 @@ class _Resolver:
         result.groups.sort(key=lambda g: self.sort_key(g.producers[0]))
         result.refusals.extend(self.consumer_refusals(graph, result, reasons, uses))
         result.refusals.sort(key=lambda r: (self.layer_order.get(r.layer, 1 << 30), r.begin))
+        result.refusals = _merge_adjacent(result.refusals)
         return result
 
     @property
@@ -274,3 +275,20 @@ class _Resolver:
             detail = f"at {at}: {reason.explain()}" if at else reason.explain()
             out.append(Refusal(node.layer, 0, width, reason, detail))
         return out
+
+
+def _merge_adjacent(refusals: list[Refusal]) -> list[Refusal]:
+    """Join touching ranges of one layer refused for the same reason at the same place."""
+    out: list[Refusal] = []
+    for r in refusals:
+        last = out[-1] if out else None
+        if last and (last.layer, last.reason, last.detail, last.end) == (
+            r.layer,
+            r.reason,
+            r.detail,
+            r.begin,
+        ):
+            out[-1] = Refusal(r.layer, last.begin, r.end, r.reason, r.detail)
+        else:
+            out.append(r)
+    return out

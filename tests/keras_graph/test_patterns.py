@@ -425,3 +425,11 @@ def test_nested_model_called_twice_shares_its_layers():
         ("add", "AddV2", 0, 4),
         ("c3", "Conv2D", 0, 4),
     ]
+
+
+def test_add_of_multiplier_blocks_with_plain_channels_is_refused():
+    x = inp()
+    d = layers.DepthwiseConv2D(1, depth_multiplier=2, name="dw")(conv(4, "c1")(x))
+    y = layers.Add(name="add")([d, conv(8, "c2")(x)])
+    r = refusals(discover(keras.Model(x, head(conv(2, "c3")(y)))))
+    assert r[("c1", 0, 4)] == r[("c2", 0, 8)] == "MAPPING_MISMATCH"
