@@ -5,7 +5,8 @@ smallest one whose symmetric range covers the calibrated range), its input expon
 its producer wrote. Sources, first match wins (each result says which one it used):
 
 output_exponent of a chain (range of the chain's last layer, after the fused activation):
-  1. sidecar ``output`` range of that layer;
+  1. sidecar ``output`` range of that layer, or the ``input`` range of a single-input layer
+     reading it (the same tensor: e.g. a skipped ReLU6 after a folded BN);
   2. sidecar ``input`` range of the next exported layer, when the chain output reaches it only
      through exponent-keeping layers (MaxPool, Reshape, Flatten, ReLU...);
   3. the record's ``scale_d``/``offset_d`` of that next layer (the range AMCT quantizes it to).
@@ -118,9 +119,18 @@ class ExponentFinder:
             current = self.layers.get(current.inputs[0])
         return None
 
+    def _reader_input(self, name: str) -> Found | None:
+        """Sidecar input range of a single-input layer reading ``name`` (the same tensor)."""
+        for user in self.consumers.get(name, []):
+            if user.inputs == [name]:
+                found = self.range_exponent(user.name, "input")
+                if found is not None:
+                    return found
+        return None
+
     def output_exponent(self, chain: Chain) -> Found:
         """The chain's output exponent and where it came from; ExportError if none."""
-        found = self.range_exponent(chain.last, "output")
+        found = self.range_exponent(chain.last, "output") or self._reader_input(chain.last)
         nxt = self._next_weight_layer(chain.last)
         if found is None and nxt is not None:
             found = self.range_exponent(nxt.name, "input") or self.record_exponent(nxt.name)

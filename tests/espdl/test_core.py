@@ -350,3 +350,17 @@ def test_record_scale_w_checked_against_folded_weights(tmp_path):
     wrong = Record({"c1": LayerFactors(scale_w=[0.1] * 3, offset_w=[0] * 3)})
     with pytest.raises(ExportError, match="3 scale_w values but the layer has 4 output channels"):
         export_layers(layers, None, record=wrong, stats=st)
+
+
+def test_output_range_from_the_reader_of_an_unfused_layer():
+    layers = [
+        SourceLayer("in", "input"),
+        conv("c", ["in"]),
+        bn("b", ["c"]),
+        SourceLayer("r6", "relu6", ["b"], "ReLU"),
+    ]
+    st = stats_for(c=((0, 1), (-9, 9)), r6=((-3.0, 40.0), (0, 6)))  # no entry for the BN
+    res = export_layers(layers, None, stats=st, skip_unsupported=True)
+    assert res.layers[0].fused == ["c", "b"]
+    assert res.layers[0].entry["output_exponent"] == ref_exponent(-3.0, 40.0)
+    assert res.layers[0].sources["output_exponent"] == "sidecar input range of 'r6'"
