@@ -15,10 +15,10 @@ AvgPool). A layer called twice has two ops; both are listed.
 Example:
     >>> import keras
     >>> x = keras.Input((8, 8, 3))
-    >>> m = keras.Model(x, keras.layers.Conv2D(4, 3, name="c1")(x))
+    >>> m = keras.Model(x, keras.layers.Conv2D(4, 3, name="c1")(x), name="net")
     >>> frozen = freeze_model(m)
     >>> frozen.op_names["c1"], frozen.op_type("c1")
-    (['functional/c1/convolution'], 'Conv2D')
+    (['net_1/c1_1/convolution'], 'Conv2D')
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ While a calibration run is active, every target layer gets an instance attribute
 runs the layer's own ``call`` and then, for each observed tensor (the layer's input, output, or an
 inner tensor such as SeparableConv2D's depthwise output), writes a small per-batch summary into
 ``tf.Variable`` buffers: ``[min, max, element count]``, an optional ``bins``-bin histogram over
-[min, max] (``tf.histogram_fixed_width`` semantics, see ``amct_bridge.quant.observers.BatchStats``)
-and an optional per-channel ``max|x|``. The model's step function is re-traced so the summaries are
-computed inside the compiled graph; only these summaries ever reach the host.
+[min, max] (``tf.histogram_fixed_width`` semantics, see ``amct_bridge.quant.stats.BatchStats``)
+and optional per-channel min and max (DMQ). The model's step function is re-traced so the
+summaries are computed inside the compiled graph; only these summaries ever reach the host.
 
 Each tensor ("point") owns a ring of ``slots`` rows and a write counter, so several steps per
 execution (``steps_per_execution``), shared layers called several times and host reads every few
@@ -34,7 +34,8 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
-from amct_bridge.quant.observers import BatchStats
+from amct_bridge.errors import CalibrationError
+from amct_bridge.quant.stats import BatchStats
 
 #: An inner tensor of a layer: computed from (layer, layer input) inside the wrapped call.
 InnerFn = Callable[[object, tf.Tensor], tf.Tensor]
@@ -49,7 +50,7 @@ class Point:
         role: "input", "output" or "inner" (then ``inner`` computes it from the layer input).
         layer: the Keras layer whose call is wrapped.
         bins: histogram bins per batch (0 = min/max only).
-        channel_axis: axis for per-channel max|x| (None = not gathered).
+        channel_axis: axis for per-channel min/max (None = not gathered).
         channels: size of that axis (static; sizes the buffer).
         calls: how many times the layer runs per step (shared layers, nested model reuse).
         inner: for role "inner": ``fn(layer, layer_input) -> tensor``.
@@ -77,6 +78,7 @@ class Row:
     replica: int
     step: int
     stats: BatchStats
+    channel_range: np.ndarray | None = None  # [2, C]: per-channel min and max (DMQ)
 
 
 class Instrumentation:
@@ -123,9 +125,9 @@ class Instrumentation:
             "mm": var([slots, 3], tf.float64, "minmax"),
         }
         if point.bins:
-            out["hist"] = var([slots, point.bins], tf.int64, "hist")
+            out["hist"] = var([slots, point.bins], tf.int32, "hist")
         if point.channel_axis is not None:
-            out["absmax"] = var([slots, point.channels], tf.float32, "absmax")
+            out["chan"] = var([slots, 2, point.channels], tf.float32, "channel_range")
         return out
 
     def _summarise(self, index: int, x: tf.Tensor) -> None:
@@ -135,20 +137,17 @@ class Instrumentation:
         lo, hi = tf.reduce_min(x), tf.reduce_max(x)
         size = tf.cast(tf.size(x), tf.float64)
         slots = v["mm"].shape[0]
-        slot = tf.math.floormod(v["count"].assign_add(1) - 1, slots)[None]
-        row = tf.stack([tf.cast(lo, tf.float64), tf.cast(hi, tf.float64), size])
-        v["mm"].scatter_update(tf.IndexedSlices(row[None], slot))
+        slot = tf.math.floormod(v["count"].assign_add(1) - 1, slots)
+        _put(v["mm"], slot, tf.stack([tf.cast(lo, tf.float64), tf.cast(hi, tf.float64), size]))
         if point.bins:
             # equal min/max: every value into bin 0 (the BatchStats contract)
             top = tf.where(hi > lo, hi, lo + 1.0)
-            hist = tf.histogram_fixed_width(
-                x, tf.stack([lo, top]), nbins=point.bins, dtype=tf.int64
-            )
-            v["hist"].scatter_update(tf.IndexedSlices(hist[None], slot))
+            edges = tf.stack([lo, top])
+            _put(v["hist"], slot, tf.histogram_fixed_width(x, edges, point.bins, dtype=tf.int32))
         if point.channel_axis is not None:
             axes = [a for a in range(x.shape.rank) if a != point.channel_axis % x.shape.rank]
-            absmax = tf.reduce_max(tf.abs(x), axis=axes)
-            v["absmax"].scatter_update(tf.IndexedSlices(absmax[None], slot))
+            chan = tf.stack([tf.reduce_min(x, axis=axes), tf.reduce_max(x, axis=axes)])
+            _put(v["chan"], slot, chan)
 
     def _wrap(self, layer, indices: list[int]) -> Callable:
         original = layer.call  # the bound class method (instance attribute not set yet)
@@ -193,7 +192,7 @@ class Instrumentation:
     # ---- host side --------------------------------------------------------------------------
 
     def _components(self) -> list[list[tf.Variable]]:
-        """Per point, per replica: the local variables, flattened [count, mm, hist?, absmax?]."""
+        """Per point, per replica: the local variables, flattened [count, mm, hist?, chan?]."""
         out = []
         for v in self._vars:
             per_var = [
@@ -227,12 +226,14 @@ class Instrumentation:
         last = self._last.get((index, replica), 0)
         slots = arr["mm"].shape[0]
         if count - last > slots:
-            raise OverflowError(
-                f"point {self.points[index].key}/{self.points[index].role}: {count - last} "
-                f"summaries since the last read but only {slots} slots"
+            raise CalibrationError(
+                f"layer {self.points[index].key!r}: {count - last} batch summaries of its "
+                f"{self.points[index].role} since the last read, but only {slots} fit: was the "
+                "model called outside fit/evaluate/predict while calibrating?"
             )
         self._last[(index, replica)] = count
         rows = []
+        chan = arr.get("chan")
         for step in range(last, count):
             slot = step % slots
             lo, hi, size = arr["mm"][slot]
@@ -240,14 +241,23 @@ class Instrumentation:
                 count=int(size),
                 min=float(lo),
                 max=float(hi),
-                hist=arr["hist"][slot].copy() if "hist" in arr else None,
-                channel_absmax=arr["absmax"][slot].copy() if "absmax" in arr else None,
+                hist=arr["hist"][slot].astype(np.int64) if "hist" in arr else None,
+                channel_absmax=np.abs(chan[slot]).max(axis=0) if chan is not None else None,
             )
-            rows.append(Row(index, replica, step, stats))
+            rows.append(Row(index, replica, step, stats, chan[slot] if chan is not None else None))
         return rows
 
 
-_ORDER = ("count", "mm", "hist", "absmax")
+_ORDER = ("count", "mm", "hist", "chan")
+
+
+def _put(var: tf.Variable, slot: tf.Tensor, row: tf.Tensor) -> None:
+    """``var[slot] = row``. Whole-variable assigns only: ON_READ (distributed) variables have no
+    scatter ops; with one slot (the common case) it is a plain assign, no copy."""
+    if var.shape[0] == 1:
+        var.assign(row[None])
+    else:
+        var.assign(tf.tensor_scatter_nd_update(var.read_value(), slot[None, None], row[None]))
 
 
 def _first(x):

@@ -9,7 +9,8 @@ whether a following BatchNormalization may be folded into it.
 keyed ``<layer>/depthwise`` and ``<layer>/pointwise``. The pointwise part's input is the depthwise
 output (a tensor inside the layer), so the callback computes it alongside the layer.
 
-Layout letters: H, W kernel size; I input channels; O output channels; M depth multiplier.
+Layouts are the names of :mod:`amct_bridge.quant.layouts` (H, W kernel size; I input, O output
+channels; C channels and M depth multiplier of a depthwise kernel, output channel ``c * M + m``).
 
 Example:
     >>> spec = QUANTIZABLE["SeparableConv2D"]
@@ -30,10 +31,9 @@ class QuantPart:
         suffix: record-key suffix ("" = the layer name itself).
         op_type: TF op type in the frozen inference graph.
         kernel_attr: layer attribute with the weights (None: no weights, e.g. AvgPool).
-        layout: kernel layout ("HWIO", "HWIM", "HWOI", "IO"), None without weights.
+        layout: kernel layout ("HWIO", "HWCM", "HWOI", "IO"), None without weights.
         channel_wise: per-output-channel scale_w allowed (AMCT: Conv2D, depthwise, transpose).
         foldable: a directly following BatchNormalization can be folded into this op.
-        out_axis: axis of the output channels in the kernel (None: depthwise, I*M flattened).
 
     Example:
         >>> QUANTIZABLE["Dense"][0].channel_wise
@@ -59,7 +59,7 @@ class QuantPart:
 
 
 _CONV = QuantPart("", "Conv2D", "kernel", "HWIO", True, True)
-_DEPTHWISE = QuantPart("", "DepthwiseConv2dNative", "kernel", "HWIM", True, True)
+_DEPTHWISE = QuantPart("", "DepthwiseConv2dNative", "kernel", "HWCM", True, True)
 _TRANSPOSE = QuantPart("", "Conv2DBackpropInput", "kernel", "HWOI", True, True)
 _DENSE = QuantPart("", "MatMul", "kernel", "IO", False, True)
 _AVGPOOL = QuantPart("", "AvgPool", None, None, False, False, bias_attr=None)
@@ -75,7 +75,7 @@ QUANTIZABLE: dict[str, tuple[QuantPart, ...]] = {
             "depthwise",
             "DepthwiseConv2dNative",
             "depthwise_kernel",
-            "HWIM",
+            "HWCM",
             True,
             False,
             bias_attr=None,

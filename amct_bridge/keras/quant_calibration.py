@@ -116,6 +116,7 @@ class QuantCalibration(keras.callbacks.Callback):
         _check_choice("flavor", flavor, ("inner", "tf"))
         _check_choice("keys", keys, _KEYS)
         _check_choice("on", on, _MODES)
+        _check_dmq_flavor(self.config, flavor)
         self.record_path = Path(record_path)
         self.frozen_graph_path = Path(frozen_graph_path) if frozen_graph_path else None
         for path in (self.record_path, sidecar_path(self.record_path), self.frozen_graph_path):
@@ -217,6 +218,15 @@ class QuantCalibration(keras.callbacks.Callback):
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise CalibrationError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def _check_dmq_flavor(config: QuantConfig, flavor: str) -> None:
+    layers = [config.common, *config.by_type.values(), *config.by_name.values()]
+    if flavor != "inner" and any(c.migration_strength is not None for c in layers):
+        raise CalibrationError(
+            f"DMQ (migration_strength) needs flavor 'inner': a {flavor!r} record cannot hold "
+            "tensor_balance_factor, and its scale_w would not match the unbalanced weights"
+        )
 
 
 def _check_writable(path: Path) -> None:

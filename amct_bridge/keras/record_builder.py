@@ -20,6 +20,7 @@ from pathlib import Path
 
 from amct_bridge.errors import CalibrationError
 from amct_bridge.keras import weights as kw
+from amct_bridge.quant.factors import activation_factors, bits_of
 from amct_bridge.records import LayerFactors, Record, convert, dumps
 from amct_bridge.records.atomic import atomic_write_bytes
 from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange, sidecar_path
@@ -83,25 +84,28 @@ def _input_observed(session, target):
 def _layer_factors(session, target):
     cfg, config = target.config, session.config
     observed = _input_observed(session, target)
+    bits, symmetric = bits_of(cfg.act_type), not config.activation_offset
     scale_d, offset_d = observed.observer.factors()
-    factors = LayerFactors(scale_d=float(scale_d), offset_d=int(offset_d))
-    if cfg.act_type != "INT8":
-        factors.act_type = cfg.act_type
+    factors = LayerFactors(act_type=cfg.act_type if cfg.act_type != "INT8" else None)
     fold = None
     if target.part.has_weights:
         kernel, bias = kw.part_kernel(target)
-        scale_w, offset_w = kw.weight_factors(kernel, target.part, cfg.channel_wise)
-        factors.scale_w, factors.offset_w = scale_w, offset_w
-        if target.skip_fusion:
-            factors.skip_fusion = True
         if target.bn is not None:
             fold = kw.freeze_fold(target, kernel, bias)
         if cfg.migration_strength is not None:
-            factors.tensor_balance_factor = kw.balance(
-                observed.absmax, kernel, target.part, cfg.migration_strength, target.key
+            balance, kernel, (lo, hi) = kw.balance(
+                observed.channel_range, kernel, target.part, cfg.migration_strength, target.key
             )
+            factors.tensor_balance_factor = balance
+            scale_d, offset_d = activation_factors(lo, hi, bits, symmetric=symmetric)
+        factors.scale_w, factors.offset_w = kw.weight_factors(
+            kernel, target.part, cfg.channel_wise, name=target.key
+        )
+        if target.skip_fusion:
+            factors.skip_fusion = True
         if config.joint_quant:
-            factors.shift_bit = kw.shift_bits(kernel, target.part, scale_w, scale_d, cfg)
+            factors.shift_bit = kw.shift_bits(kernel, target.part, factors.scale_w, bits, symmetric)
+    factors.scale_d, factors.offset_d = float(scale_d), int(offset_d)
     return factors, fold
 
 

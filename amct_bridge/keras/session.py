@@ -12,10 +12,9 @@ Example:
     >>> from amct_bridge.config import QuantConfig
     >>> x = keras.Input((4,))
     >>> m = keras.Model(x, keras.layers.Dense(2, name="fc")(x))
-    >>> s = Session(m, QuantConfig(), batch_num=None); s.new_run(); s.start_pass("predict")
-    >>> _ = m.predict(np.ones((8, 4), "float32"), batch_size=4, verbose=0)
-    >>> s.stop_pass("predict"); s.batches
-    0
+    >>> s = Session(m, QuantConfig(), batch_num=None); s.new_run()
+    >>> [(t.key, t.kind) for t in s.plan.targets], [o.point.role for o in s.observed]
+    ([('fc', 'Dense')], ['input', 'output'])
 """
 
 from __future__ import annotations
@@ -40,11 +39,11 @@ _READ_EVERY_MINMAX = 16
 
 @dataclass
 class Observed:
-    """One observed tensor: its point, observer and (DMQ) running per-channel max|x|."""
+    """One observed tensor: its point, observer and (DMQ) running per-channel min and max."""
 
     point: Point
     observer: object
-    absmax: np.ndarray | None = None
+    channel_range: np.ndarray | None = None  # [2, C]
 
 
 class Session:
@@ -180,11 +179,8 @@ class Session:
                     f"NaN or Inf (min {stats.min}, max {stats.max}); no record written"
                 )
             obs.observer.update_stats(stats)
-            if stats.channel_absmax is not None:
-                prev = obs.absmax
-                obs.absmax = (
-                    stats.channel_absmax if prev is None else np.maximum(prev, stats.channel_absmax)
-                )
+            if row.channel_range is not None:
+                obs.channel_range = _merge_ranges(obs.channel_range, row.channel_range)
 
     # ---- output -------------------------------------------------------------------------------
 
@@ -202,6 +198,12 @@ class Session:
             return
         built = build_outputs(self, **outputs)
         write_outputs(built, **outputs)
+
+
+def _merge_ranges(prev: np.ndarray | None, new: np.ndarray) -> np.ndarray:
+    if prev is None:
+        return new.copy()
+    return np.stack([np.minimum(prev[0], new[0]), np.maximum(prev[1], new[1])])
 
 
 def _channel_axis(layer) -> int:

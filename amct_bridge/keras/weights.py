@@ -20,9 +20,11 @@ import numpy as np
 from amct_bridge.errors import CalibrationError
 from amct_bridge.keras.freeze import Fold
 from amct_bridge.keras.layers import QuantPart
-
-#: Axis of the INPUT channels in each kernel layout (DMQ factors are per input channel).
-_IN_AXIS = {"HWIO": 2, "HWIM": 2, "HWOI": 3, "IO": 0}
+from amct_bridge.quant.arq import arq_factors
+from amct_bridge.quant.dmq import balance_factors
+from amct_bridge.quant.fold import fold_batchnorm
+from amct_bridge.quant.layouts import get_layout
+from amct_bridge.quant.shift_bit import shift_bits_from_weights
 
 
 def kernel_of(layer, part: QuantPart) -> np.ndarray:
@@ -48,7 +50,8 @@ def bias_of(layer, part: QuantPart) -> np.ndarray | None:
 
 def input_channels(layer, part: QuantPart) -> int:
     """Number of input channels of the part's kernel (length of tensor_balance_factor)."""
-    return int(kernel_of(layer, part).shape[_IN_AXIS[part.layout]])
+    kernel = kernel_of(layer, part)
+    return int(kernel.shape[get_layout(kernel, part.layout).in_axis])
 
 
 def part_kernel(target) -> tuple[np.ndarray, np.ndarray | None]:
@@ -57,23 +60,25 @@ def part_kernel(target) -> tuple[np.ndarray, np.ndarray | None]:
     Example:
         >>> # see tests/keras/test_weights.py
     """
-    from amct_bridge.quant.fold import fold_batchnorm
-
     kernel, bias = kernel_of(target.layer, target.part), bias_of(target.layer, target.part)
     if target.bn is None:
         return kernel, bias
     bn = target.bn
-    var = np.asarray(bn.moving_variance, dtype=np.float32)
-    gamma = np.asarray(bn.gamma, dtype=np.float32) if bn.scale else np.ones_like(var)
-    beta = np.asarray(bn.beta, dtype=np.float32) if bn.center else np.zeros_like(var)
-    mean = np.asarray(bn.moving_mean, dtype=np.float32)
     folded, folded_bias = fold_batchnorm(
-        kernel, bias, gamma, beta, mean, var, float(bn.epsilon), layout=target.part.layout
+        kernel,
+        bias,
+        np.asarray(bn.gamma) if bn.scale else None,
+        np.asarray(bn.beta) if bn.center else None,
+        np.asarray(bn.moving_mean),
+        np.asarray(bn.moving_variance),
+        float(bn.epsilon),
+        target.part.layout,
+        name=target.key,
     )
     return np.asarray(folded, np.float32), np.asarray(folded_bias, np.float32)
 
 
-def weight_factors(kernel: np.ndarray, part: QuantPart, channel_wise: bool):
+def weight_factors(kernel: np.ndarray, part: QuantPart, channel_wise: bool, name: str = "kernel"):
     """ARQ ``(scale_w, offset_w)`` lists; per channel only where AMCT allows it.
 
     Example:
@@ -81,11 +86,8 @@ def weight_factors(kernel: np.ndarray, part: QuantPart, channel_wise: bool):
         >>> weight_factors(np.array([[1.0, -2.0]], "float32"), QUANTIZABLE["Dense"][0], True)[1]
         [0]
     """
-    from amct_bridge.quant.arq import arq_factors
-
-    scale_w, offset_w = arq_factors(
-        kernel, part.layout, channel_wise=channel_wise and part.channel_wise
-    )
+    wise = channel_wise and part.channel_wise
+    scale_w, offset_w = arq_factors(kernel, part.layout, channel_wise=wise, name=name)
     return [float(s) for s in scale_w], [int(o) for o in offset_w]
 
 
@@ -96,18 +98,44 @@ def freeze_fold(target, kernel: np.ndarray, bias: np.ndarray | None) -> Fold:
     return Fold(target.key, target.bn, kernel, np.asarray(delta, np.float32))
 
 
-def balance(absmax, kernel: np.ndarray, part: QuantPart, strength: float, key: str) -> list[float]:
-    """DMQ tensor_balance_factor (one per input channel) from activation and weight max|.|."""
-    from amct_bridge.quant.dmq import balance_factors
+def balance(channel_range, kernel: np.ndarray, part: QuantPart, strength: float, key: str):
+    """DMQ ``(tensor_balance_factor, balanced kernel, balanced activation (lo, hi))``.
 
-    if absmax is None:
-        raise CalibrationError(f"layer {key!r}: DMQ needs per-channel activation maxima; none seen")
-    factors = balance_factors(np.asarray(absmax), kernel, part.layout, strength)
-    return [float(f) for f in factors]
+    ``channel_range`` is the per-input-channel [min, max] seen in-graph ([2, Cin]). AMCT divides
+    activations by the factor and multiplies weights by it, so scale_w is computed on the
+    returned kernel and scale_d on the returned activation range.
+
+    Example:
+        >>> from amct_bridge.keras.layers import QUANTIZABLE
+        >>> f, k, r = balance(np.array([[0.0, 0.0], [4.0, 1.0]]), np.array([[1.0], [4.0]]),
+        ...                   QUANTIZABLE["Dense"][0], 0.5, "fc")
+        >>> f, k.ravel().tolist(), r
+        ([2.0, 0.5], [2.0, 2.0], (0.0, 2.0))
+    """
+    if channel_range is None:
+        raise CalibrationError(f"layer {key!r}: DMQ needs per-channel activation ranges; none seen")
+    lo, hi = np.asarray(channel_range, np.float64)
+    factors = balance_factors(
+        np.maximum(np.abs(lo), np.abs(hi)), kernel, part.layout, strength, name=key
+    )
+    factors = np.asarray(factors, np.float64)
+    shape = [1] * kernel.ndim
+    shape[get_layout(kernel, part.layout).in_axis] = -1
+    balanced = (kernel * factors.reshape(shape)).astype(np.float32)
+    act = (float(np.min(lo / factors)), float(np.max(hi / factors)))
+    return [float(f) for f in factors], balanced, act
 
 
-def shift_bits(kernel: np.ndarray, part: QuantPart, scale_w, scale_d: float, cfg) -> list[int]:
-    """shift_bit per scale_w entry (joint_quant), as defined in amct_bridge.quant.shift_bit."""
-    from amct_bridge.quant.shift_bit import shift_bits as compute
+def shift_bits(kernel: np.ndarray, part: QuantPart, scale_w, act_bits: int, symmetric: bool):
+    """shift_bit per scale_w entry (joint_quant): the worst-case accumulator bound, see
+    :mod:`amct_bridge.quant.shift_bit` (never overflows int16).
 
-    return [int(s) for s in compute(kernel, part.layout, scale_w, scale_d)]
+    Example:
+        >>> from amct_bridge.keras.layers import QUANTIZABLE
+        >>> shift_bits(np.ones((300, 2)), QUANTIZABLE["Dense"][0], [1 / 127], 8, False)
+        [9]
+    """
+    shifts = shift_bits_from_weights(
+        kernel, part.layout, scale_w, act_bits=act_bits, symmetric=symmetric
+    )
+    return [int(s) for s in shifts]

@@ -88,6 +88,7 @@ def test_unwritable_record_path_fails_at_construction(tmp_path, where):
         ({"act_type": "INT4"}, "act_type must be INT8 or INT16"),
         ({"migration_strength": 1.0}, r"migration_strength must be in \[0.2, 0.8\]"),
         ({"on": "test"}, "on must be one of"),
+        ({"migration_strength": 0.5, "flavor": "tf"}, "DMQ .* needs flavor 'inner'"),
     ],
 )
 def test_bad_options(tmp_path, kwargs, message):

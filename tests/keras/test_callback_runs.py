@@ -3,7 +3,14 @@
 import keras
 import numpy as np
 import pytest
-from calib_models import images, ref_act_factors, sequential_model
+from calib_models import (
+    bn_fold,
+    images,
+    ref_act_factors,
+    ref_arq,
+    round_half_away,
+    sequential_model,
+)
 
 from amct_bridge.keras import QuantCalibration
 from amct_bridge.quant.observers import batch_stats, make_observer
@@ -144,23 +151,39 @@ def test_ifmr_in_graph_histograms_match_numpy_observer(tmp_path):
     assert load_stats(sidecar_path(path)).algorithm == "ifmr"
 
 
-def test_int16_dmq_and_joint_quant_fields(tmp_path):
+def test_int16_with_dmq_balances_activations_and_weights(tmp_path):
     model = _compiled()
-    x = images(16)
+    x = images(16) * np.array([1.0, 4.0, 0.25], "float32")  # unbalanced channels
     path = tmp_path / "r.txt"
-    cb = QuantCalibration(
-        path, algorithm="minmax", act_type="INT16", migration_strength=0.5, joint_quant=True
-    )
+    cb = QuantCalibration(path, algorithm="minmax", act_type="INT16", migration_strength=0.5)
     model.predict(x, batch_size=8, verbose=0, callbacks=[cb])
     record = load(path)
-    c1 = record.layers["c1"]
-    assert c1.act_type == "INT16"
-    scale, offset = ref_act_factors(x.min(), x.max(), bits=16)
-    assert c1.scale_d == pytest.approx(scale, rel=1e-6) and c1.offset_d == offset
-    assert len(c1.tensor_balance_factor) == 3  # one per input channel
-    assert len(c1.shift_bit) == len(c1.scale_w)
-    assert record.layers["ap"].tensor_balance_factor == []  # never on AvgPool
     assert validate(record) == []
+    c1 = record.layers["c1"]
+    w = bn_fold(model.get_layer("c1").kernel, model.get_layer("bn1"))
+    x_amax = np.abs(x).max(axis=(0, 1, 2))
+    w_amax = np.abs(w).max(axis=(0, 1, 3))
+    f = np.sqrt(x_amax) / np.sqrt(w_amax)  # alpha 0.5: amax|x|^a / amax|W|^(1-a)
+    np.testing.assert_allclose(c1.tensor_balance_factor, f, rtol=1e-5)
+    lo, hi = (x.min(axis=(0, 1, 2)) / f).min(), (x.max(axis=(0, 1, 2)) / f).max()
+    scale, offset = ref_act_factors(lo, hi, bits=16)
+    assert c1.act_type == "INT16"
+    assert c1.scale_d == pytest.approx(scale, rel=1e-5) and c1.offset_d == offset
+    np.testing.assert_allclose(c1.scale_w, ref_arq(w * f[None, None, :, None], 3), rtol=1e-5)
+    assert record.layers["ap"].tensor_balance_factor == []  # never on AvgPool
+
+
+def test_joint_quant_writes_worst_case_shift_bits(tmp_path):
+    model = _compiled()
+    path = tmp_path / "r.txt"
+    cb = QuantCalibration(path, algorithm="minmax", joint_quant=True)
+    model.predict(images(16), batch_size=8, verbose=0, callbacks=[cb])
+    c1 = load(path).layers["c1"]
+    w = bn_fold(model.get_layer("c1").kernel, model.get_layer("bn1"))
+    q = np.clip(round_half_away(w / np.asarray(c1.scale_w)), -128, 127)
+    acc = np.abs(q).sum(axis=(0, 1, 2)) * 255  # asymmetric INT8 activations span 0..255
+    expected = np.clip(np.ceil(np.log2(acc / 32767)), 1, 16)
+    assert c1.shift_bit == expected.astype(int).tolist()
 
 
 def test_skip_layers_and_skip_fusion(tmp_path):
@@ -171,8 +194,6 @@ def test_skip_layers_and_skip_fusion(tmp_path):
     record = load(path)
     assert list(record.layers) == ["c1", "ap"]
     assert record.layers["c1"].skip_fusion is True
-    from calib_models import ref_arq
-
     np.testing.assert_allclose(
         record.layers["c1"].scale_w, ref_arq(model.get_layer("c1").kernel, 3), rtol=2e-6
     )
