@@ -36,7 +36,7 @@ def calibrate(
         data: anything ``model.predict`` accepts (numpy array, tf.data.Dataset, generator...).
         record_path: the AMCT record to write (sidecar ``<record_path>.calib.json`` too).
         batch_size: batch size for array data (ignored for datasets).
-        steps: batches to run (default: all of ``data``).
+        steps: batches to run (default: ``batch_num`` if set, else all of ``data``).
         verbose: predict's progress bar (0 silent, 1 bar).
         callbacks: more callbacks for the predict call (e.g. a progress bar).
         **options: :class:`QuantCalibration` options (algorithm, batch_num, config, keys...).
@@ -48,6 +48,8 @@ def calibrate(
         >>> # see the module docstring
     """
     callback = QuantCalibration(record_path, **options)
+    if steps is None and callback.batch_num is not None:
+        steps = callback.batch_num  # do not run the rest of the data uninstrumented
     try:
         model.predict(
             data,

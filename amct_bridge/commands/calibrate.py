@@ -1,0 +1,162 @@
+"""``amct-bridge calibrate MODEL.keras --data FILE.npy|.npz -o record.txt``: calibrate a model.
+
+Loads the Keras model and the calibration inputs, runs ``model.predict`` with
+:class:`amct_bridge.keras.QuantCalibration` (Keras progress bar) and writes the AMCT record, its
+calibration sidecar and optionally the matching frozen graph.
+
+Example:
+    >>> import argparse
+    >>> sub = argparse.ArgumentParser().add_subparsers()
+    >>> register(sub)
+    >>> "calibrate" in sub.choices
+    True
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from amct_bridge.config import ALGORITHMS
+from amct_bridge.errors import CalibrationError
+
+
+def register(subparsers) -> None:
+    """Add the ``calibrate`` subcommand."""
+    p = subparsers.add_parser(
+        "calibrate",
+        help="calibrate a .keras model on .npy/.npz inputs and write an AMCT record",
+        description="Run the model on calibration inputs with statistics gathered in its graph "
+        "and write an AMCT record (plus <record>.calib.json with each layer's input/output "
+        "ranges). Options mirror AMCT's create_quant_config; --config reads AMCT's own simple "
+        "config file, explicit options override it.",
+    )
+    p.add_argument("model", help="Keras model file (.keras or .h5)")
+    p.add_argument("--data", required=True, help="inputs: .npy array or .npz (one array per input)")
+    p.add_argument("-o", "--output", required=True, help="record file to write (atomically)")
+    p.add_argument("--batch-size", type=int, default=32, help="samples per batch (default 32)")
+    p.add_argument("--batch-num", type=int, help="batches to calibrate on (default: all)")
+    p.add_argument("--config", help="AMCT simple config file (protobuf text)")
+    p.add_argument("--algorithm", choices=ALGORITHMS, help="activation algorithm (default ifmr)")
+    p.add_argument("--num-of-bins", type=int, help="hfmg histogram bins (1024/2048/4096/8192)")
+    p.add_argument(
+        "--activation-offset",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="asymmetric activations (AMCT default: on)",
+    )
+    p.add_argument(
+        "--channel-wise",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="per-channel weight scales (default: on)",
+    )
+    p.add_argument("--act-type", choices=("INT8", "INT16"), help="activation type (default INT8)")
+    p.add_argument("--skip-layers", default="", help="comma-separated layer names not to quantize")
+    p.add_argument(
+        "--skip-fusion-layers",
+        default="",
+        help="comma-separated layers whose BatchNormalization is not folded",
+    )
+    p.add_argument("--migration-strength", type=float, help="enable DMQ with this strength")
+    p.add_argument("--joint-quant", action="store_true", default=None, help="write shift_bit")
+    p.add_argument("--flavor", choices=("inner", "tf"), default="inner", help="record flavor")
+    p.add_argument(
+        "--keys",
+        choices=("keras", "tf_op"),
+        default="keras",
+        help="record keys: Keras layer names or TF op names of the frozen graph",
+    )
+    p.add_argument("--frozen-graph", help="also write the matching frozen GraphDef (.pb)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load model and data, calibrate, report what was written."""
+    from amct_bridge.keras import calibrate
+    from amct_bridge.records.calibration import load_stats, sidecar_path
+
+    model = _load_model(args.model)
+    data = _load_data(args.data, model)
+    options = {
+        "config": args.config,
+        "algorithm": args.algorithm,
+        "algorithm_options": {"num_of_bins": args.num_of_bins} if args.num_of_bins else None,
+        "batch_num": args.batch_num,
+        "activation_offset": args.activation_offset,
+        "channel_wise": args.channel_wise,
+        "act_type": args.act_type,
+        "skip_layers": _names(args.skip_layers),
+        "skip_fusion_layers": _names(args.skip_fusion_layers),
+        "migration_strength": args.migration_strength,
+        "joint_quant": args.joint_quant,
+        "flavor": args.flavor,
+        "keys": args.keys,
+        "frozen_graph_path": args.frozen_graph,
+    }
+    record = calibrate(
+        model,
+        data,
+        args.output,
+        batch_size=args.batch_size,
+        verbose=0 if args.quiet else 1,
+        **options,
+    )
+    stats = load_stats(sidecar_path(args.output))
+    print(
+        f"wrote {args.output} ({args.flavor!r}, {len(record.layers)} layers, "
+        f"{stats.algorithm}, {stats.batches} batches) and {sidecar_path(args.output)}"
+        + (f" and {args.frozen_graph}" if args.frozen_graph else "")
+    )
+    return 0
+
+
+def _names(text: str) -> list[str] | None:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    return names or None
+
+
+def _load_model(path: str):
+    import keras
+
+    if not Path(path).is_file():
+        raise CalibrationError(f"{path}: model file not found")
+    try:
+        return keras.models.load_model(path, compile=False)
+    except Exception as err:  # Keras raises many types for a bad file; name the file
+        raise CalibrationError(f"{path}: cannot load Keras model: {err}") from None
+
+
+def _load_data(path: str, model):
+    import numpy as np
+
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as err:
+        raise CalibrationError(f"{path}: cannot read calibration data (.npy/.npz): {err}") from None
+    names = [t.name for t in model.inputs]
+    if isinstance(loaded, np.ndarray):
+        arrays = [loaded]
+    elif len(loaded.files) == 1:
+        arrays = [loaded[loaded.files[0]]]
+    else:
+        missing = [n for n in names if n not in loaded.files]
+        if missing:
+            raise CalibrationError(
+                f"{path}: has arrays {loaded.files}; expected one array per model input "
+                f"named {names} (missing {missing})"
+            )
+        arrays = [loaded[n] for n in names]
+    if len(arrays) != len(names):
+        raise CalibrationError(f"{path}: 1 array for a model with {len(names)} inputs {names}")
+    for array, tensor in zip(arrays, model.inputs, strict=True):
+        expected = tuple(tensor.shape[1:])
+        if array.ndim != len(expected) + 1 or any(
+            e is not None and e != a for e, a in zip(expected, array.shape[1:], strict=True)
+        ):
+            raise CalibrationError(
+                f"{path}: array of shape {array.shape} does not fit model input "
+                f"{tensor.name!r} of shape (N, {', '.join(map(str, expected))})"
+            )
+    return arrays[0] if len(arrays) == 1 else arrays
