@@ -9,7 +9,9 @@ output_exponent of a chain (range of the chain's last layer, after the fused act
      reading it (the same tensor: e.g. a skipped ReLU6 after a folded BN);
   2. sidecar ``input`` range of the next exported layer, when the chain output reaches it only
      through exponent-keeping layers (MaxPool, Reshape, Flatten, ReLU...);
-  3. the record's ``scale_d``/``offset_d`` of that next layer (the range AMCT quantizes it to).
+  3. the record's ``scale_d``/``offset_d`` of that next layer (the range AMCT quantizes it to);
+  4. for a chain ending in a folded BN: a bound from the conv's own output range pushed through
+     the BN per channel (with a warning: coarser than a calibrated range).
 input_exponent of a chain:
   1. the output exponent of the exported chain feeding it (through exponent-keeping layers):
      the runtime has exactly that tensor, so anything else would mis-scale the bias;
@@ -24,10 +26,13 @@ Example:
 
 from __future__ import annotations
 
+import numpy as np
+
 from amct_bridge.errors import ExportError, QuantError
 from amct_bridge.espdl.plan import Chain, consumers_map
 from amct_bridge.espdl.source import WEIGHT_OPS, SourceLayer
 from amct_bridge.quant.espdl import range_to_exponent, scale_offset_to_exponent
+from amct_bridge.quant.fold import fold_batchnorm
 from amct_bridge.records.calibration import CalibrationStats
 from amct_bridge.records.model import Record
 
@@ -63,6 +68,7 @@ class ExponentFinder:
         self.stats = stats
         self.bits = bits
         self.chain_outputs: dict[str, int] = {}
+        self.warnings: list[str] = []
 
     def range_exponent(self, name: str, side: str) -> Found | None:
         """Exponent from the sidecar's ``side`` ("input"/"output") range of layer ``name``."""
@@ -128,12 +134,56 @@ class ExponentFinder:
                     return found
         return None
 
+    def _bn_bound(self, chain: Chain) -> Found | None:
+        """Bound of a chain ending in a folded BN from the conv's own output range.
+
+        Each channel of the BN output is ``s_c * x + t_c`` with x in the conv's range, so the
+        union over channels bounds it (coarser than a calibrated BN range, never saturating).
+        """
+        if chain.bn is None or chain.last != chain.bn.name:
+            return None
+        found = self.range_exponent(chain.head.name, "output")
+        if found is None or found[2] is None:
+            return None
+        lo, hi = found[2]
+        channels = chain.head.out_channels or 1
+        ones = np.ones((1, 1, 1, channels))
+        w = chain.bn.weights
+        try:
+            scale, shift = fold_batchnorm(
+                ones,
+                None,
+                w.get("gamma"),
+                w.get("beta"),
+                w["mean"],
+                w["variance"],
+                float(chain.bn.attrs.get("epsilon", 1e-3)),
+                "HWIO",
+                name=chain.bn.name,
+            )
+        except (KeyError, QuantError):
+            return None  # the coefficients step reports the bad BN precisely
+        ends = np.stack([scale.ravel() * lo + shift, scale.ravel() * hi + shift])
+        bound = (float(ends.min()), float(ends.max()))
+        exp = range_to_exponent(bound[0], bound[1], self.bits)
+        self.warnings.append(
+            f"layer {chain.head.name!r}: no calibrated range for {chain.last!r}; output_exponent "
+            f"{exp} bounds it from the output range of {chain.head.name!r} through the BN (may be "
+            "coarser than needed: calibrate with BatchNormalization outputs in the sidecar)"
+        )
+        source = (
+            f"bound from the sidecar output range of {chain.head.name!r} through {chain.last!r}"
+        )
+        return exp, source, bound
+
     def output_exponent(self, chain: Chain) -> Found:
         """The chain's output exponent and where it came from; ExportError if none."""
         found = self.range_exponent(chain.last, "output") or self._reader_input(chain.last)
         nxt = self._next_weight_layer(chain.last)
         if found is None and nxt is not None:
             found = self.range_exponent(nxt.name, "input") or self.record_exponent(nxt.name)
+        if found is None:
+            found = self._bn_bound(chain)
         if found is None:
             hint = f" nor an input range / scale_d for its reader {nxt.name!r}" if nxt else ""
             raise ExportError(

@@ -151,6 +151,7 @@ def _export_chain(
     target: str,
 ) -> ExportedLayer:
     coef = chain_coefficients(chain)
+    finder.warnings.clear()
     axis = spec.OPERATIONS[WEIGHT_OPS[chain.head.op]].channel_axis
     record = finder.record
     factors = record.layers.get(chain.head.name) if record else None
@@ -188,7 +189,7 @@ def _export_chain(
         preview,
         sources,
         out_range,
-        [warning] if warning else [],
+        ([warning] if warning else []) + finder.warnings,
         constructor(c_name, entry["operation"], entry, feature_type, per_channel, chain.head.attrs),
     )
 

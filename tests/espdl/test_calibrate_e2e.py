@@ -63,3 +63,31 @@ def test_calibrate_then_export(tmp_path):
     assert config["pw"]["input_exponent"] == ref_exponent(acts["pw"][0])  # the ReLU6 output
     assert res.warnings == []  # the record's scale_w match the folded weights we export
     assert set(load(record).layers) <= {layer.name for layer in model.layers}
+
+
+def test_calibrate_then_export_mobilenet_v2(mobilenet, tmp_path):
+    model, data, acts, _ = mobilenet
+    record = tmp_path / "record.txt"
+    calibrate(model, data, record, algorithm="minmax", batch_size=2)
+    res = export(record, model, tmp_path / "espdl", skip_unsupported=True, target="esp32s3")
+    assert len(res.layers) == 53 and len(res.skipped) == 35
+    readers: dict[str, list] = {}
+    for layer in model.layers[1:]:
+        for t in layer.input if isinstance(layer.input, list) else [layer.input]:
+            readers.setdefault(t._keras_history.operation.name, []).append(layer)
+    only_add = sorted(
+        name
+        for name, users in readers.items()
+        if all(isinstance(u, keras.layers.Add) for u in users)
+    )
+    bounded = [x for x in res.layers if x.sources["output_exponent"].startswith("bound")]
+    # only BNs read by nothing but an Add lack a calibrated range (the sidecar has no BN entries)
+    assert sorted(x.fused[-1] for x in bounded) == only_add
+    assert len(only_add) == 10
+    assert len(res.warnings) == len(bounded)
+    for x in res.layers:
+        last = x.fused[-1]
+        if x in bounded:  # a bound: never below the true range
+            assert x.entry["output_exponent"] >= ref_exponent(acts[last][1])
+        else:
+            assert x.entry["output_exponent"] == ref_exponent(acts[last][1]), x.name

@@ -364,3 +364,21 @@ def test_output_range_from_the_reader_of_an_unfused_layer():
     assert res.layers[0].fused == ["c", "b"]
     assert res.layers[0].entry["output_exponent"] == ref_exponent(-3.0, 40.0)
     assert res.layers[0].sources["output_exponent"] == "sidecar input range of 'r6'"
+
+
+def test_bn_end_without_range_is_bounded_through_the_bn_with_a_warning():
+    layers = [
+        SourceLayer("in", "input"),
+        conv("c", ["in"]),
+        bn("b", ["c"]),
+        SourceLayer("add", "runtime", ["b", "in"], "Add", attrs={"keeps_exponent": False}),
+    ]
+    st = stats_for(c=((0, 1), (-2.0, 3.0)))
+    res = export_layers(layers, None, stats=st)
+    g = {k: v.astype(np.float64) for k, v in layers[2].weights.items()}
+    s = g["gamma"] / np.sqrt(g["variance"] + 1e-3)
+    t = g["beta"] - g["mean"] * s
+    ends = np.concatenate([s * -2.0 + t, s * 3.0 + t])
+    assert res.layers[0].entry["output_exponent"] == ref_exponent(ends.min(), ends.max())
+    assert res.layers[0].sources["output_exponent"].startswith("bound from the sidecar output")
+    assert len(res.warnings) == 1 and "no calibrated range for 'b'" in res.warnings[0]

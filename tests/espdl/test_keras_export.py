@@ -261,19 +261,8 @@ def test_source_layers_translation_table():
     assert layers["c"].weights["kernel"].shape == (3, 3, 3, 4)
 
 
-@pytest.fixture(scope="module")
-def mobilenet():
-    keras.utils.set_random_seed(0)
-    model = keras.applications.MobileNetV2(
-        input_shape=(96, 96, 3), alpha=0.35, weights=None, classes=10, classifier_activation=None
-    )
-    data = np.random.default_rng(0).uniform(-1, 1, (2, 96, 96, 3)).astype("float32")
-    acts = layer_activations(model, data)
-    return model, acts, sidecar_from(acts)
-
-
 def test_mobilenet_v2_relu6_refused_listing_each(mobilenet):
-    model, _, stats = mobilenet
+    model, _, _, stats = mobilenet
     relu6 = [
         layer.name
         for layer in model.layers
@@ -288,7 +277,7 @@ def test_mobilenet_v2_relu6_refused_listing_each(mobilenet):
 
 
 def test_mobilenet_v2_skip_unsupported_exports_every_conv(mobilenet, tmp_path):
-    model, acts, stats = mobilenet
+    model, _, acts, stats = mobilenet
     res = export(
         None, model, tmp_path / "mnv2", stats=stats, skip_unsupported=True, target="esp32s3"
     )
