@@ -12,7 +12,7 @@ Shared by :mod:`amct_bridge.keras.simulate` (fixed factors from a record) and
 range bounds (when they are trainable) receive LSQ-style gradients through ``scale``.
 
 The table :data:`LAYER_SPECS` says, per Keras layer class, which kernels are quantized, in which
-layout (the layout names of :func:`amct_bridge.quant.arq.arq_factors`) and how the layer's linear
+layout (:mod:`amct_bridge.quant.layouts`) and how the layer's linear
 op is recomputed from (input, kernels) so kernels can be swapped for fake-quantized ones.
 
 Example:
@@ -33,6 +33,17 @@ from keras import ops
 
 from amct_bridge.errors import QuantError
 from amct_bridge.quant.factors import FLT_EPSILON, quant_limits
+from amct_bridge.quant.layouts import LAYOUTS
+
+
+def divide_exact(a, b):
+    """``a / b`` rounded to float32 as a true division would be (as AMCT and numpy compute it).
+
+    TF graphs and XLA turn a division by a constant into a multiplication by its reciprocal,
+    which is off by one float32 ulp in most cases and would move scales off the record's
+    values; in float64 that error vanishes when the result is rounded to float32.
+    """
+    return ops.cast(ops.cast(a, "float64") / ops.cast(b, "float64"), "float32")
 
 
 def round_half_away(x):
@@ -78,43 +89,40 @@ def fake_quant_range(x, lo, hi, bits: int, *, symmetric: bool = False):
     lo = ops.minimum(lo, 0.0)
     hi = ops.maximum(hi, 0.0)
     if symmetric:
-        scale = ops.where(hi > -lo, hi / qmax, -lo / -qmin)
+        scale = ops.where(hi > -lo, divide_exact(hi, qmax), divide_exact(-lo, -qmin))
         scale = ops.where(scale < FLT_EPSILON, 1.0, scale)
         return fake_quant(x, scale, 0.0, bits)
-    scale = (hi - lo) / (qmax - qmin)
+    scale = divide_exact(hi - lo, qmax - qmin)
     scale = ops.where(scale < FLT_EPSILON, 1.0, scale)
     offset = qmin - round_ste(lo / scale)
     return fake_quant(x, scale, offset, bits)
 
 
 def channel_axes(layout: str, rank: int) -> tuple[int, ...]:
-    """Axes of a kernel that index its output channels ("per channel" ARQ) for ``layout``.
-
-    HWIO (Conv2D, separable pointwise): axis 3; HWCM (depthwise): axes 2 and 3 (C*M channels);
-    HWOI (Conv2DTranspose): axis 2; IO (Dense): axis 1.
+    """Axes of a kernel that index its output channels (:data:`amct_bridge.quant.layouts.LAYOUTS`).
 
     Example:
         >>> channel_axes("HWCM", 4)
         (2, 3)
     """
-    axes = {"HWIO": (3,), "HWCM": (2, 3), "HWOI": (2,), "IO": (1,)}[layout]
-    if max(axes) >= rank:
+    spec = LAYOUTS.get(layout)
+    if spec is None or spec.ndim != rank:
         raise QuantError(f"kernel of rank {rank} does not match layout {layout}")
-    return axes
+    return spec.out_axis
 
 
-def arq_fake_quant(kernel, layout: str, bits: int, *, channel_wise: bool):
-    """Fake-quantize a kernel with ARQ factors computed from it (symmetric, offset 0).
+def arq_scale(kernel, layout: str, bits: int, *, channel_wise: bool):
+    """ARQ weight scale of ``kernel`` (symmetric, offset 0), shaped to broadcast against it.
 
     ``scale = max(|max|, |min|) / (2^(b-1) - 1)``, the divisor being 2^(b-1) when |min| >= |max|;
     a scale below FLT_EPSILON becomes 1.0. Per output channel when ``channel_wise``, else one
-    scalar. The scale is a constant for the gradient (STE on the kernel).
+    scalar. Flattened (C-order), the per-channel scales are in AMCT's channel order (c*M + m for
+    a depthwise kernel).
 
     Example:
         >>> import numpy as np
-        >>> k = np.float32([[1.0, -0.3], [0.5, 0.2]])
-        >>> np.asarray(arq_fake_quant(k, "IO", 4, channel_wise=False)).round(3).tolist()
-        [[1.0, -0.286], [0.571, 0.143]]
+        >>> np.asarray(arq_scale(np.float32([[1.0, -2.0]]), "IO", 8, channel_wise=False)).tolist()
+        [[0.015625]]
     """
     qmin, qmax = quant_limits(bits)
     rank = len(kernel.shape)
@@ -123,8 +131,22 @@ def arq_fake_quant(kernel, layout: str, bits: int, *, channel_wise: bool):
     kmax = ops.max(kernel, axis=reduce_axes, keepdims=True)
     kmin = ops.min(kernel, axis=reduce_axes, keepdims=True)
     divisor = ops.where(-kmin >= kmax, float(-qmin), float(qmax))
-    scale = ops.maximum(kmax, -kmin) / divisor
-    scale = ops.stop_gradient(ops.where(scale < FLT_EPSILON, 1.0, scale))
+    scale = divide_exact(ops.maximum(kmax, -kmin), divisor)
+    return ops.where(scale < FLT_EPSILON, 1.0, scale)
+
+
+def arq_fake_quant(kernel, layout: str, bits: int, *, channel_wise: bool):
+    """Fake-quantize a kernel with the ARQ scales of :func:`arq_scale` (STE on the kernel).
+
+    The scale is a constant for the gradient: only the kernel trains.
+
+    Example:
+        >>> import numpy as np
+        >>> k = np.float32([[1.0, -0.3], [0.5, 0.2]])
+        >>> np.asarray(arq_fake_quant(k, "IO", 4, channel_wise=False)).round(3).tolist()
+        [[1.0, -0.286], [0.571, 0.143]]
+    """
+    scale = ops.stop_gradient(arq_scale(kernel, layout, bits, channel_wise=channel_wise))
     return fake_quant(kernel, scale, 0.0, bits)
 
 

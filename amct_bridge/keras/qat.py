@@ -48,20 +48,19 @@ from amct_bridge.keras.fake_quant import (
     SEPARABLE_PARTS,
     arq_fake_quant,
     arq_scale,
-    channel_view,
     fake_quant_range,
     finish,
     layer_spec,
 )
 from amct_bridge.keras.rewrite import (
     batchnorm_after,
-    bn_scale,
     clone_with,
     copy_weights,
     plain_copy,
     quantizable_layers,
 )
 from amct_bridge.quant.factors import activation_factors, bits_of
+from amct_bridge.quant.fold import fold_batchnorm
 from amct_bridge.records.model import LayerFactors, Record
 
 RANGE_MODES = ("ema", "learned")
@@ -318,7 +317,7 @@ def quantize_aware(
     clone, pairs = clone_with(model, make_layer)
     for key, (orig, new) in pairs.items():
         if isinstance(new, QATQuant) and key in bns and fold_batchnorm:
-            _fold_into(orig, new.layer, bns[key])
+            _fold_into(orig, new.layer, bns[key], key)
         elif isinstance(new, QATQuant):
             copy_weights(orig, new.layer)
         elif orig.weights and id(orig) not in folded:
@@ -326,21 +325,25 @@ def quantize_aware(
     return clone
 
 
-def _fold_into(src: keras.layers.Layer, dst: keras.layers.Layer, bn) -> None:
+def _fold_into(src: keras.layers.Layer, dst: keras.layers.Layer, bn, key: str) -> None:
     """Set ``dst`` (src's class, with a bias) to ``src`` followed by the inference-mode ``bn``."""
     spec = layer_spec(src)
-    k = bn_scale(bn)
-    mean = np.asarray(bn.moving_mean, np.float64)
-    beta = np.asarray(bn.beta, np.float64) if bn.center else np.zeros_like(mean)
-    for attr, layout in spec.kernels:
-        w = np.asarray(getattr(src, attr), np.float64)
-        if attr == spec.kernels[-1][0]:  # BN scales the output channels of the last kernel
-            view, axis = channel_view(w, layout)
-            view = view * k.reshape([-1 if a == axis else 1 for a in range(view.ndim)])
-            w = view.reshape(w.shape)
-        getattr(dst, attr).assign(w.astype("float32"))
-    bias = np.asarray(src.bias, np.float64) if getattr(src, "bias", None) is not None else 0.0
-    dst.bias.assign(((bias - mean) * k + beta).astype("float32"))
+    for attr, _ in spec.kernels[:-1]:  # a separable conv's depthwise kernel is not scaled
+        getattr(dst, attr).assign(getattr(src, attr))
+    attr, layout = spec.kernels[-1]
+    kernel, bias = fold_batchnorm(
+        np.asarray(getattr(src, attr)),
+        None if getattr(src, "bias", None) is None else np.asarray(src.bias),
+        np.asarray(bn.gamma) if bn.scale else None,
+        np.asarray(bn.beta) if bn.center else None,
+        np.asarray(bn.moving_mean),
+        np.asarray(bn.moving_variance),
+        bn.epsilon,
+        layout,
+        name=key,
+    )
+    getattr(dst, attr).assign(kernel)
+    dst.bias.assign(bias)
 
 
 def _qat_layers(model: keras.Model, prefix: str = "") -> dict[str, QATQuant]:

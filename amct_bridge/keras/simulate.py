@@ -51,7 +51,9 @@ from amct_bridge.keras.rewrite import (
     plain_copy,
     quantizable_layers,
 )
-from amct_bridge.quant.factors import bits_of, fake_quantize, quant_limits
+from amct_bridge.quant.arq import fake_quantize_weights
+from amct_bridge.quant.factors import bits_of, quant_limits
+from amct_bridge.quant.layouts import out_channel_shape
 from amct_bridge.records.model import LayerFactors, Record
 
 
@@ -76,13 +78,31 @@ class SimulatedQuant(keras.layers.Wrapper):
         self.input_quant = None if input_quant is None else list(input_quant)
         self.mid_quant = None if mid_quant is None else list(mid_quant)
 
+    def build(self, input_shape=None):
+        super().build(input_shape)
+        # The factors are variables, not constants: Grappler would rewrite a division by a
+        # constant as a multiplication by its reciprocal, which rounds differently from AMCT.
+        self._factors = {}
+        for name, quant in (("input", self.input_quant), ("mid", self.mid_quant)):
+            if quant is not None:
+                self._factors[name] = [
+                    self.add_weight(
+                        name=f"{name}_{what}",
+                        shape=(),
+                        initializer=keras.initializers.Constant(value),
+                        trainable=False,
+                    )
+                    for what, value in (("scale", quant[0]), ("offset", quant[1]))
+                ] + [int(quant[2])]
+
     def call(self, inputs):
-        x = inputs if self.input_quant is None else _fq(inputs, self.input_quant)
+        x = inputs if self.input_quant is None else fake_quant(inputs, *self._factors["input"])
         if self.mid_quant is None:
             return self.layer(x)
         spec = layer_spec(self.layer)
         kernels = {attr: getattr(self.layer, attr) for attr, _ in spec.kernels}
-        return finish(self.layer, spec.op(self.layer, x, kernels, lambda y: _fq(y, self.mid_quant)))
+        mid = lambda y: fake_quant(y, *self._factors["mid"])  # noqa: E731
+        return finish(self.layer, spec.op(self.layer, x, kernels, mid))
 
     def compute_output_shape(self, input_shape):
         return self.layer.compute_output_shape(input_shape)
@@ -93,11 +113,6 @@ class SimulatedQuant(keras.layers.Wrapper):
             "input_quant": self.input_quant,
             "mid_quant": self.mid_quant,
         }
-
-
-def _fq(x, quant):
-    scale, offset, bits = quant
-    return fake_quant(x, np.float32(scale), np.float32(offset), int(bits))
 
 
 def simulate(model: keras.Model, record: Record | str | os.PathLike) -> keras.Model:
@@ -143,7 +158,7 @@ def simulate(model: keras.Model, record: Record | str | os.PathLike) -> keras.Mo
         inner = new.layer if isinstance(new, SimulatedQuant) else new
         copy_weights(orig, inner)
         if key in parts:
-            _quantize_kernels(inner, parts[key], fused.get(key))
+            _quantize_kernels(inner, parts[key], fused.get(key), key)
     return clone
 
 
@@ -226,19 +241,12 @@ def _input_quant(f: LayerFactors, key: str) -> list | None:
     return [float(np.float32(f.scale_d)), int(f.offset_d), _bits(f, "act_type")]
 
 
-def _channel_view(kernel: np.ndarray, layout: str) -> tuple[np.ndarray, int]:
-    """``kernel`` reshaped so its output channels lie on one axis, and that axis."""
-    if layout == "HWCM":  # depthwise: channel c*M + m
-        return kernel.reshape(kernel.shape[:2] + (-1,)), 2
-    return kernel, {"HWIO": 3, "HWOI": 2, "IO": 1}[layout]
-
-
 def _out_channels(kernel_shape, spec, attr) -> int:
-    view, axis = _channel_view(np.empty(tuple(kernel_shape)), dict(spec.kernels)[attr])
-    return view.shape[axis]
+    layout = dict(spec.kernels)[attr]
+    return int(np.prod(out_channel_shape(np.empty(tuple(kernel_shape)), layout)))
 
 
-def _quantize_kernels(layer, parts: dict, bn) -> None:
+def _quantize_kernels(layer, parts: dict, bn, key: str) -> None:
     """Replace each kernel of ``layer`` named in ``parts`` by its dequantized integer values."""
     spec = layer_spec(layer)
     for attr, layout in spec.kernels:
@@ -246,14 +254,15 @@ def _quantize_kernels(layer, parts: dict, bn) -> None:
         if f is None or not f.scale_w:
             continue
         var = getattr(layer, attr)
-        w, axis = _channel_view(np.asarray(var, dtype=np.float64), layout)
+        w = np.asarray(var, dtype=np.float32)
+        shape = out_channel_shape(w, layout, key)
         # BN folds into the last kernel only (the pointwise one of a separable conv).
         fold = bn is not None and not f.skip_fusion and attr == spec.kernels[-1][0]
-        k = bn_scale(bn) if fold else np.ones(w.shape[axis])
-        k = k.reshape([-1 if a == axis else 1 for a in range(w.ndim)])
-        offset = f.offset_w or [0] * len(f.scale_w)
-        wq = fake_quantize(w * k, f.scale_w, offset, _bits(f, "wts_type"), axis=axis)
+        k = bn_scale(bn).reshape(shape) if fold else np.ones(shape)
+        wq = fake_quantize_weights(
+            w * k, layout, f.scale_w, num_bits=_bits(f, "wts_type"), name=key
+        )
         # Divide the BN factor back out: the kept BN multiplies it in again. A zero factor
         # makes the kernel irrelevant, so keep the float one there.
         wq = np.where(k == 0, w, wq / np.where(k == 0, 1.0, k))
-        var.assign(wq.reshape(var.shape).astype(var.dtype))
+        var.assign(wq.astype(var.dtype))

@@ -298,3 +298,20 @@ def test_nested_separable_and_transpose(data):
     up.set_weights([fq_weights(tk, tks, 2), tb])
     want = up(np_fq(sep_q.astype("float32"), f["block/up"].scale_d, f["block/up"].offset_d, 8))
     np.testing.assert_allclose(got, np.asarray(want), rtol=1e-4, atol=1e-5)
+
+
+def test_rounding_at_exact_half_steps_is_amct_rounding():
+    """x / scale landing exactly on k + 0.5 rounds away from zero, with a true division."""
+    scale = np.float32(0.1)
+    ks = np.arange(-40, 40, dtype=np.float32) + np.float32(0.5)
+    x = ks * scale
+    x = x[(x / scale) == ks][:16]  # keep values whose float32 quotient is exactly k + 0.5
+    assert len(x) == 16
+    model = keras.Sequential(
+        [keras.Input((16,)), keras.layers.Dense(16, use_bias=False, name="fc")]
+    )
+    model.set_weights([np.eye(16, dtype="float32")])
+    rec = Record({"fc": LayerFactors(scale_d=0.1, offset_d=0, scale_w=[1 / 64], offset_w=[0])})
+    got = simulate(model, rec).predict(x[None], verbose=0)[0]
+    np.testing.assert_array_equal(got, np_fq(x, 0.1, 0, 8))
+    assert np.all(np.abs(got) > np.abs(x))  # away from zero, never to even

@@ -1,0 +1,275 @@
+"""Quantization-aware training: fake-quant forward, STE gradients, ranges, the QAT record."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+
+from amct_bridge.errors import QuantError
+from amct_bridge.keras.qat import (
+    FoldedBatchNorm,
+    QATQuant,
+    qat_record,
+    quantize_aware,
+    save_qat_record,
+    strip_qat,
+)
+from amct_bridge.keras.simulate import simulate
+from amct_bridge.records import LayerFactors, Record, load, validate
+
+
+def np_fq(x, scale, offset, bits):
+    """Quantize -> dequantize in float32, C rounding."""
+    v = np.asarray(x, np.float32) / np.float32(scale)
+    q = np.clip(
+        np.sign(v) * np.floor(np.abs(v) + 0.5) + offset, -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+    )
+    return ((q - offset) * np.float32(scale)).astype(np.float32)
+
+
+def np_range_factors(lo, hi, bits):
+    """AMCT asymmetric factors of [lo, hi], by hand."""
+    lo, hi = np.float32(min(lo, 0.0)), np.float32(max(hi, 0.0))
+    scale = np.float32((hi - lo) / np.float32(2**bits - 1))
+    v = lo / scale
+    return float(scale), int(-(2 ** (bits - 1)) - np.sign(v) * np.floor(abs(v) + 0.5))
+
+
+def np_arq_per_tensor(w, bits):
+    mx, mn = w.max(), w.min()
+    return np.float32(max(mx, -mn) / (2 ** (bits - 1) if -mn >= mx else 2 ** (bits - 1) - 1))
+
+
+def dense_model(seed=0, units=3):
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(units, name="fc")], name="m")
+    rng = np.random.default_rng(seed)
+    model.set_weights([rng.normal(0, 1, (5, units)).astype("float32"), np.float32([0.1] * units)])
+    return model
+
+
+def test_ema_range_follows_batches_and_forward_matches_numpy():
+    model = dense_model()
+    qat = quantize_aware(model, "INT4", ema_decay=0.9)
+    qat.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")  # lr 0: ranges move, weights not
+    rng = np.random.default_rng(1)
+    batches = [rng.normal(0, s, (16, 5)).astype("float32") for s in (1.0, 2.0, 0.5)]
+    lo, hi = float(batches[0].min()), float(batches[0].max())
+    for i, xb in enumerate(batches):
+        qat.train_on_batch(xb, np.zeros((16, 3), "float32"))
+        if i:
+            lo, hi = 0.9 * lo + 0.1 * float(xb.min()), 0.9 * hi + 0.1 * float(xb.max())
+    layer = qat.get_layer("fc")
+    np.testing.assert_allclose(layer.ranges["input"][0].numpy(), lo, rtol=1e-5)
+    np.testing.assert_allclose(layer.ranges["input"][1].numpy(), hi, rtol=1e-5)
+
+    x = rng.normal(0, 1.5, (7, 5)).astype("float32")
+    kernel, bias = model.get_weights()
+    scale_d, offset_d = np_range_factors(
+        layer.ranges["input"][0].numpy(), layer.ranges["input"][1].numpy(), 4
+    )
+    want = np_fq(x, scale_d, offset_d, 4) @ np_fq(kernel, np_arq_per_tensor(kernel, 4), 0, 4) + bias
+    np.testing.assert_allclose(qat.predict(x, verbose=0), want, rtol=1e-5, atol=1e-5)
+
+    rec = qat_record(qat)
+    f = rec.layers["fc"]
+    assert (f.dst_type, f.offset_d, f.offset_w) == ("INT4", offset_d, [0])
+    np.testing.assert_allclose(
+        [f.scale_d, *f.scale_w], [scale_d, np_arq_per_tensor(kernel, 4)], rtol=1e-6
+    )
+    assert validate(rec) == []
+
+
+def test_straight_through_gradients():
+    model = dense_model(units=1)
+    qat = quantize_aware(model, "INT8")
+    x_fit = np.float32([[-1, 0, 1, 0.5, 0.2]])
+    qat.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
+    qat.train_on_batch(x_fit, np.zeros((1, 1), "float32"))  # range becomes [-1, 1]
+    x = tf.constant([[-3.0, 0.25, 0.5, 2.0, 0.0]])  # -3 and 2 lie outside the clip range
+    layer = qat.get_layer("fc")
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = tf.reduce_sum(qat(x, training=False))
+    gx, gk = tape.gradient(y, [x, layer.layer.kernel])
+    kernel = model.get_weights()[0]
+    kq = np_fq(kernel, np_arq_per_tensor(kernel, 8), 0, 8)
+    inside = np.float32([0, 1, 1, 0, 1])
+    np.testing.assert_allclose(gx.numpy()[0], kq[:, 0] * inside, rtol=1e-6)  # STE, clipped -> 0
+    xq = np_fq(x.numpy(), *np_range_factors(-1.0, 1.0, 8), 8)
+    np.testing.assert_allclose(gk.numpy()[:, 0], xq[0], rtol=1e-6)  # d/dW = quantized input
+
+
+def test_learned_ranges_are_trained():
+    model = dense_model()
+    qat = quantize_aware(model, "INT4", activation_range="learned")
+    layer = qat.get_layer("fc")
+    lo_var, hi_var, _ = layer.ranges["input"]
+    assert any(v is lo_var for v in qat.trainable_weights)
+    qat.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    rng = np.random.default_rng(2)
+    x = rng.normal(0, 1, (64, 5)).astype("float32")
+    qat.fit(x, x[:, :3] * 3, epochs=3, batch_size=16, verbose=0)
+    # learned: initialised from the first batch, then moved by gradients (not by later batches)
+    first = x[:16]
+    assert abs(hi_var.numpy() - first.max()) > 1e-4 or abs(lo_var.numpy() - first.min()) > 1e-4
+    assert np.isfinite(qat_record(qat).layers["fc"].scale_d)
+
+
+@pytest.fixture(scope="module")
+def conv_bn():
+    x = keras.Input((6, 6, 2))
+    y = keras.layers.Conv2D(4, 3, use_bias=False, name="conv")(x)
+    y = keras.layers.BatchNormalization(name="bn")(y)
+    y = keras.layers.ReLU(name="relu")(y)
+    y = keras.layers.Dense(3, name="fc")(keras.layers.Flatten(name="flat")(y))
+    model = keras.Model(x, y, name="convbn")
+    rng = np.random.default_rng(3)
+    model.set_weights(
+        [
+            rng.normal(0.5, 0.5, w.shape).astype("float32") + (1 if "var" in w.path else 0)
+            for w in model.weights
+        ]
+    )
+    return model
+
+
+def test_batchnorm_folding_keeps_the_float_function(conv_bn):
+    x = np.random.default_rng(4).uniform(-1, 1, (5, 6, 6, 2)).astype("float32")
+    qat = quantize_aware(conv_bn, "INT8")
+    assert isinstance(qat.get_layer("bn"), FoldedBatchNorm)
+    np.testing.assert_allclose(
+        strip_qat(qat).predict(x, verbose=0), conv_bn.predict(x, verbose=0), rtol=1e-4, atol=1e-5
+    )
+
+
+def test_record_simulates_to_the_qat_model_and_original_is_untouched(conv_bn, tmp_path):
+    rng = np.random.default_rng(5)
+    x, y = (
+        rng.uniform(-1, 1, (32, 6, 6, 2)).astype("float32"),
+        rng.normal(0, 1, (32, 3)).astype("float32"),
+    )
+    before = [w.numpy().copy() for w in conv_bn.weights]
+    qat = quantize_aware(conv_bn, "INT4")
+    qat.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
+    qat.fit(x, y, epochs=2, batch_size=8, verbose=0)
+    rec = save_qat_record(qat, tmp_path / "qat.txt")
+    loaded = load(tmp_path / "qat.txt")
+    assert list(loaded.layers) == ["conv", "fc"]
+    assert all(f.dst_type == "INT4" and -8 <= f.offset_d <= 7 for f in loaded.layers.values())
+    assert len(loaded.layers["conv"].scale_w) == 4 and len(loaded.layers["fc"].scale_w) == 1
+    sim = simulate(strip_qat(qat), rec)
+    np.testing.assert_allclose(
+        sim.predict(x, verbose=0), qat.predict(x, verbose=0), rtol=1e-6, atol=1e-6
+    )
+    for w, b in zip(conv_bn.weights, before, strict=True):
+        np.testing.assert_array_equal(w.numpy(), b)
+
+
+def test_qat_model_saves_and_loads(conv_bn, tmp_path):
+    x = np.random.default_rng(6).uniform(-1, 1, (16, 6, 6, 2)).astype("float32")
+    qat = quantize_aware(conv_bn, "INT8")
+    qat.compile(optimizer="adam", loss="mse")
+    qat.fit(x, np.zeros((16, 3), "float32"), epochs=1, verbose=0)
+    qat.save(tmp_path / "qat.keras")
+    again = keras.models.load_model(tmp_path / "qat.keras")
+    np.testing.assert_allclose(again.predict(x, verbose=0), qat.predict(x, verbose=0), rtol=1e-6)
+
+
+def test_no_folding_marks_skip_fusion(conv_bn):
+    x = np.random.default_rng(7).uniform(-1, 1, (8, 6, 6, 2)).astype("float32")
+    qat = quantize_aware(conv_bn, "INT8", fold_batchnorm=False)
+    assert isinstance(qat.get_layer("bn"), keras.layers.BatchNormalization)
+    qat.compile(optimizer="sgd", loss="mse")
+    qat.fit(x, np.zeros((8, 3), "float32"), verbose=0)
+    rec = qat_record(qat)
+    assert rec.layers["conv"].skip_fusion is True and rec.layers["fc"].skip_fusion is None
+
+
+def test_nested_separable_pooling_transpose_keys():
+    inner = keras.Sequential(
+        [
+            keras.Input((6, 6, 2)),
+            keras.layers.SeparableConv2D(4, 3, padding="same", name="sep"),
+            keras.layers.AveragePooling2D(2, name="pool"),
+            keras.layers.Conv2DTranspose(2, 2, strides=2, name="up"),
+        ],
+        name="block",
+    )
+    x_in = keras.Input((6, 6, 2))
+    model = keras.Model(x_in, keras.layers.Dense(1, name="head")(inner(x_in)))
+    qat = quantize_aware(model, "INT8", skip_layers=["head"])
+    qat.compile(optimizer="adam", loss="mse")
+    x = np.random.default_rng(8).uniform(-1, 1, (16, 6, 6, 2)).astype("float32")
+    qat.fit(x, np.zeros((16, 6, 6, 1), "float32"), epochs=1, verbose=0)
+    rec = qat_record(qat)
+    assert list(rec.layers) == [
+        "block/sep/depthwise",
+        "block/sep/pointwise",
+        "block/pool",
+        "block/up",
+    ]
+    assert len(rec.layers["block/sep/depthwise"].scale_w) == 2  # C*M = 2*1
+    assert rec.layers["block/pool"].scale_w == []
+    sim = simulate(strip_qat(qat), rec)
+    np.testing.assert_allclose(
+        sim.predict(x, verbose=0), qat.predict(x, verbose=0), rtol=1e-6, atol=1e-6
+    )
+
+
+def test_bad_input_is_a_clear_error(conv_bn):
+    with pytest.raises(QuantError, match=r"skip_layers names no quantizable layer.*\['nope'\]"):
+        quantize_aware(conv_bn, skip_layers=["nope"])
+    with pytest.raises(QuantError, match="dst_type must be 'INT8' or 'INT4'"):
+        quantize_aware(conv_bn, "INT2")
+    with pytest.raises(QuantError, match="no quantizable layer"):
+        quantize_aware(conv_bn, skip_layers=["conv", "fc"])
+    with pytest.raises(QuantError, match="'conv'.*never observed"):
+        qat_record(quantize_aware(conv_bn))
+    with pytest.raises(QuantError, match="no QAT layer"):
+        qat_record(conv_bn)
+
+
+# --- the task: INT4 QAT beats INT4 post-training calibration on digits ---------------------------
+def minmax_int4_record(model, x):
+    """Post-training INT4: minmax ranges of each Dense input, per-tensor ARQ (numpy, by hand)."""
+    dense = [layer for layer in model.layers if isinstance(layer, keras.layers.Dense)]
+    acts = keras.Model(model.inputs, [layer.input for layer in dense]).predict(x, verbose=0)
+    rec = Record()
+    for layer, act in zip(dense, acts, strict=True):
+        scale_d, offset_d = np_range_factors(act.min(), act.max(), 4)
+        scale_w = float(np_arq_per_tensor(layer.kernel.numpy(), 4))
+        rec.layers[layer.name] = LayerFactors(scale_d, offset_d, [scale_w], [0], dst_type="INT4")
+    return rec
+
+
+def test_int4_qat_beats_int4_post_training_on_digits():
+    keras.utils.set_random_seed(1)
+    data = load_digits()
+    x = (data.images / 16.0).astype("float32").reshape(-1, 64)
+    x_tr, x_te, y_tr, y_te = train_test_split(
+        x, data.target, test_size=0.25, random_state=1, stratify=data.target
+    )
+    model = keras.Sequential(
+        [
+            keras.Input((64,)),
+            keras.layers.Dense(16, activation="relu", name="fc1"),
+            keras.layers.Dense(10, name="fc2"),
+        ]
+    )
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss=loss)
+    model.fit(x_tr, y_tr, epochs=20, batch_size=32, verbose=0)
+
+    def acc(m):
+        return float(np.mean(m.predict(x_te, verbose=0).argmax(axis=1) == y_te))
+
+    ptq_acc = acc(simulate(model, minmax_int4_record(model, x_tr)))
+    qat = quantize_aware(model, "INT4")
+    qat.compile(optimizer=keras.optimizers.Adam(1e-3), loss=loss)
+    qat.fit(x_tr, y_tr, epochs=6, batch_size=32, verbose=0)
+    qat_acc = acc(simulate(strip_qat(qat), qat_record(qat)))
+    print(f"float {acc(model):.4f}  INT4 PTQ {ptq_acc:.4f}  INT4 QAT {qat_acc:.4f}")
+    assert qat_acc > ptq_acc + 0.005
+    assert isinstance(qat.get_layer("fc1"), QATQuant)
