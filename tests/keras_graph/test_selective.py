@@ -99,3 +99,19 @@ def test_selective_record_round_trips_with_packed_mask():
     for key, node in nodes.items():
         shape = tuple(node.get("mask_shape"))
         np.testing.assert_array_equal(unpack_mask(node.get("selective_mask"), shape), masks[key])
+
+
+def test_callback_update_freq_recomputes_masks_from_current_weights():
+    x = keras.Input((8,))
+    model = keras.Model(x, layers.Dense(4, name="fc")(x))
+    model.compile(keras.optimizers.SGD(0.5), "mse")
+    fixed = {"fc": np.zeros((8, 4), dtype=bool)}
+    fixed["fc"][:2] = fixed["fc"][4:6] = True
+    cb = SelectivePruneCallback(masks=fixed, update_freq=1)
+    data = np.random.default_rng(1).normal(size=(8, 8)).astype("float32")
+    model.fit(data, data[:, :4], epochs=1, batch_size=4, verbose=0, callbacks=[cb])
+    kernel = model.get_layer("fc").kernel.numpy()
+    # the last masks came from the trained weights: they are the 2:4 mask of what survived
+    np.testing.assert_array_equal(cb.masks["fc"], brute_force_mask(kernel, 0))
+    assert cb.masks["fc"].sum() == 16 and not kernel[~cb.masks["fc"]].any()
+    assert cb.masks["fc"] is not fixed["fc"]
