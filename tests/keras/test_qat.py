@@ -17,6 +17,7 @@ from amct_bridge.keras.qat import (
     strip_qat,
 )
 from amct_bridge.keras.simulate import simulate
+from amct_bridge.quant.arq import arq_scales
 from amct_bridge.records import LayerFactors, Record, load, validate
 
 
@@ -159,7 +160,12 @@ def test_record_simulates_to_the_qat_model_and_original_is_untouched(conv_bn, tm
     assert list(loaded.layers) == ["conv", "fc"]
     assert all(f.dst_type == "INT4" and -8 <= f.offset_d <= 7 for f in loaded.layers.values())
     assert len(loaded.layers["conv"].scale_w) == 4 and len(loaded.layers["fc"].scale_w) == 1
-    sim = simulate(strip_qat(qat), rec)
+    stripped = strip_qat(qat)
+    for key, layout in (("conv", "HWIO"), ("fc", "IO")):  # the numpy ARQ of the trained kernels
+        kernel = stripped.get_layer(key).kernel.numpy()
+        want_w = arq_scales(kernel, layout, num_bits=4)
+        np.testing.assert_allclose(loaded.layers[key].scale_w, want_w, rtol=1e-7)
+    sim = simulate(stripped, rec)
     np.testing.assert_allclose(
         sim.predict(x, verbose=0), qat.predict(x, verbose=0), rtol=1e-6, atol=1e-6
     )

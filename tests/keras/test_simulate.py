@@ -315,3 +315,36 @@ def test_rounding_at_exact_half_steps_is_amct_rounding():
     got = simulate(model, rec).predict(x[None], verbose=0)[0]
     np.testing.assert_array_equal(got, np_fq(x, 0.1, 0, 8))
     assert np.all(np.abs(got) > np.abs(x))  # away from zero, never to even
+
+
+def test_calibrated_record_simulates_close_to_float(tmp_path):
+    """A record from calibrate() (keys, BN fusion, separable parts, nested) simulates at INT8."""
+    from amct_bridge.keras.calibrate import calibrate
+
+    inner = keras.Sequential(
+        [
+            keras.Input((8, 8, 4)),
+            keras.layers.SeparableConv2D(6, 3, padding="same", name="sep"),
+            keras.layers.BatchNormalization(name="bn2"),
+            keras.layers.ReLU(name="relu2"),
+        ],
+        name="block",
+    )
+    x = keras.Input((8, 8, 3))
+    y = keras.layers.Conv2D(4, 3, padding="same", name="conv")(x)
+    y = keras.layers.ReLU(name="relu1")(keras.layers.BatchNormalization(name="bn1")(y))
+    y = keras.layers.AveragePooling2D(2, name="pool")(inner(y))
+    model = keras.Model(x, keras.layers.Dense(3, name="fc")(keras.layers.Flatten()(y)))
+    seeded_weights(model, 9)
+    for bn in ("bn1",):
+        layer = model.get_layer(bn)
+        layer.moving_variance.assign(np.abs(layer.moving_variance.numpy()) + 0.5)
+    inner.get_layer("bn2").moving_variance.assign(np.full(6, 1.5, "float32"))
+    data = np.random.default_rng(10).uniform(0, 1, (32, 8, 8, 3)).astype("float32")
+    rec = calibrate(model, data, tmp_path / "r.txt", algorithm="minmax", batch_num=2, batch_size=16)
+    assert {"conv", "block/sep/depthwise", "block/sep/pointwise", "pool", "fc"} <= set(rec.layers)
+    want = model.predict(data, verbose=0)
+    got = simulate(model, rec).predict(data, verbose=0)
+    err = np.abs(got - want).max() / np.abs(want).max()
+    print(f"INT8 simulated vs float: {err:.4f}")
+    assert 0 < err < 0.05, err
