@@ -8,6 +8,7 @@ temp dir and compares with the committed files, so schema and code cannot drift 
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,15 +16,22 @@ PROTO_DIR = Path(__file__).resolve().parent
 OUT_DIR = PROTO_DIR.parent / "amct_bridge" / "records" / "_pb"
 
 
+def run_protoc(args: list[str]) -> None:
+    """Run grpc_tools' protoc (a dev dependency) on proto/ in a child process.
+
+    In-process protoc crashes once TensorFlow's own protobuf/absl copies are loaded.
+    """
+    cmd = [sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTO_DIR}", *args]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"protoc failed ({result.returncode}): {result.stderr.strip()}")
+
+
 def generate(out_dir: Path = OUT_DIR) -> list[Path]:
     """Compile every proto/*.proto into ``out_dir``; return the written files."""
-    from grpc_tools import protoc  # dev dependency: only needed to regenerate
-
     out_dir.mkdir(parents=True, exist_ok=True)
     protos = sorted(str(p.name) for p in PROTO_DIR.glob("*.proto"))
-    code = protoc.main(["protoc", f"-I{PROTO_DIR}", f"--python_out={out_dir}", *protos])
-    if code != 0:
-        raise SystemExit(f"protoc failed with exit code {code}")
+    run_protoc([f"--python_out={out_dir}", *protos])
     written = []
     for name in protos:
         path = out_dir / (name[: -len(".proto")] + "_pb2.py")
