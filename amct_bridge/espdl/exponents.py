@@ -120,7 +120,8 @@ class ExponentFinder:
             if current.name in self.chain_outputs:
                 exp = self.chain_outputs[current.name]
                 return exp, f"output exponent of {current.name!r}", None
-            if not (_keeps_exponent(current) and len(current.inputs) == 1):
+            # Multi-input exponent-keeping layers (Concat) have one exponent on all inputs.
+            if not (_keeps_exponent(current) and current.inputs):
                 return None
             current = self.layers.get(current.inputs[0])
         return None

@@ -38,6 +38,7 @@ from amct_bridge.espdl.exponents import ExponentFinder
 from amct_bridge.espdl.naming import c_identifiers
 from amct_bridge.espdl.plan import Chain, Problem, plan_chains
 from amct_bridge.espdl.preview import LayerPreview, preview_layer
+from amct_bridge.espdl.shared import shared_exponent_groups
 from amct_bridge.espdl.source import WEIGHT_OPS, SourceLayer
 from amct_bridge.espdl.writer import npy_bytes, write_directory
 from amct_bridge.quant.espdl import auto_exponent
@@ -75,11 +76,12 @@ class ExportResult:
     target: str
     layers: list[ExportedLayer]
     skipped: list[Problem]
+    notes: list[str] = field(default_factory=list)
 
     @property
     def warnings(self) -> list[str]:
-        """Warnings of every layer (e.g. record scale_w not matching the weights)."""
-        return [w for layer in self.layers for w in layer.warnings]
+        """Model-wide notes, then every layer's warnings (e.g. scale_w not matching)."""
+        return self.notes + [w for layer in self.layers for w in layer.warnings]
 
     @property
     def config(self) -> dict:
@@ -142,21 +144,43 @@ def _entry(
     return entry
 
 
+def _output_exponents(
+    layers: list[SourceLayer], chains: list[Chain], finder: ExponentFinder
+) -> tuple[dict[str, tuple], dict[str, list[str]], list[str]]:
+    """Pass 1: every chain's output exponent, raised to a shared one where branches meet."""
+    found: dict[str, tuple] = {}
+    warnings: dict[str, list[str]] = {}
+    for chain in chains:
+        finder.warnings.clear()
+        found[chain.last] = finder.output_exponent(chain)
+        warnings[chain.last] = list(finder.warnings)
+    groups, loose = shared_exponent_groups(layers, chains)
+    for group in groups:
+        top = max(found[end][0] for end in group)
+        for end in group:
+            exp, src, rng = found[end]
+            if exp != top:
+                others = ", ".join(repr(e) for e in group if e != end)
+                found[end] = (top, f"{src}, raised from {exp} to match {others}", rng)
+            finder.chain_outputs[end] = top
+    return found, warnings, loose
+
+
 def _export_chain(
     chain: Chain,
     c_name: str,
     finder: ExponentFinder,
-    feature_type: str,
-    per_channel: bool,
-    target: str,
+    out_found: tuple,
+    warnings: list[str],
+    options: tuple[str, bool, str],
 ) -> ExportedLayer:
+    feature_type, per_channel, target = options
     coef = chain_coefficients(chain)
-    finder.warnings.clear()
     axis = spec.OPERATIONS[WEIGHT_OPS[chain.head.op]].channel_axis
     record = finder.record
     factors = record.layers.get(chain.head.name) if record else None
     warning = check_scale_w(chain.head.name, factors, coef.filter, axis)
-    out_exp, out_src, out_range = finder.output_exponent(chain)
+    out_exp, out_src, out_range = out_found
     found_in = finder.input_exponent(chain)
     if found_in is None and per_channel and coef.bias is not None:
         raise ExportError(
@@ -189,7 +213,7 @@ def _export_chain(
         preview,
         sources,
         out_range,
-        ([warning] if warning else []) + finder.warnings,
+        ([warning] if warning else []) + warnings,
         constructor(c_name, entry["operation"], entry, feature_type, per_channel, chain.head.attrs),
     )
 
@@ -244,9 +268,10 @@ def export_layers(
         raise ExportError("nothing to export: the model has no Conv2D / DepthwiseConv2D / Dense")
     names = c_identifiers([c.head.name for c in chains])
     finder = ExponentFinder(layers, record, stats, bits=spec.FEATURE_BITS[feature_type])
-    per_channel = granularity == "per-channel"
+    options = (feature_type, granularity == "per-channel", target)
+    outs, warnings, loose = _output_exponents(layers, chains, finder)
     exported = [
-        _export_chain(c, names[c.head.name], finder, feature_type, per_channel, target)
+        _export_chain(c, names[c.head.name], finder, outs[c.last], warnings[c.last], options)
         for c in chains
     ]
     result = ExportResult(
@@ -256,6 +281,7 @@ def export_layers(
         target,
         exported,
         problems,
+        loose,
     )
     if out_dir is not None:
         write_directory(out_dir, _files(result), overwrite=overwrite)

@@ -382,3 +382,32 @@ def test_bn_end_without_range_is_bounded_through_the_bn_with_a_warning():
     assert res.layers[0].entry["output_exponent"] == ref_exponent(ends.min(), ends.max())
     assert res.layers[0].sources["output_exponent"].startswith("bound from the sidecar output")
     assert len(res.warnings) == 1 and "no calibrated range for 'b'" in res.warnings[0]
+
+
+def test_branches_meeting_at_a_concat_share_the_largest_exponent():
+    cat = {"keeps_exponent": True}
+    layers = [
+        SourceLayer("in", "input"),
+        conv("a", ["in"]),
+        conv("b", ["in"]),
+        SourceLayer("rb", "relu", ["b"], "ReLU"),
+        SourceLayer("pb", "runtime", ["rb"], "MaxPooling2D", attrs=cat),
+        SourceLayer("cat", "runtime", ["a", "pb"], "Concatenate", attrs=cat),
+        conv("c", ["cat"], cin=8),
+        SourceLayer("cat2", "runtime", ["c", "in"], "Concatenate", attrs=cat),
+    ]
+    st = stats_for(a=(None, (-1, 1)), rb=(None, (0, 8.0)), c=(None, (-1, 1)))
+    res = export_layers(layers, None, stats=st)
+    a, b, c = (x.entry for x in res.layers)
+    assert a["output_exponent"] == b["output_exponent"] == ref_exponent(0, 8.0)
+    assert ref_exponent(-1, 1) < ref_exponent(0, 8.0)
+    assert (
+        res.layers[0]
+        .sources["output_exponent"]
+        .endswith(f"raised from {ref_exponent(-1, 1)} to match 'rb'")
+    )
+    assert c["input_exponent"] == ref_exponent(0, 8.0)  # through the Concat
+    assert res.warnings == [
+        "layer 'cat2' (Concatenate) needs one exponent on all its inputs, but 'in' is not an "
+        "exported layer: give it the exponent of 'c'"
+    ]

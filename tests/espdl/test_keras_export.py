@@ -335,3 +335,25 @@ def test_cpp_constructors_in_report(cnn, tmp_path):
         'get_c4_activation(), PADDING_VALID, {}, 1, 1, "c4")'
     )
     assert cpp["fc"].endswith(', get_fc_activation(), true, "fc")')
+
+
+def test_concatenated_branches_share_an_exponent():
+    keras.utils.set_random_seed(2)
+    x = keras.Input((6, 6, 3))
+    a = keras.layers.Conv2D(4, 1, activation="relu", name="a")(x)
+    b = keras.layers.Conv2D(4, 1, name="b")(x)
+    b = keras.layers.Rescaling(10.0, name="big")(keras.layers.ReLU(name="rb")(b))
+    b = keras.layers.Conv2D(4, 1, name="b2")(b)
+    y = keras.layers.Concatenate(name="cat")([a, b])
+    y = keras.layers.Conv2D(2, 1, name="c")(y)
+    model = keras.Model(x, y)
+    data = np.random.default_rng(0).uniform(0, 1, (4, 6, 6, 3)).astype("float32")
+    acts = layer_activations(model, data)
+    with pytest.raises(ExportError, match="'big' \\(Rescaling\\)"):
+        export(None, model, None, stats=sidecar_from(acts))
+    res = export(None, model, None, stats=sidecar_from(acts), skip_unsupported=True)
+    cfg = res.config
+    shared = max(ref_exponent(acts["a"][1]), ref_exponent(acts["b2"][1]))
+    assert ref_exponent(acts["a"][1]) != ref_exponent(acts["b2"][1])  # the test means something
+    assert cfg["a"]["output_exponent"] == cfg["b2"]["output_exponent"] == shared
+    assert cfg["c"]["input_exponent"] == shared
