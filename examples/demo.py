@@ -1,27 +1,105 @@
-"""End-to-end demo (run by `make demo`): inspect, validate and convert a real AMCT record."""
+"""End-to-end demo (run by `make demo`): train a small Keras CNN on scikit-learn's digits,
+calibrate it with the QuantCalibration callback, check and convert the AMCT record, measure the
+INT8 accuracy it gives, find pruning groups, and export ESP-DL v1 coefficients with a preview.
+
+Everything runs on the CPU in about a minute; outputs go to ``out/demo/`` (or argv[1]).
+"""
 
 from __future__ import annotations
 
-import tempfile
+import os
+import shutil
+import sys
 from pathlib import Path
 
-from amct_bridge.cli import main
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+from sklearn.datasets import load_digits  # noqa: E402
+
+from amct_bridge.cli import main as cli  # noqa: E402
+from amct_bridge.keras import QuantCalibration, simulate  # noqa: E402
+from amct_bridge.records import load  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-RECORD = ROOT / "tests" / "data" / "amct" / "tf_mobilenet_v2_record_quantized.txt"
 
 
-def demo() -> None:
-    """Inspect, validate and convert the bundled MobileNetV2 record from Ascend/samples."""
-    out = Path(tempfile.mkdtemp(prefix="amct_bridge_demo_"))
-    print("== inspect (first rows)")
-    main(["inspect", str(RECORD)])
-    print("\n== validate")
-    main(["validate", str(RECORD)])
-    print("\n== convert-record --to mindspore")
-    main(["convert-record", str(RECORD), "--to", "mindspore", "-o", str(out / "mindspore.txt")])
-    print(f"\noutputs in {out}")
+def digits() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """scikit-learn's bundled 8x8 digits (no download), scaled to [0, 1], NHWC."""
+    data = load_digits()
+    x = (data.images / 16.0).astype("float32")[..., None]
+    y = data.target.astype("int32")
+    order = np.random.default_rng(0).permutation(len(x))
+    x, y = x[order], y[order]
+    return x[:1400], y[:1400], x[1400:], y[1400:]
+
+
+def small_cnn() -> keras.Model:
+    """Conv+BN+ReLU, depthwise, pointwise+BN+LeakyReLU, pool, flatten, Dense (all ESP-DL v1)."""
+    inputs = keras.Input((8, 8, 1), name="image")
+    x = keras.layers.Conv2D(16, 3, padding="same", use_bias=False, name="conv1")(inputs)
+    x = keras.layers.BatchNormalization(name="bn1")(x)
+    x = keras.layers.ReLU(name="relu1")(x)
+    x = keras.layers.DepthwiseConv2D(3, padding="same", activation="relu", name="dw2")(x)
+    x = keras.layers.Conv2D(24, 1, use_bias=False, name="pw2")(x)
+    x = keras.layers.BatchNormalization(name="bn2")(x)
+    x = keras.layers.LeakyReLU(negative_slope=0.1, name="lrelu2")(x)
+    x = keras.layers.MaxPooling2D(2, name="pool")(x)
+    x = keras.layers.Flatten(name="flatten")(x)
+    outputs = keras.layers.Dense(10, name="logits")(x)
+    return keras.Model(inputs, outputs, name="digits_cnn")
+
+
+def accuracy(model: keras.Model, x: np.ndarray, y: np.ndarray) -> float:
+    """Top-1 accuracy of ``model`` on (x, y)."""
+    return float(np.mean(np.argmax(model.predict(x, verbose=0), axis=1) == y))
+
+
+def demo(out: Path) -> None:
+    """Run every step, printing what a user would look at."""
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    keras.utils.set_random_seed(0)
+    x_train, y_train, x_test, y_test = digits()
+    model = small_cnn()
+    model.compile(
+        optimizer=keras.optimizers.Adam(0.01),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    print("== 1. train (float)")
+    model.fit(x_train, y_train, epochs=15, batch_size=64, verbose=0)
+    model_path = out / "digits_cnn.keras"
+    model.save(model_path)
+
+    print("== 2. calibrate: one callback in model.evaluate (AMCT's IFMR, INT8)")
+    record_path = out / "record.txt"
+    callback = QuantCalibration(record_path, algorithm="ifmr")
+    model.evaluate(x_train[:512], y_train[:512], batch_size=64, verbose=0, callbacks=[callback])
+    print(f"wrote {record_path} and {record_path.name}.calib.json")
+    cli(["inspect", str(record_path)])
+    cli(["validate", str(record_path)])
+
+    print("\n== 3. the same record for AMCT-TF convert_model / MindSpore")
+    cli(["convert-record", str(record_path), "--to", "tf", "-o", str(out / "record_tf.txt")])
+
+    print("\n== 4. accuracy the record will give (quantize -> dequantize of inputs and weights)")
+    float_acc = accuracy(model, x_test, y_test)
+    int8_acc = accuracy(simulate(model, load(record_path)), x_test, y_test)
+    print(f"float: {float_acc:.4f}   INT8 simulated: {int8_acc:.4f}")
+
+    print("\n== 5. channel-pruning groups and 2:4 selective layers")
+    cli(["prune-groups", str(model_path), "--selective", "--record", str(out / "prune.txt")])
+
+    print("\n== 6. ESP-DL v1 export (config.json + npy for convert.py) and its preview")
+    espdl_dir = out / "espdl"
+    args = ["--record", str(record_path), "--model", str(model_path), "--feature-type", "s8"]
+    cli(["export-espdl", *args, "--out", str(espdl_dir)])
+    cli(["export-espdl", *args, "--preview", "--target", "esp32s3"])
+    print(f"\nall outputs in {out}")
 
 
 if __name__ == "__main__":
-    demo()
+    demo(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "out" / "demo")

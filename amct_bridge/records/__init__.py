@@ -4,7 +4,7 @@ Example:
     >>> from amct_bridge.records import LayerFactors, Record, dumps, loads, validate
     >>> rec = loads('record { key: "conv1" value { scale_d: 0.0039215689 offset_d: -128 } }')
     >>> rec.flavor, validate(rec)
-    ('mindspore', [])
+    ('tf', [])
 """
 
 from amct_bridge.records.convert import convert

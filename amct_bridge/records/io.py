@@ -249,8 +249,8 @@ def from_proto(
 def detect_flavor(record: Record) -> str:
     """The narrowest flavor whose schema holds everything ``record`` uses.
 
-    A record that fits both "tf" and "mindspore" (only scale/offset/skip_fusion) is "tf" when a
-    key looks like a TF op name (contains "/"), else "mindspore" (Cell names are dotted).
+    A record that fits both "tf" and "mindspore" (only scale/offset/skip_fusion) is "mindspore"
+    when its keys look like MindSpore Cell names (some dotted, none with "/"), else "tf".
 
     Example:
         >>> detect_flavor(Record({"layer1.0.conv1": LayerFactors(scale_d=1.0, offset_d=0)}))
@@ -265,11 +265,16 @@ def detect_flavor(record: Record) -> str:
     ]
     if not fits:
         return "inner"
-    if fits[-1] == "mindspore" and "tf" in fits and any("/" in key for key in record.layers):
+    if fits[-1] == "mindspore" and not _cell_style(record.layers):
         return "tf"
     if not record.layers and not record.prune_records:
         return "inner"
     return fits[-1]
+
+
+def _cell_style(keys) -> bool:
+    keys = list(keys)
+    return any("." in k for k in keys) and not any("/" in k for k in keys)
 
 
 # ---------------------------------------------------------------- text and binary

@@ -76,6 +76,8 @@ def test_bad_on_duplicate_value():
     [
         (LayerFactors(scale_d=1.0, offset_d=0), ["net/conv/Conv2D"], "tf"),
         (LayerFactors(scale_d=1.0, offset_d=0), ["layer1.0.conv1"], "mindspore"),
+        (LayerFactors(scale_d=1.0, offset_d=0), ["conv1", "head.fc"], "mindspore"),
+        (LayerFactors(scale_d=1.0, offset_d=0), ["conv1"], "tf"),
         (LayerFactors(scale_d=1.0, offset_d=0, act_type="INT8"), ["conv1"], "tf"),
         (LayerFactors(scale_d=1.0, offset_d=0, dst_type="INT4"), ["conv1"], "inner"),
     ],
