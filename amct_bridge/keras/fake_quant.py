@@ -63,8 +63,8 @@ def fake_quant(x, scale, offset, bits: int):
 
     Example:
         >>> import numpy as np
-        >>> np.asarray(fake_quant(np.float32([3.0]), 1.0, 0, 2)).tolist()
-        [1.0]
+        >>> np.asarray(fake_quant(np.float32([9.0, -9.0]), 1.0, 0, 4)).tolist()  # clipped to [-8, 7]
+        [7.0, -8.0]
     """
     qmin, qmax = quant_limits(bits)
     q = ops.clip(round_ste(x / scale) + offset, qmin, qmax)
@@ -82,8 +82,9 @@ def fake_quant_range(x, lo, hi, bits: int, *, symmetric: bool = False):
 
     Example:
         >>> import numpy as np
-        >>> np.asarray(fake_quant_range(np.float32([0.5, 2.0]), 0.0, 1.0, 8)).round(4).tolist()
-        [0.502, 1.0]
+        >>> y = fake_quant_range(np.float32([0.25, 2.0]), 0.0, 1.0, 8)  # 2.0 clips to 1.0
+        >>> np.asarray(y, dtype=float).round(4).tolist()
+        [0.251, 1.0]
     """
     qmin, qmax = quant_limits(bits)
     lo = ops.minimum(lo, 0.0)
@@ -143,8 +144,9 @@ def arq_fake_quant(kernel, layout: str, bits: int, *, channel_wise: bool):
     Example:
         >>> import numpy as np
         >>> k = np.float32([[1.0, -0.3], [0.5, 0.2]])
-        >>> np.asarray(arq_fake_quant(k, "IO", 4, channel_wise=False)).round(3).tolist()
-        [[1.0, -0.286], [0.571, 0.143]]
+        >>> y = arq_fake_quant(k, "IO", 4, channel_wise=False)  # scale 1/7 (f32: 0.5/s = 3.49999)
+        >>> np.asarray(y, dtype=float).round(3).tolist()
+        [[1.0, -0.286], [0.429, 0.143]]
     """
     scale = ops.stop_gradient(arq_scale(kernel, layout, bits, channel_wise=channel_wise))
     return fake_quant(kernel, scale, 0.0, bits)

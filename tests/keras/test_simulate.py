@@ -348,3 +348,20 @@ def test_calibrated_record_simulates_close_to_float(tmp_path):
     err = np.abs(got - want).max() / np.abs(want).max()
     print(f"INT8 simulated vs float: {err:.4f}")
     assert 0 < err < 0.05, err
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "amct_bridge.keras.fake_quant",
+        "amct_bridge.keras.rewrite",
+        "amct_bridge.keras.simulate",
+        "amct_bridge.keras.qat",
+    ],
+)
+def test_docstring_examples_run(name):
+    import doctest
+    import importlib
+
+    failures, _ = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+    assert failures == 0
