@@ -63,7 +63,7 @@ def fake_quant(x, scale, offset, bits: int):
 
     Example:
         >>> import numpy as np
-        >>> np.asarray(fake_quant(np.float32([9.0, -9.0]), 1.0, 0, 4)).tolist()  # clipped to [-8, 7]
+        >>> np.asarray(fake_quant(np.float32([9.0, -9.0]), 1.0, 0, 4)).tolist()  # clip at 4 bits
         [7.0, -8.0]
     """
     qmin, qmax = quant_limits(bits)
