@@ -5,8 +5,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
-
-from tests.espdl.keras_stats import layer_activations, sidecar_from
+from espdl_stats import layer_activations, sidecar_from
 
 
 @pytest.fixture(scope="session")

@@ -7,11 +7,11 @@ import math
 
 import keras
 import numpy as np
+from espdl_stats import layer_activations
 
 from amct_bridge.espdl import export
 from amct_bridge.keras.calibrate import calibrate
 from amct_bridge.records import load
-from tests.espdl.keras_stats import layer_activations
 
 
 def ref_exponent(arr: np.ndarray) -> int:

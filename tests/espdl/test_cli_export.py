@@ -9,11 +9,11 @@ import sys
 import keras
 import numpy as np
 import pytest
+from espdl_stats import layer_activations, sidecar_from
 
 from amct_bridge.cli import main
 from amct_bridge.records import LayerFactors, Record, save
 from amct_bridge.records.calibration import save_stats, sidecar_path
-from tests.espdl.keras_stats import layer_activations, sidecar_from
 
 
 def _model(relu6: bool = False) -> keras.Model:

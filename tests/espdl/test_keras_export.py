@@ -8,12 +8,12 @@ import math
 import keras
 import numpy as np
 import pytest
+from espdl_stats import layer_activations, sidecar_from
 
 from amct_bridge.errors import ExportError
 from amct_bridge.espdl import export
 from amct_bridge.espdl.preview import load_set, preview_set
 from amct_bridge.keras.espdl_weights import source_layers
-from tests.espdl.keras_stats import layer_activations, sidecar_from
 
 
 def ref_exponent(arr: np.ndarray, bits: int = 8) -> int:
