@@ -46,6 +46,8 @@ class Target:
         bn: BatchNormalization folded into this part (None: none or fusion skipped).
         skip_fusion: the user turned Conv+BN folding off for this layer.
         calls: times the layer runs per model call (shared layers).
+        tensors: graph-IR ids of its (input, output) tensor, None when unknown or shared; equal
+            ids mean the same tensor (one layer's output is the next one's input).
 
     Example:
         >>> Target("r1", "r1", None, "ReLU", None, LayerQuantConfig()).quantized
@@ -61,6 +63,7 @@ class Target:
     bn: object | None = None
     skip_fusion: bool = False
     calls: int = 1
+    tensors: tuple[str | None, str | None] = (None, None)
 
     @property
     def quantized(self) -> bool:
@@ -120,7 +123,7 @@ def make_plan(model, config: QuantConfig) -> Plan:
         >>> # see the module docstring
     """
     by_key = walk_layers(model)
-    order, calls, chains = _graph_facts(model, by_key)
+    order, calls, chains, tensors = _graph_facts(model, by_key)
     _check_names(config.skip_layers, by_key, "skip_layers")
     _check_names(config.skip_fusion_layers, by_key, "skip_fusion_layers")
     targets: list[Target] = []
@@ -138,12 +141,32 @@ def make_plan(model, config: QuantConfig) -> Plan:
             cfg = config.for_layer(key, types) if key in config.by_name else None
             cfg = cfg or config.for_layer(layer_key, types)
             targets.append(
-                Target(key, layer_key, layer, kind, part, cfg, bn, skip_fusion, calls[layer_key])
+                Target(
+                    key,
+                    layer_key,
+                    layer,
+                    kind,
+                    part,
+                    cfg,
+                    bn,
+                    skip_fusion,
+                    calls[layer_key],
+                    tensors.get(layer_key, (None, None)),
+                )
             )
         if not parts and registry.is_activation(layer):
             cfg = config.for_layer(layer_key, (kind,))
             targets.append(
-                Target(layer_key, layer_key, layer, kind, None, cfg, calls=calls[layer_key])
+                Target(
+                    layer_key,
+                    layer_key,
+                    layer,
+                    kind,
+                    None,
+                    cfg,
+                    calls=calls[layer_key],
+                    tensors=tensors.get(layer_key, (None, None)),
+                )
             )
     plan = Plan(targets)
     if not plan.quantized:
@@ -156,12 +179,13 @@ def make_plan(model, config: QuantConfig) -> Plan:
 
 
 def _graph_facts(model, by_key: dict[str, object]):
-    """(layer keys in execution order, calls per layer, foldable layer -> BN layer)."""
+    """(layer keys in execution order, calls per layer, foldable layer -> BN layer,
+    layer -> (input, output) tensor ids for single-call single-input/output layers)."""
     try:
         graph = extract_graph(model)
     except GraphError:
         # subclassed model: no call graph, so no fusion and one call per layer
-        return list(by_key), dict.fromkeys(by_key, 1), {}
+        return list(by_key), dict.fromkeys(by_key, 1), {}, {}
     order: list[str] = []
     calls: dict[str, int] = {}
     for node in graph:
@@ -169,6 +193,11 @@ def _graph_facts(model, by_key: dict[str, object]):
             if node.layer not in calls:
                 order.append(node.layer)
             calls[node.layer] = calls.get(node.layer, 0) + 1
+    tensors = {
+        node.layer: (node.inputs[0], node.outputs[0])
+        for node in graph
+        if not node.shared and len(node.inputs) == 1 and len(node.outputs) == 1
+    }
     foldable = tuple(k for k, parts in registry.QUANTIZABLE.items() if parts[-1].foldable)
     chains = {}
     for chain in graph.chains(foldable, tuple(registry.BATCH_NORMS)):
@@ -180,7 +209,7 @@ def _graph_facts(model, by_key: dict[str, object]):
         bn_layer = by_key.get(chain[1].layer)
         if bn_layer is not None and _bn_on_channels(bn_layer):
             chains[head.layer] = bn_layer
-    return order, calls, chains
+    return order, calls, chains, tensors
 
 
 def _bn_on_channels(bn) -> bool:

@@ -41,14 +41,15 @@ class Built:
 def build_outputs(session, record_path, flavor: str, keys: str, frozen_graph_path=None) -> Built:
     """Build record + sidecar (+ frozen graph) from a session's observers and the model."""
     plan = session.plan
+    ranges = _clip_ranges(session)
     record = Record(flavor="inner")
     folds = []
     for target in plan.quantized:
-        factors, fold = _layer_factors(session, target)
+        factors, fold = _layer_factors(session, target, ranges)
         record.layers[target.key] = factors
         if fold is not None:
             folds.append(fold)
-    stats = _sidecar(session)
+    stats = _sidecar(session, ranges)
     frozen = None
     if keys == "tf_op" or frozen_graph_path is not None:
         from amct_bridge.keras.freeze import freeze_model
@@ -76,16 +77,28 @@ def write_outputs(built: Built, record_path, flavor, keys, frozen_graph_path=Non
         atomic_write_bytes(Path(frozen_graph_path), built.graph_bytes)
 
 
-def _input_observed(session, target):
+def _clip_ranges(session) -> dict[int, tuple[float, float]]:
+    """Each observed tensor's clip range, searched once (HFMG/IFMR searches are not cheap)."""
+    return {
+        i: obs.observer.clip_range()
+        for i, obs in enumerate(session.observed)
+        if obs.observer.batches > 0
+    }
+
+
+def _input_index(session, target) -> int:
     role = "inner" if target.key.endswith("/pointwise") else "input"
-    return session.observed[session.tensors[(target.layer_key, role)]]
+    return session.tensors[(target.layer_key, role)]
 
 
-def _layer_factors(session, target):
+def _layer_factors(session, target, ranges):
     cfg, config = target.config, session.config
-    observed = _input_observed(session, target)
+    index = _input_index(session, target)
+    observed = session.observed[index]
     bits, symmetric = bits_of(cfg.act_type), not config.activation_offset
-    scale_d, offset_d = observed.observer.factors()
+    if index not in ranges:
+        raise CalibrationError(f"layer {target.key!r}: its input was never observed")
+    scale_d, offset_d = activation_factors(*ranges[index], bits, symmetric=symmetric)
     factors = LayerFactors(act_type=cfg.act_type if cfg.act_type != "INT8" else None)
     fold = None
     if target.part.has_weights:
@@ -109,13 +122,12 @@ def _layer_factors(session, target):
     return factors, fold
 
 
-def _range(observed) -> TensorRange:
+def _range(observed, clip: tuple[float, float]) -> TensorRange:
     obs = observed.observer
-    lo, hi = obs.clip_range()
-    return TensorRange(float(lo), float(hi), float(obs.min), float(obs.max))
+    return TensorRange(float(clip[0]), float(clip[1]), float(obs.min), float(obs.max))
 
 
-def _sidecar(session) -> CalibrationStats:
+def _sidecar(session, clip: dict) -> CalibrationStats:
     algorithms = sorted({t.config.algorithm for t in session.plan.targets})
     stats = CalibrationStats(algorithm=",".join(algorithms), batches=session.batches)
     for target in session.plan.targets:
@@ -127,8 +139,8 @@ def _sidecar(session) -> CalibrationStats:
         ranges = []
         for role in roles:
             index = get((target.layer_key, role))
-            seen = index is not None and session.observed[index].observer.batches > 0
-            ranges.append(_range(session.observed[index]) if seen else None)
+            seen = index is not None and index in clip
+            ranges.append(_range(session.observed[index], clip[index]) if seen else None)
         stats.layers[target.key] = LayerStats(target.kind, input=ranges[0], output=ranges[1])
     return stats
 

@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +45,7 @@ class Observed:
     point: Point
     observer: object
     channel_range: np.ndarray | None = None  # [2, C]
+    settings: tuple = ()  # (algorithm, options, act_type): points are shared only if equal
 
 
 class Session:
@@ -65,6 +67,8 @@ class Session:
         self._pass_seen = 0  # exact, from the rows read back
         self._begin = 0
         self._ends = 0
+        self._pool: ThreadPoolExecutor | None = None
+        self._futures: list = []
 
     # ---- set-up -------------------------------------------------------------------------------
 
@@ -76,19 +80,31 @@ class Session:
         self._pass_base = self.batches
 
     def _make_points(self) -> None:
+        by_tensor: dict[str, int] = {}
         for target in self.plan.targets:
             if (target.layer_key, "input") in self.tensors:
                 continue  # second part of a SeparableConv2D: points made with the first
-            self._add(target, "input", target.part)
+            self._add(target, "input", target.part, by_tensor)
             if target.kind == "SeparableConv2D":
                 pointwise = next(
                     t for t in self.plan.targets if t.key == f"{target.layer_key}/pointwise"
                 )
-                self._add(target, "inner", pointwise.part, _depthwise_output)
-            self._add(target, "output", None)
+                self._add(target, "inner", pointwise.part, by_tensor, _depthwise_output)
+            self._add(target, "output", None, by_tensor)
 
-    def _add(self, target: Target, role: str, part, inner=None) -> None:
+    def _add(self, target: Target, role: str, part, by_tensor: dict, inner=None) -> None:
+        """Add the point of one tensor, or reuse the point already observing the same tensor."""
         cfg = target.config
+        dmq = cfg.migration_strength is not None and part is not None and part.has_weights
+        tid = {"input": target.tensors[0], "output": target.tensors[1]}.get(role)
+        shared = by_tensor.get(tid) if tid is not None else None
+        if shared is not None and self._same_settings(shared, cfg):
+            point = self.observed[shared].point
+            if dmq and point.channel_axis is None:  # the consumer needs channel ranges too
+                point.channel_axis = _channel_axis(target.layer)
+                point.channels = input_channels(target.layer, part)
+            self.tensors[(target.layer_key, role)] = shared
+            return
         observer = make_observer(
             cfg.algorithm,
             num_bits=bits_of(cfg.act_type),
@@ -96,7 +112,6 @@ class Session:
             name=f"layer {target.layer_key!r} {role}",
             **cfg.options,
         )
-        dmq = cfg.migration_strength is not None and part is not None and part.has_weights
         axis = _channel_axis(target.layer) if dmq else None
         point = Point(
             key=target.layer_key,
@@ -109,7 +124,12 @@ class Session:
             inner=inner,
         )
         self.tensors[(target.layer_key, role)] = len(self.observed)
-        self.observed.append(Observed(point, observer))
+        if tid is not None:
+            by_tensor[tid] = len(self.observed)
+        self.observed.append(Observed(point, observer, settings=_settings(cfg)))
+
+    def _same_settings(self, index: int, cfg) -> bool:
+        return self.observed[index].settings == _settings(cfg)
 
     # ---- passes -------------------------------------------------------------------------------
 
@@ -150,6 +170,7 @@ class Session:
             self._drain()
         finally:
             self.stop_all()
+        self._settle()
 
     def stop_all(self) -> None:
         """Remove instrumentation and restore the step function (idempotent; used on errors)."""
@@ -166,6 +187,8 @@ class Session:
         return self.batch_num is not None and self.batches >= self.batch_num
 
     def _drain(self) -> None:
+        """Read the graph's summaries, check them, and hand them to the observer thread."""
+        updates = []
         for row in self._inst.drain():
             obs = self.observed[row.point]
             batch = self._pass_base + row.step // max(1, obs.point.calls)
@@ -178,9 +201,21 @@ class Session:
                     f"layer {obs.point.key!r}: {obs.point.role} of batch {batch} contains "
                     f"NaN or Inf (min {stats.min}, max {stats.max}); no record written"
                 )
-            obs.observer.update_stats(stats)
-            if row.channel_range is not None:
-                obs.channel_range = _merge_ranges(obs.channel_range, row.channel_range)
+            updates.append((obs, stats, row.channel_range))
+        if updates:
+            # observers run on one worker thread, in order, while the next steps execute
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="amct_bridge_observers")
+            self._futures.append(self._pool.submit(_apply, updates))
+
+    def _settle(self) -> None:
+        """Wait for pending observer updates; re-raise their errors."""
+        futures, self._futures = self._futures, []
+        for future in futures:
+            future.result()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     # ---- output -------------------------------------------------------------------------------
 
@@ -189,6 +224,7 @@ class Session:
         if self._inst is not None:  # mid-pass (save_every_epoch): read what the graph holds
             self._drain()
             self.batches = self._pass_base + self._pass_seen
+        self._settle()
         if self.batches == 0:
             if require_batches:
                 raise CalibrationError(
@@ -198,6 +234,17 @@ class Session:
             return
         built = build_outputs(self, **outputs)
         write_outputs(built, **outputs)
+
+
+def _apply(updates: list) -> None:
+    for obs, stats, channel_range in updates:
+        obs.observer.update_stats(stats)
+        if channel_range is not None:
+            obs.channel_range = _merge_ranges(obs.channel_range, channel_range)
+
+
+def _settings(cfg) -> tuple:
+    return cfg.algorithm, tuple(sorted(cfg.options.items())), cfg.act_type
 
 
 def _merge_ranges(prev: np.ndarray | None, new: np.ndarray) -> np.ndarray:
