@@ -11,9 +11,10 @@ Shared by :mod:`amct_bridge.keras.simulate` (fixed factors from a record) and
 (STE); ``clip`` does not, so inputs outside the clip range get a zero gradient while the
 range bounds (when they are trainable) receive LSQ-style gradients through ``scale``.
 
-The table :data:`LAYER_SPECS` says, per Keras layer class, which kernels are quantized, in which
-layout (:mod:`amct_bridge.quant.layouts`) and how the layer's linear
-op is recomputed from (input, kernels) so kernels can be swapped for fake-quantized ones.
+:func:`layer_spec` says, per Keras layer, which kernels are quantized, in which layout and under
+which record keys (from :mod:`amct_bridge.keras.layers`, shared with the calibration callback) and
+how the layer's linear op is recomputed from (input, kernels) so kernels can be swapped for
+fake-quantized ones (:data:`LAYER_OPS`).
 
 Example:
     >>> import numpy as np
@@ -32,6 +33,7 @@ import keras
 from keras import ops
 
 from amct_bridge.errors import QuantError
+from amct_bridge.keras.layers import class_name, quant_parts
 from amct_bridge.quant.factors import FLT_EPSILON, quant_limits
 from amct_bridge.quant.layouts import LAYOUTS
 
@@ -202,35 +204,38 @@ def _separable_op(layer, x, kernels, mid):
 
 @dataclass(frozen=True)
 class LayerSpec:
-    """How one Keras layer class is quantized.
+    """How one Keras layer is fake-quantized.
 
     Attributes:
-        kernels: ``(attribute, layout)`` of each quantized kernel, in record order.
+        kernels: ``(attribute, layout)`` of each quantized kernel, in execution order.
+        keys: record-key suffix of each part ("" = the layer name; SeparableConv2D:
+            "depthwise", "pointwise"), in the same order (one entry for average pooling).
         channel_wise: whether ARQ may use per-channel scales (AMCT: not for MatMul/Dense).
         op: ``op(layer, x, kernels, mid) -> y`` recomputes the linear part (no bias/activation);
             ``mid`` fake-quantizes an inner activation (separable conv). None: call the layer.
     """
 
     kernels: tuple[tuple[str, str], ...]
+    keys: tuple[str, ...]
     channel_wise: bool
     op: Callable | None
 
+    def key(self, layer_key: str, part: int) -> str:
+        """Record key of part ``part`` of the layer keyed ``layer_key``."""
+        return f"{layer_key}/{self.keys[part]}" if self.keys[part] else layer_key
 
-#: Keras class -> LayerSpec. SeparableConv2D has two parts; their record keys are
-#: ``<name>/depthwise`` and ``<name>/pointwise`` (see :data:`SEPARABLE_PARTS`).
-LAYER_SPECS: dict[type, LayerSpec] = {
-    keras.layers.Dense: LayerSpec((("kernel", "IO"),), False, _dense_op),
-    keras.layers.Conv2D: LayerSpec((("kernel", "HWIO"),), True, _conv_op),
-    keras.layers.DepthwiseConv2D: LayerSpec((("kernel", "HWCM"),), True, _depthwise_op),
-    keras.layers.Conv2DTranspose: LayerSpec((("kernel", "HWOI"),), True, _transpose_op),
-    keras.layers.SeparableConv2D: LayerSpec(
-        (("depthwise_kernel", "HWCM"), ("pointwise_kernel", "HWIO")), True, _separable_op
-    ),
-    keras.layers.AveragePooling2D: LayerSpec((), False, None),
+
+#: Keras class name -> how its linear op is recomputed from fake-quantized kernels. What is
+#: quantized (parts, kernels, layouts, record keys) comes from :data:`amct_bridge.keras.layers.
+#: QUANTIZABLE`, the table the calibration callback uses too.
+LAYER_OPS: dict[str, Callable | None] = {
+    "Dense": _dense_op,
+    "Conv2D": _conv_op,
+    "DepthwiseConv2D": _depthwise_op,
+    "Conv2DTranspose": _transpose_op,
+    "SeparableConv2D": _separable_op,
+    "AveragePooling2D": None,
 }
-
-#: Record key suffixes of SeparableConv2D's parts, keyed by the kernel attribute.
-SEPARABLE_PARTS = {"depthwise_kernel": "depthwise", "pointwise_kernel": "pointwise"}
 
 
 def layer_spec(layer: keras.layers.Layer) -> LayerSpec | None:
@@ -239,11 +244,20 @@ def layer_spec(layer: keras.layers.Layer) -> LayerSpec | None:
     Example:
         >>> layer_spec(keras.layers.Dense(3)).kernels
         (('kernel', 'IO'),)
+        >>> layer_spec(keras.layers.SeparableConv2D(3, 3)).key("sep", 1)
+        'sep/pointwise'
     """
-    for cls in type(layer).__mro__:
-        if cls in LAYER_SPECS:
-            return LAYER_SPECS[cls]
-    return None
+    parts = quant_parts(layer)
+    name = class_name(layer)
+    if not parts or name not in LAYER_OPS:
+        return None
+    weighted = [p for p in parts if p.has_weights]
+    return LayerSpec(
+        kernels=tuple((p.kernel_attr, p.layout) for p in weighted),
+        keys=tuple(p.suffix for p in parts),
+        channel_wise=all(p.channel_wise for p in weighted),
+        op=LAYER_OPS[name],
+    )
 
 
 def finish(layer: keras.layers.Layer, y):

@@ -45,7 +45,6 @@ from keras import ops
 
 from amct_bridge.errors import QuantError
 from amct_bridge.keras.fake_quant import (
-    SEPARABLE_PARTS,
     arq_fake_quant,
     arq_scale,
     fake_quant_range,
@@ -226,7 +225,7 @@ class QATQuant(keras.layers.Wrapper):
         entries = {}
         attrs = [attr for attr, _ in self.spec.kernels]
         parts = list(zip(("input", "mid"), attrs, strict=False))
-        for name, attr in parts or [("input", None)]:
+        for i, (name, attr) in enumerate(parts or [("input", None)]):
             lo, hi, seen = (float(np.asarray(v)) for v in self.ranges[name])
             if seen <= 0:
                 raise QuantError(
@@ -244,8 +243,7 @@ class QATQuant(keras.layers.Wrapper):
                 f.offset_w = [0] * len(f.scale_w)
                 if self.skip_fusion and attr == self.spec.kernels[-1][0]:
                     f.skip_fusion = True
-            suffix = SEPARABLE_PARTS.get(attr) if len(self.spec.kernels) > 1 else None
-            entries[f"{key}/{suffix}" if suffix else key] = f
+            entries[self.spec.key(key, i)] = f
         return entries
 
 

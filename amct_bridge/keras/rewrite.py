@@ -40,7 +40,7 @@ def layer_keys(model: keras.Model, prefix: str = "") -> dict[int, str]:
 
 
 def quantizable_layers(model: keras.Model) -> dict[str, keras.layers.Layer]:
-    """Record key -> layer for every layer of ``model`` that :data:`LAYER_SPECS` quantizes.
+    """Record key -> layer for every layer of ``model`` that ``layer_spec`` quantizes.
 
     Example:
         >>> import keras

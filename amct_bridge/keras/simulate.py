@@ -38,7 +38,6 @@ import numpy as np
 
 from amct_bridge.errors import RecordError
 from amct_bridge.keras.fake_quant import (
-    SEPARABLE_PARTS,
     fake_quant,
     finish,
     layer_spec,
@@ -173,11 +172,9 @@ def _record_parts(model: keras.Model, record: Record) -> dict[str, dict[str, Lay
     wanted: dict[str, tuple[str, str]] = {}
     for key, layer in layers.items():
         spec = layer_spec(layer)
-        if isinstance(layer, keras.layers.SeparableConv2D):
-            for attr, suffix in SEPARABLE_PARTS.items():
-                wanted[f"{key}/{suffix}"] = (key, attr)
-        else:
-            wanted[key] = (key, spec.kernels[0][0] if spec.kernels else "")
+        attrs = [attr for attr, _ in spec.kernels] or [""]  # "": average pooling, input only
+        for i, attr in enumerate(attrs):
+            wanted[spec.key(key, i)] = (key, attr)
     unknown = [k for k in record.layers if k not in wanted]
     if unknown:
         raise RecordError(_unknown_message(model, unknown, list(wanted)))
