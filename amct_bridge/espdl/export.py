@@ -144,6 +144,19 @@ def _entry(
     return entry
 
 
+def _saturation_warnings(name: str, preview: LayerPreview) -> list[str]:
+    """One line per coefficient tensor that convert.py will clip."""
+    result = []
+    for what, t in (("bias", preview.bias), ("activation alpha", preview.activation)):
+        if t is not None and t.saturated:
+            exp = t.exponent if isinstance(t.exponent, int) else "per-channel"
+            result.append(
+                f"layer {name!r}: {t.saturated} of {t.values.size} {what} values saturate at "
+                f"exponent {exp} ({t.ctype}): the chip will use clipped values"
+            )
+    return result
+
+
 def _output_exponents(
     layers: list[SourceLayer], chains: list[Chain], finder: ExponentFinder
 ) -> tuple[dict[str, tuple], dict[str, list[str]], list[str]]:
@@ -200,6 +213,7 @@ def _export_chain(
     }
     entry = _entry(chain, coef, feature_type, per_channel, exps)
     preview = preview_layer(c_name, entry, arrays, target=target, per_channel=per_channel)
+    warnings = warnings + _saturation_warnings(chain.head.name, preview)
     sources = {"output_exponent": out_src}
     if found_in is not None:
         sources["input_exponent"] = found_in[1]

@@ -411,3 +411,15 @@ def test_branches_meeting_at_a_concat_share_the_largest_exponent():
         "layer 'cat2' (Concatenate) needs one exponent on all its inputs, but 'in' is not an "
         "exported layer: give it the exponent of 'c'"
     ]
+
+
+def test_bias_that_saturates_at_the_output_exponent_is_reported():
+    layers = [SourceLayer("in", "input"), conv("c", ["in"])]
+    layers[1].weights["bias"] = np.array([0.1, 50.0, -0.2, 0.0], np.float32)
+    res = export_layers(layers, None, stats=stats_for(c=(None, (-1, 1))))
+    e = ref_exponent(-1, 1)  # int8 bias at e: |50| > 127 * 2^e
+    assert res.layers[0].preview.bias.values.tolist()[1] == 127
+    assert res.warnings == [
+        f"layer 'c': 1 of 4 bias values saturate at exponent {e} (int8_t): the chip will use "
+        "clipped values"
+    ]
