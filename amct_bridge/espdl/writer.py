@@ -76,13 +76,16 @@ def write_directory(
             f"{out_dir.parent}: cannot create a directory here: {err.strerror}"
         ) from None
     old: Path | None = None
+    umask = os.umask(0)
+    os.umask(umask)
     try:
         for name, data in files.items():
             target = tmp / name
             if target.resolve().parent != tmp.resolve():
                 raise ExportError(f"refusing to write {name!r} outside {out_dir}")
             atomic_write_bytes(target, data)
-        os.chmod(tmp, 0o755)
+            os.chmod(target, 0o666 & ~umask)  # temp files are created 0600
+        os.chmod(tmp, 0o777 & ~umask)
         if out_dir.exists():
             old = Path(
                 tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".old", dir=out_dir.parent)

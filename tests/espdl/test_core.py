@@ -423,3 +423,19 @@ def test_bias_that_saturates_at_the_output_exponent_is_reported():
         f"layer 'c': 1 of 4 bias values saturate at exponent {e} (int8_t): the chip will use "
         "clipped values"
     ]
+
+
+def test_written_files_get_normal_permissions(tmp_path):
+    import os
+
+    umask = os.umask(0o022)
+    try:
+        export_layers(
+            [SourceLayer("in", "input"), conv("c", ["in"])],
+            tmp_path / "o",
+            stats=stats_for(c=(None, (-1, 1))),
+        )
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "o").stat().st_mode & 0o777 == 0o755
+    assert {p.stat().st_mode & 0o777 for p in (tmp_path / "o").iterdir()} == {0o644}
