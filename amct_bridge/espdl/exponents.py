@@ -30,20 +30,13 @@ import numpy as np
 
 from amct_bridge.errors import ExportError, QuantError
 from amct_bridge.espdl.plan import Chain, consumers_map
-from amct_bridge.espdl.source import WEIGHT_OPS, SourceLayer
+from amct_bridge.espdl.source import WEIGHT_OPS, SourceLayer, keeps_exponent
 from amct_bridge.quant.espdl import range_to_exponent, scale_offset_to_exponent
 from amct_bridge.quant.fold import fold_batchnorm
 from amct_bridge.records.calibration import CalibrationStats
 from amct_bridge.records.model import Record
 
-#: Standalone ops whose output exponent equals their input exponent in the runtime.
-_KEEPS = ("relu", "leaky_relu")
-
 Found = tuple[int, str, tuple[float, float] | None]
-
-
-def _keeps_exponent(layer: SourceLayer) -> bool:
-    return layer.op in _KEEPS or (layer.op == "runtime" and bool(layer.attrs.get("keeps_exponent")))
 
 
 class ExponentFinder:
@@ -107,7 +100,7 @@ class ExponentFinder:
             user = users[0]
             if user.op in WEIGHT_OPS and user.inputs == [current.name]:
                 return user
-            if not (_keeps_exponent(user) and len(user.inputs) == 1):
+            if not (keeps_exponent(user) and len(user.inputs) == 1):
                 return None
             current = user
         return None
@@ -121,7 +114,7 @@ class ExponentFinder:
                 exp = self.chain_outputs[current.name]
                 return exp, f"output exponent of {current.name!r}", None
             # Multi-input exponent-keeping layers (Concat) have one exponent on all inputs.
-            if not (_keeps_exponent(current) and current.inputs):
+            if not (keeps_exponent(current) and current.inputs):
                 return None
             current = self.layers.get(current.inputs[0])
         return None

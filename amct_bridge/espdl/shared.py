@@ -23,13 +23,7 @@ Example:
 from __future__ import annotations
 
 from amct_bridge.espdl.plan import Chain
-from amct_bridge.espdl.source import SourceLayer
-
-
-def _keeps(layer: SourceLayer) -> bool:
-    return layer.op in ("relu", "leaky_relu") or (
-        layer.op == "runtime" and bool(layer.attrs.get("keeps_exponent"))
-    )
+from amct_bridge.espdl.source import SourceLayer, keeps_exponent
 
 
 class _Sources:
@@ -44,7 +38,7 @@ class _Sources:
         if name in self.lasts:
             return {name}, set()
         layer = self.by_name.get(name)
-        if layer is None or not _keeps(layer) or name in seen:
+        if layer is None or not keeps_exponent(layer) or name in seen:
             return set(), {name}
         seen.add(name)
         ends: set[str] = set()
@@ -74,7 +68,7 @@ def shared_exponent_groups(
 
     loose = []
     for layer in layers:
-        if not (_keeps(layer) and len(layer.inputs) > 1):
+        if not (keeps_exponent(layer) and len(layer.inputs) > 1):
             continue
         ends, others = sources.of(layer.name, set())
         members = sorted(ends)

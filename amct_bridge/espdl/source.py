@@ -61,6 +61,10 @@ OPS: tuple[str, ...] = (
 )
 
 
+#: Standalone activations the runtime applies in place (output exponent = input exponent).
+_KEEPING_ACTIVATIONS = ("relu", "leaky_relu")
+
+
 @dataclass
 class SourceLayer:
     """One layer call of the source model (see the module docstring for ``op``/weights/attrs).
@@ -93,3 +97,15 @@ class SourceLayer:
     def describe(self) -> str:
         """``'name' (Kind)`` for messages."""
         return f"{self.name!r} ({self.kind or self.op})"
+
+
+def keeps_exponent(layer: SourceLayer) -> bool:
+    """True when the runtime gives ``layer``'s output the exponent of its input(s).
+
+    Example:
+        >>> keeps_exponent(SourceLayer("p", "runtime", attrs={"keeps_exponent": True}))
+        True
+    """
+    if layer.op in _KEEPING_ACTIVATIONS:
+        return True
+    return layer.op == "runtime" and bool(layer.attrs.get("keeps_exponent"))
