@@ -39,12 +39,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--out", help="output directory (created; must not exist or be empty)")
     parser.add_argument("--stats", help="calibration sidecar (default: <record>.calib.json)")
-    parser.add_argument("--feature-type", choices=("s8", "s16"), default="s8")
     parser.add_argument(
-        "--granularity", choices=("per-tensor", "per-channel"), default="per-tensor"
+        "--feature-type", choices=("s8", "s16"), default="s8", help="int8 or int16 (default s8)"
     )
     parser.add_argument(
-        "--target", choices=("esp32", "esp32s2", "esp32c3", "esp32s3"), default="esp32"
+        "--granularity",
+        choices=("per-tensor", "per-channel"),
+        default="per-tensor",
+        help="filter exponents: convert.py -q 0 / -q 1 (per-channel: s8 only)",
+    )
+    parser.add_argument(
+        "--target",
+        choices=("esp32", "esp32s2", "esp32c3", "esp32s3"),
+        default="esp32",
+        help="chip: element order in the preview and the convert.py command in export.json",
     )
     parser.add_argument(
         "--skip-unsupported", action="store_true", help="leave out layers ESP-DL v1 cannot take"
