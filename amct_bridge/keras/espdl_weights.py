@@ -57,6 +57,10 @@ HINTS: dict[str, str] = {
     "Conv1D": "use Conv2D on an (1, W, C) input",
     "UpSampling2D": "ESP-DL v1 has no resize layer",
     "Softmax": "apply softmax on the host to the int outputs (it keeps the arg max)",
+    "Rescaling": "with --skip-unsupported, scale the input on the host and quantize it with "
+    "the first layer's input_exponent",
+    "Normalization": "with --skip-unsupported, normalize the input on the host and quantize it "
+    "with the first layer's input_exponent",
 }
 
 #: Keras 3 ``keras.activations.leaky_relu`` default slope (used by ``activation="leaky_relu"``).
