@@ -204,7 +204,9 @@ def test_keras_refusals():
     d = keras.layers.ReLU(max_value=3.0, name="clip3")(x)
     e = keras.layers.BatchNormalization(name="lonely_bn")(x)
     f = keras.layers.Dense(4, activation="sigmoid", name="sig")(x)
-    model = keras.Model(x, [a, b, c, d, e, f])
+    g = keras.layers.PReLU(name="pp")(keras.layers.Conv2D(4, 1, name="before_pp")(x))
+    model = keras.Model(x, [a, b, c, d, e, f, g])
+    _randomize_bn_and_prelu(model)  # alpha differs per position
     with pytest.raises(ExportError) as info:
         export(None, model, None)
     msg = str(info.value)
@@ -215,6 +217,7 @@ def test_keras_refusals():
         "'clip3' (ReLU): ReLU max_value 3.0",
         "'lonely_bn' (BatchNormalization): BatchNormalization cannot be folded",
         "'sig' (Dense): activation 'sigmoid'",
+        "'pp' (PReLU): PReLU alpha varies over positions",
     ]:
         assert part in msg
 
