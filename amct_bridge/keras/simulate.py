@@ -144,7 +144,9 @@ def simulate(model: keras.Model, record: Record | str | os.PathLike) -> keras.Mo
         mine = parts.get(key)
         if mine is None or not any(f is not None for f in mine.values()):
             return new
-        first, last = mine[_first_kernel(layer)], mine.get("pointwise_kernel")
+        attrs = [attr for attr, _ in layer_spec(layer).kernels] or [""]
+        first = mine[attrs[0]]
+        last = mine[attrs[1]] if len(attrs) > 1 else None  # a separable conv's pointwise part
         return SimulatedQuant(
             new,
             input_quant=_input_quant(first, key) if first is not None else None,
@@ -159,11 +161,6 @@ def simulate(model: keras.Model, record: Record | str | os.PathLike) -> keras.Mo
         if key in parts:
             _quantize_kernels(inner, parts[key], fused.get(key), key)
     return clone
-
-
-def _first_kernel(layer) -> str:
-    spec = layer_spec(layer)
-    return spec.kernels[0][0] if spec.kernels else ""
 
 
 def _record_parts(model: keras.Model, record: Record) -> dict[str, dict[str, LayerFactors | None]]:
@@ -202,7 +199,9 @@ def _bits(factors: LayerFactors, field: str) -> int:
         return bits_of(factors.dst_type)
     if field == "act_type":
         return bits_of(factors.act_type or "INT8")
-    return 8  # wts_type: INT6/INT7 results are stored as INT8 too
+    # wts_type INT4..INT8: ARQ scales already map the kernel into the narrower range, so
+    # clipping at 8 bits is exact (AMCT stores INT6/INT7 results as INT8 too).
+    return 8
 
 
 def _check_factors(key: str, layer, attr: str, f: LayerFactors) -> None:
@@ -228,6 +227,8 @@ def _check_factors(key: str, layer, attr: str, f: LayerFactors) -> None:
         raise RecordError(
             f"{where}: offset_w has {len(f.offset_w)} values, scale_w {len(f.scale_w)}"
         )
+    if any(o != 0 for o in f.offset_w):
+        raise RecordError(f"{where}: offset_w's value should be 0")
     if not all(np.isfinite(s) and s > 0 for s in f.scale_w):
         raise RecordError(f"{where}: every scale_w must be finite and > 0")
 

@@ -194,6 +194,7 @@ def test_unknown_and_unquantizable_keys_are_errors(plain, data):
         (LayerFactors(scale_d=0.1, offset_d=200), r"offset_d's value should be in \[-128, 127\]"),
         (LayerFactors(scale_d=0.1, offset_d=8, dst_type="INT4"), r"should be in \[-8, 7\]"),
         (LayerFactors(scale_d=float("nan"), offset_d=0), "finite and > 0"),
+        (LayerFactors(scale_w=[0.1] * 3, offset_w=[0, 1, 0]), "offset_w's value should be 0"),
     ],
 )
 def test_bad_factors_name_the_layer(plain, factors, message):
