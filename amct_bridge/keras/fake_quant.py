@@ -62,6 +62,7 @@ def fake_quant(x, scale, offset, bits: int):
     """Quantize then dequantize ``x`` with (scale, offset) on a signed ``bits`` grid (STE round).
 
     ``scale``/``offset`` broadcast against ``x`` (per-channel factors: shape of the last axes).
+    Computed in float32 whatever ``x``'s dtype (mixed precision), returned in ``x``'s dtype.
 
     Example:
         >>> import numpy as np
@@ -69,8 +70,10 @@ def fake_quant(x, scale, offset, bits: int):
         [7.0, -8.0]
     """
     qmin, qmax = quant_limits(bits)
+    dtype = getattr(x, "dtype", "float32")
+    x = ops.cast(x, "float32")
     q = ops.clip(round_ste(x / scale) + offset, qmin, qmax)
-    return (q - offset) * scale
+    return ops.cast((q - offset) * scale, dtype)
 
 
 def fake_quant_range(x, lo, hi, bits: int, *, symmetric: bool = False):

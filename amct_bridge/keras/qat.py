@@ -150,6 +150,7 @@ class QATQuant(keras.layers.Wrapper):
                     initializer="zeros",
                     trainable=trainable,
                     aggregation="mean",
+                    autocast=False,  # factors stay float32 under mixed precision
                 )
                 for end in ("min", "max")
             )
@@ -159,6 +160,7 @@ class QATQuant(keras.layers.Wrapper):
                 initializer="zeros",
                 trainable=False,
                 aggregation="only_first_replica",
+                autocast=False,  # factors stay float32 under mixed precision
             )
             self.ranges[name] = (lo, hi, seen)
 
@@ -185,7 +187,7 @@ class QATQuant(keras.layers.Wrapper):
         return ops.where(ops.logical_or(seen > 0, bool(training)), y, x)
 
     def _update_range(self, x, lo_var, hi_var, seen):
-        batch_lo = ops.stop_gradient(ops.cast(ops.min(x), "float32"))
+        batch_lo = ops.stop_gradient(ops.cast(ops.min(x), "float32"))  # mixed precision too
         batch_hi = ops.stop_gradient(ops.cast(ops.max(x), "float32"))
         first = seen <= 0
         if self.activation_range == "ema":

@@ -90,6 +90,7 @@ class SimulatedQuant(keras.layers.Wrapper):
                         shape=(),
                         initializer=keras.initializers.Constant(value),
                         trainable=False,
+                        autocast=False,  # factors stay float32 under mixed precision
                     )
                     for what, value in (("scale", quant[0]), ("offset", quant[1]))
                 ] + [int(quant[2])]
