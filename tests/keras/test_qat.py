@@ -279,3 +279,49 @@ def test_int4_qat_beats_int4_post_training_on_digits():
     print(f"float {acc(model):.4f}  INT4 PTQ {ptq_acc:.4f}  INT4 QAT {qat_acc:.4f}")
     assert qat_acc > ptq_acc + 0.005
     assert isinstance(qat.get_layer("fc1"), QATQuant)
+
+
+DISTRIBUTED_SCRIPT = """
+import json, os, sys
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import keras, numpy as np
+from amct_bridge.keras.qat import quantize_aware, qat_record
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(3, name="fc")])
+with strategy.scope():
+    qat = quantize_aware(model, "INT4", ema_decay=0.9)
+    qat.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
+rng = np.random.default_rng(0)
+batches = [rng.normal(0, s, (16, 5)).astype("float32") for s in (1.0, 3.0)]
+for xb in batches:
+    qat.fit(xb, np.zeros((16, 3), "float32"), batch_size=16, shuffle=False, verbose=0)
+lo, hi, _ = qat.get_layer("fc").ranges["input"]
+json.dump({"replicas": strategy.num_replicas_in_sync, "lo": float(lo.numpy()),
+           "hi": float(hi.numpy()), "batches": [b.tolist() for b in batches],
+           "dst_type": qat_record(qat).layers["fc"].dst_type}, sys.stdout)
+"""
+
+
+def test_mirrored_strategy_ranges_are_the_replica_mean():
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    proc = subprocess.run(
+        [sys.executable, "-c", DISTRIBUTED_SCRIPT], capture_output=True, text=True, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["replicas"] == 2 and out["dst_type"] == "INT4"
+    # each replica sees half of every batch; the kept EMA is the mean of the replicas' EMAs
+    lo = hi = None
+    for batch in map(np.float32, out["batches"]):
+        halves = batch[:8], batch[8:]
+        b_lo, b_hi = np.mean([h.min() for h in halves]), np.mean([h.max() for h in halves])
+        lo = b_lo if lo is None else 0.9 * lo + 0.1 * b_lo
+        hi = b_hi if hi is None else 0.9 * hi + 0.1 * b_hi
+    np.testing.assert_allclose([out["lo"], out["hi"]], [lo, hi], rtol=1e-5)
