@@ -3,7 +3,9 @@
 Run: ``.venv/bin/python benchmarks/bench_keras_callback.py [--quick]``. Prints, per algorithm,
 fit time with the callback divided by fit time without it (same model, data and epochs, measured
 in this run; targets <= 1.10 for minmax/ema, <= 1.30 for hfmg/ifmr) and the samples per second of
-an ``evaluate``-based calibration next to a plain ``evaluate``.
+an ``evaluate``-based calibration (re-trace of the instrumented step and the end-of-run clip
+search included) next to a plain ``evaluate``. Two models: ``light`` (depthwise blocks: many
+activations per FLOP, the worst case) and ``conv`` (plain 3x3 convolutions).
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ ALGORITHMS = ("minmax", "ema", "percentile", "hfmg", "ifmr")
 TARGETS = {"minmax": 1.10, "ema": 1.10, "hfmg": 1.30, "ifmr": 1.30}
 
 
-def make_model() -> keras.Model:
-    """A small MobileNet-like CNN: conv/BN/ReLU blocks, depthwise, pooling, dense head."""
+def make_model(kind: str = "light") -> keras.Model:
+    """``light``: MobileNet-like blocks (conv/BN/ReLU6, depthwise), many activations per FLOP,
+    the worst case for per-tensor statistics. ``conv``: VGG-like 3x3 convolutions."""
     keras.utils.set_random_seed(0)
     inp = keras.Input((32, 32, 3))
     x = inp
@@ -33,9 +36,13 @@ def make_model() -> keras.Model:
         x = keras.layers.Conv2D(filters, 3, padding="same", use_bias=False, name=f"c{i}")(x)
         x = keras.layers.BatchNormalization(name=f"bn{i}")(x)
         x = keras.layers.ReLU(6.0, name=f"r{i}")(x)
-        x = keras.layers.DepthwiseConv2D(3, padding="same", use_bias=False, name=f"dw{i}")(x)
-        x = keras.layers.BatchNormalization(name=f"dbn{i}")(x)
-        x = keras.layers.ReLU(6.0, name=f"dr{i}")(x)
+        if kind == "light":
+            x = keras.layers.DepthwiseConv2D(3, padding="same", use_bias=False, name=f"dw{i}")(x)
+            x = keras.layers.BatchNormalization(name=f"dbn{i}")(x)
+            x = keras.layers.ReLU(6.0, name=f"dr{i}")(x)
+        else:
+            x = keras.layers.Conv2D(2 * filters, 3, padding="same", name=f"cc{i}")(x)
+            x = keras.layers.ReLU(name=f"cr{i}")(x)
         x = keras.layers.AveragePooling2D(2, name=f"ap{i}")(x)
     x = keras.layers.GlobalAveragePooling2D()(x)
     x = keras.layers.Dense(10, name="fc")(x)
@@ -44,15 +51,15 @@ def make_model() -> keras.Model:
     return model
 
 
-def timed_fit(x, y, epochs: int, callbacks: list) -> float:
-    model = make_model()
+def timed_fit(kind: str, x, y, epochs: int, callbacks: list) -> float:
+    model = make_model(kind)
     start = time.perf_counter()
     model.fit(x, y, batch_size=32, epochs=epochs, verbose=0, callbacks=callbacks)
     return time.perf_counter() - start
 
 
-def timed_evaluate(x, y, callbacks: list) -> float:
-    model = make_model()
+def timed_evaluate(kind: str, x, y, callbacks: list) -> float:
+    model = make_model(kind)
     model.evaluate(x[:32], y[:32], verbose=0)  # build + trace the plain step once
     start = time.perf_counter()
     model.evaluate(x, y, batch_size=32, verbose=0, callbacks=callbacks)
@@ -63,6 +70,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer samples and epochs")
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
+    parser.add_argument("--models", default="light,conv", help="light and/or conv")
     args = parser.parse_args()
     n, epochs = (640, 2) if args.quick else (2560, 3)
     rng = np.random.default_rng(0)
@@ -70,22 +78,24 @@ def main() -> None:
     y = rng.integers(0, 10, n)
     out = tempfile.mkdtemp()
     algorithms = args.algorithms.split(",")
-    print(f"fit: {n} samples x {epochs} epochs, batch 32; evaluate: {n} samples")
-    timed_fit(x[:64], y[:64], 1, [])  # warm up TF
-    base_fit = timed_fit(x, y, epochs, [])
-    base_eval = timed_evaluate(x, y, [])
-    print(f"{'algorithm':<11} {'fit ratio':>9} {'target':>7} {'eval samples/s':>15} {'plain':>8}")
-    for algo in algorithms:
-        cb = QuantCalibration(os.path.join(out, f"{algo}.txt"), algorithm=algo)
-        ratio = timed_fit(x, y, epochs, [cb]) / base_fit
-        cb = QuantCalibration(os.path.join(out, f"{algo}-eval.txt"), algorithm=algo)
-        rate = n / timed_evaluate(x, y, [cb])
-        target = TARGETS.get(algo)
-        mark = "" if target is None else ("ok" if ratio <= target else "SLOW")
+    print(f"fit: {n} samples x {epochs} epochs, batch 32; evaluate: {n} samples (after a warm-up)")
+    timed_fit("light", x[:64], y[:64], 1, [])  # warm up TF
+    for kind in args.models.split(","):
+        base_fit = timed_fit(kind, x, y, epochs, [])
+        base_eval = timed_evaluate(kind, x, y, [])
         print(
-            f"{algo:<11} {ratio:>9.3f} {target or '-':>7} {rate:>15.0f} "
-            f"{n / base_eval:>8.0f} {mark}"
+            f"\nmodel {kind!r}: plain fit {base_fit:.2f} s, "
+            f"plain evaluate {n / base_eval:.0f} samples/s"
         )
+        print(f"{'algorithm':<11} {'fit ratio':>9} {'target':>7} {'calibrating evaluate':>21}")
+        for algo in algorithms:
+            cb = QuantCalibration(os.path.join(out, f"{algo}.txt"), algorithm=algo)
+            ratio = timed_fit(kind, x, y, epochs, [cb]) / base_fit
+            cb = QuantCalibration(os.path.join(out, f"{algo}-eval.txt"), algorithm=algo)
+            rate = n / timed_evaluate(kind, x, y, [cb])
+            target = TARGETS.get(algo)
+            mark = "" if target is None else ("ok" if ratio <= target else "over")
+            print(f"{algo:<11} {ratio:>9.3f} {target or '-':>7} {rate:>12.0f} samples/s {mark}")
 
 
 if __name__ == "__main__":

@@ -104,6 +104,10 @@ class Instrumentation:
             for point in self.points:
                 slots = max(1, point.calls) * spe * max(1, steps_per_read)
                 self._vars.append(self._make_vars(point, slots))
+        # ON_READ (distributed) variables have no scatter ops: those get whole-buffer assigns
+        self._scatter = not any(
+            isinstance(v, tf.distribute.DistributedValues) for d in self._vars for v in d.values()
+        )
         self._last: dict[tuple[int, int], int] = {}
         self._installed: list[object] = []
         self._fetch = None
@@ -138,16 +142,27 @@ class Instrumentation:
         size = tf.cast(tf.size(x), tf.float64)
         slots = v["mm"].shape[0]
         slot = tf.math.floormod(v["count"].assign_add(1) - 1, slots)
-        _put(v["mm"], slot, tf.stack([tf.cast(lo, tf.float64), tf.cast(hi, tf.float64), size]))
+        self._put(v["mm"], slot, tf.stack([tf.cast(lo, tf.float64), tf.cast(hi, tf.float64), size]))
         if point.bins:
             # equal min/max: every value into bin 0 (the BatchStats contract)
             top = tf.where(hi > lo, hi, lo + 1.0)
             edges = tf.stack([lo, top])
-            _put(v["hist"], slot, tf.histogram_fixed_width(x, edges, point.bins, dtype=tf.int32))
+            self._put(
+                v["hist"], slot, tf.histogram_fixed_width(x, edges, point.bins, dtype=tf.int32)
+            )
         if point.channel_axis is not None:
             axes = [a for a in range(x.shape.rank) if a != point.channel_axis % x.shape.rank]
             chan = tf.stack([tf.reduce_min(x, axis=axes), tf.reduce_max(x, axis=axes)])
-            _put(v["chan"], slot, chan)
+            self._put(v["chan"], slot, chan)
+
+    def _put(self, var: tf.Variable, slot: tf.Tensor, row: tf.Tensor) -> None:
+        """``var[slot] = row`` in-graph (a plain assign when the ring has one slot)."""
+        if var.shape[0] == 1:
+            var.assign(row[None])
+        elif self._scatter:
+            var.scatter_update(tf.IndexedSlices(row[None], slot[None]))
+        else:
+            var.assign(tf.tensor_scatter_nd_update(var.read_value(), slot[None, None], row[None]))
 
     def _wrap(self, layer, indices: list[int]) -> Callable:
         original = layer.call  # the bound class method (instance attribute not set yet)
@@ -249,15 +264,6 @@ class Instrumentation:
 
 
 _ORDER = ("count", "mm", "hist", "chan")
-
-
-def _put(var: tf.Variable, slot: tf.Tensor, row: tf.Tensor) -> None:
-    """``var[slot] = row``. Whole-variable assigns only: ON_READ (distributed) variables have no
-    scatter ops; with one slot (the common case) it is a plain assign, no copy."""
-    if var.shape[0] == 1:
-        var.assign(row[None])
-    else:
-        var.assign(tf.tensor_scatter_nd_update(var.read_value(), slot[None, None], row[None]))
 
 
 def _first(x):

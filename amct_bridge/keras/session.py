@@ -34,8 +34,10 @@ from amct_bridge.keras.weights import input_channels
 from amct_bridge.quant.factors import bits_of
 from amct_bridge.quant.observers import make_observer
 
-#: Host reads happen every this many batch ends when observers need only min/max.
-_READ_EVERY_MINMAX = 16
+#: Host reads happen at most every this many batch ends (fewer transfers, same data)...
+_READ_EVERY = 16
+#: ...as long as the ring buffers of all histograms stay below this many bytes.
+_HIST_BUDGET = 32 * 2**20
 
 
 @dataclass
@@ -138,8 +140,10 @@ class Session:
         if self._inst is not None or self._done():
             return
         points = [o.point for o in self.observed]
-        hist = any(p.bins for p in points)
-        self._inst = Instrumentation(self.model, points, 1 if hist else _READ_EVERY_MINMAX)
+        spe = int(getattr(self.model, "steps_per_execution", 1) or 1)
+        per_read = sum(4 * p.bins * max(1, p.calls) * spe for p in points)
+        every = max(1, min(_READ_EVERY, _HIST_BUDGET // max(1, per_read)))
+        self._inst = Instrumentation(self.model, points, every)
         self._inst.install()
         self._mode, self._pass_base = mode, self.batches
         self._pass_batches = self._pass_seen = 0
@@ -265,7 +269,7 @@ def _depthwise_output(layer, x):
     strides = (1, 1, *layer.strides) if fmt == "NCHW" else (1, *layer.strides, 1)
     return tf.nn.depthwise_conv2d(
         x,
-        layer.depthwise_kernel,
+        tf.cast(layer.depthwise_kernel, x.dtype),  # mixed precision: compute like the layer
         strides=strides,
         padding=layer.padding.upper(),
         dilations=layer.dilation_rate,

@@ -174,3 +174,29 @@ def mobilenet():
     randomize_bn(model)
     x = np.random.default_rng(1).uniform(-1, 1, size=(8, 96, 96, 3)).astype("float32")
     return model, x
+
+
+class _Subclassed(keras.Model):
+    def __init__(self):
+        super().__init__(name="net")
+        self.conv = keras.layers.Conv2D(4, 3, name="c")
+        self.relu = keras.layers.ReLU(name="r")
+        self.dense = keras.layers.Dense(2, name="d")
+
+    def call(self, x):
+        return self.dense(keras.ops.mean(self.relu(self.conv(x)), axis=(1, 2)))
+
+
+def test_subclassed_model_without_call_graph(tmp_path):
+    model = _Subclassed()
+    x = np.random.default_rng(2).uniform(-1, 2, (16, 8, 8, 3)).astype("float32")
+    model(x)
+    path = tmp_path / "r.txt"
+    model.predict(
+        x, batch_size=8, verbose=0, callbacks=[QuantCalibration(path, algorithm="minmax")]
+    )
+    record = load(path)
+    assert list(record.layers) == ["c", "d"]
+    _assert_act(record.layers["c"], x)
+    _assert_w(record.layers["c"], ref_arq(model.conv.kernel, 3))
+    assert load_stats(sidecar_path(path)).layers["r"].output.min == 0.0
