@@ -226,3 +226,26 @@ def test_save_every_epoch_writes_during_fit(tmp_path):
         images(16), np.zeros((16, 5)), batch_size=8, epochs=2, verbose=0, callbacks=[cb, Peek()]
     )
     assert seen == [True, True]
+
+
+def test_config_overrides_and_skipped_types_reach_the_record(tmp_path):
+    from amct_bridge.config import parse_simple_config
+
+    config = parse_simple_config(
+        """
+        skip_layer_types: "AvgPool"
+        common_config { arq_quantize { channel_wise: false } }
+        override_layer_configs {
+            layer_name: "fc"
+            calibration_config { hfmg_quantize { num_of_bins: 1024 dst_type: INT16 } }
+        }
+        """
+    )
+    model = _compiled()
+    path = tmp_path / "r.txt"
+    model.predict(images(16), verbose=0, callbacks=[QuantCalibration(path, config=config)])
+    record = load(path)
+    assert list(record.layers) == ["c1", "fc"]
+    assert len(record.layers["c1"].scale_w) == 1  # channel_wise false: one scale
+    assert record.layers["fc"].act_type == "INT16" and record.layers["c1"].act_type is None
+    assert load_stats(sidecar_path(path)).algorithm == "hfmg,ifmr"
