@@ -110,6 +110,7 @@ class Instrumentation:
         )
         self._last: dict[tuple[int, int], int] = {}
         self._installed: list[object] = []
+        self.python_calls = 0
         self._fetch = None
 
     # ---- graph side -------------------------------------------------------------------------
@@ -172,6 +173,7 @@ class Instrumentation:
             x = args[0] if args else kwargs.get("inputs")
             if not _should_record(x):
                 return outputs
+            self.python_calls += 1  # once per trace, not per batch, when the step is compiled
             for index in indices:
                 role = self.points[index].role
                 if role == "input":

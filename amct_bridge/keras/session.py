@@ -69,6 +69,7 @@ class Session:
         self._pass_seen = 0  # exact, from the rows read back
         self._begin = 0
         self._ends = 0
+        self.python_calls = 0  # wrapper bodies run in Python (traces), for tests
         self._pool: ThreadPoolExecutor | None = None
         self._futures: list = []
 
@@ -181,6 +182,7 @@ class Session:
         if self._inst is None:
             return
         self._inst.remove()
+        self.python_calls += self._inst.python_calls
         setattr(self.model, f"{self._mode}_function", self._saved_fn)
         self._inst, self._saved_fn = None, None
         self.batches = self._pass_base + self._pass_seen
