@@ -147,7 +147,7 @@ class Session:
         self._inst = Instrumentation(self.model, points, every)
         self._inst.install()
         self._mode, self._pass_base = mode, self.batches
-        self._pass_batches = self._pass_seen = 0
+        self._pass_batches = self._pass_seen = self._ends = 0
         self._saved_fn = getattr(self.model, f"{mode}_function")
         getattr(self.model, f"make_{mode}_function")(force=True)
 
