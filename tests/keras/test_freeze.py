@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-from calib_models import branchy_model, nested_model, ref_arq
+from calib_models import bn_fold, branchy_model, nested_model, ref_arq
 
 from amct_bridge.keras import QuantCalibration
 from amct_bridge.keras.freeze import freeze_model
@@ -25,6 +25,12 @@ def _weights(nodes, op):
         node = nodes[node.input[0]]
     assert node.op == "Const"
     return tf.make_ndarray(node.attr["value"].tensor)
+
+
+def _layer(model, key):
+    for name in key.split("/"):
+        model = model.get_layer(name)
+    return model
 
 
 def _expected_scale_w(op_type, kernel):
@@ -61,6 +67,14 @@ def test_tf_op_keys_and_frozen_weights_agree(tmp_path, make):
         np.testing.assert_allclose(
             factors.scale_w, _expected_scale_w(op.op, kernel), rtol=2e-6, err_msg=key
         )
+    # BN really is folded into the .pb: the keyed conv's constant is W * gamma / sqrt(var + eps)
+    conv, bn = ("dw", "bn_dw") if make is branchy_model else ("block/ic", "block/ibn")
+    layer, bn_layer = _layer(model, conv), _layer(model, bn)
+    (op_name,) = [k for k in record.layers if f"/{conv.split('/')[-1]}_1/" in k]
+    out_shape = (layer.kernel.shape[2], layer.kernel.shape[3]) if conv == "dw" else None
+    np.testing.assert_allclose(
+        _weights(nodes, nodes[op_name]), bn_fold(layer.kernel, bn_layer, out_shape), rtol=1e-6
+    )
     # the frozen graph (BN folded into the weights) still computes the model
     graph = tf.Graph()
     with graph.as_default():
