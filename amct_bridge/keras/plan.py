@@ -47,7 +47,8 @@ class Target:
         skip_fusion: the user turned Conv+BN folding off for this layer.
         calls: times the layer runs per model call (shared layers).
         tensors: graph-IR ids of its (input, output) tensor, None when unknown or shared; equal
-            ids mean the same tensor (one layer's output is the next one's input).
+            ids mean the same tensor (one layer's output is the next one's input). With a
+            folded BN the output is the BN's (what the folded op computes).
 
     Example:
         >>> Target("r1", "r1", None, "ReLU", None, LayerQuantConfig()).quantized
@@ -69,6 +70,11 @@ class Target:
     def quantized(self) -> bool:
         """True if the target gets a record entry (not just sidecar ranges)."""
         return self.part is not None
+
+    @property
+    def output_layer(self):
+        """The layer whose output is this target's output: the folded BN, else the layer."""
+        return self.bn if self.bn is not None else self.layer
 
     @property
     def types(self) -> tuple[str, ...]:
@@ -137,9 +143,14 @@ def make_plan(model, config: QuantConfig) -> Plan:
             if config.is_skipped(layer_key, types) or config.is_skipped(key, types):
                 continue
             skip_fusion = config.skips_fusion(layer_key)
-            bn = chains.get(layer_key) if part.foldable and not skip_fusion else None
+            bn_key, bn = chains.get(layer_key, (None, None))
+            if not part.foldable or skip_fusion:
+                bn_key, bn = None, None
             cfg = config.for_layer(key, types) if key in config.by_name else None
             cfg = cfg or config.for_layer(layer_key, types)
+            io = tensors.get(layer_key, (None, None))
+            if bn_key is not None:  # the folded op computes the BN's output
+                io = (io[0], tensors.get(bn_key, (None, None))[1])
             targets.append(
                 Target(
                     key,
@@ -151,7 +162,7 @@ def make_plan(model, config: QuantConfig) -> Plan:
                     bn,
                     skip_fusion,
                     calls[layer_key],
-                    tensors.get(layer_key, (None, None)),
+                    io,
                 )
             )
         if not parts and registry.is_activation(layer):
@@ -208,7 +219,7 @@ def _graph_facts(model, by_key: dict[str, object]):
             continue
         bn_layer = by_key.get(chain[1].layer)
         if bn_layer is not None and _bn_on_channels(bn_layer):
-            chains[head.layer] = bn_layer
+            chains[head.layer] = (chain[1].layer, bn_layer)
     return order, calls, chains, tensors
 
 

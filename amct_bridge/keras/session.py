@@ -27,6 +27,7 @@ import numpy as np
 
 from amct_bridge.config import QuantConfig
 from amct_bridge.errors import CalibrationError
+from amct_bridge.keras import layers as registry
 from amct_bridge.keras.instrument import Instrumentation, Point
 from amct_bridge.keras.plan import Plan, Target, make_plan
 from amct_bridge.keras.record_builder import build_outputs, write_outputs
@@ -84,16 +85,16 @@ class Session:
 
     def _make_points(self) -> None:
         by_tensor: dict[str, int] = {}
+        by_layer: dict[str, list[Target]] = {}
         for target in self.plan.targets:
-            if (target.layer_key, "input") in self.tensors:
-                continue  # second part of a SeparableConv2D: points made with the first
-            self._add(target, "input", target.part, by_tensor)
-            if target.kind == "SeparableConv2D":
-                pointwise = next(
-                    t for t in self.plan.targets if t.key == f"{target.layer_key}/pointwise"
-                )
-                self._add(target, "inner", pointwise.part, by_tensor, _depthwise_output)
-            self._add(target, "output", None, by_tensor)
+            by_layer.setdefault(target.layer_key, []).append(target)
+        for parts in by_layer.values():
+            first, last = parts[0], parts[-1]
+            layer_parts = registry.quant_parts(first.layer)
+            self._add(first, "input", layer_parts[0] if layer_parts else None, by_tensor)
+            if first.kind == "SeparableConv2D":  # the depthwise output feeds the pointwise op
+                self._add(last, "inner", layer_parts[-1], by_tensor, _depthwise_output)
+            self._add(last, "output", None, by_tensor)
 
     def _add(self, target: Target, role: str, part, by_tensor: dict, inner=None) -> None:
         """Add the point of one tensor, or reuse the point already observing the same tensor."""
@@ -116,10 +117,12 @@ class Session:
             **cfg.options,
         )
         axis = _channel_axis(target.layer) if dmq else None
+        # a folded BN's output is the target's output: observe it there (wrap the BN layer)
+        layer = target.output_layer if role == "output" else target.layer
         point = Point(
             key=target.layer_key,
             role=role,
-            layer=target.layer,
+            layer=layer,
             bins=int(observer.bins),
             channel_axis=axis,
             channels=input_channels(target.layer, part) if dmq else 0,
@@ -203,9 +206,12 @@ class Session:
             self._pass_seen = max(self._pass_seen, batch - self._pass_base + 1)
             stats = row.stats
             if not (math.isfinite(stats.min) and math.isfinite(stats.max)):
+                where = f"layer {obs.point.key!r}: {obs.point.role}"
+                if obs.point.layer.name != obs.point.key.split("/")[-1]:
+                    where += f" (after its folded {obs.point.layer.name!r})"
                 raise CalibrationError(
-                    f"layer {obs.point.key!r}: {obs.point.role} of batch {batch} contains "
-                    f"NaN or Inf (min {stats.min}, max {stats.max}); no record written"
+                    f"{where} of batch {batch} contains NaN or Inf "
+                    f"(min {stats.min}, max {stats.max}); no record written"
                 )
             updates.append((obs, stats, row.channel_range))
         if updates:

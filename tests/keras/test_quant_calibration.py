@@ -45,9 +45,10 @@ def test_sequential_minmax_matches_numpy(tmp_path):
     record = load(path)
     assert list(record.layers) == ["c1", "ap", "fc"]
     assert validate(record) == []
-    c1_in, ap_in, fc_in, r1_out = _features(
+    c1_in, ap_in, fc_in, r1_out, bn1_out = _features(
         model,
-        [model.get_layer(n).input for n in ("c1", "ap", "fc")] + [model.get_layer("r1").output],
+        [model.get_layer(n).input for n in ("c1", "ap", "fc")]
+        + [model.get_layer(n).output for n in ("r1", "bn1")],
         x,
     )
     _assert_act(record.layers["c1"], c1_in)
@@ -63,6 +64,9 @@ def test_sequential_minmax_matches_numpy(tmp_path):
     assert stats.layers["r1"].output.max == pytest.approx(float(r1_out.max()))
     assert stats.layers["r1"].output.min == pytest.approx(float(r1_out.min()))
     assert stats.layers["c1"].input.observed_max == pytest.approx(float(x.max()))
+    # c1's BN is folded: its output is what the folded conv computes, the BN output
+    assert stats.layers["c1"].output.max == pytest.approx(float(bn1_out.max()), rel=1e-6)
+    assert stats.layers["c1"].output.min == pytest.approx(float(bn1_out.min()), rel=1e-6)
 
 
 def test_branches_separable_transpose_shared(tmp_path, branchy):
