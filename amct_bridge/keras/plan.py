@@ -44,6 +44,7 @@ class Target:
         part: the quantized part (None for activation layers).
         config: effective settings of this layer.
         bn: BatchNormalization folded into this part (None: none or fusion skipped).
+        bn_key: that BN's layer key.
         skip_fusion: the user turned Conv+BN folding off for this layer.
         calls: times the layer runs per model call (shared layers).
         tensors: graph-IR ids of its (input, output) tensor, None when unknown or shared; equal
@@ -65,6 +66,7 @@ class Target:
     skip_fusion: bool = False
     calls: int = 1
     tensors: tuple[str | None, str | None] = (None, None)
+    bn_key: str | None = None
 
     @property
     def quantized(self) -> bool:
@@ -163,6 +165,7 @@ def make_plan(model, config: QuantConfig) -> Plan:
                     skip_fusion,
                     calls[layer_key],
                     io,
+                    bn_key,
                 )
             )
         if not parts and registry.is_activation(layer):

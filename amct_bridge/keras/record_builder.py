@@ -142,6 +142,8 @@ def _sidecar(session, clip: dict) -> CalibrationStats:
             seen = index is not None and index in clip
             ranges.append(_range(session.observed[index], clip[index]) if seen else None)
         stats.layers[target.key] = LayerStats(target.kind, input=ranges[0], output=ranges[1])
+        if target.bn_key is not None:  # the folded BN's output is the same tensor
+            stats.layers[target.bn_key] = LayerStats("BatchNormalization", output=ranges[1])
     return stats
 
 

@@ -60,13 +60,14 @@ def test_sequential_minmax_matches_numpy(tmp_path):
     assert record.layers["ap"].scale_w == []
     stats = load_stats(sidecar_path(path))
     assert stats.algorithm == "minmax" and stats.batches == 3
-    assert list(stats.layers) == ["c1", "r1", "ap", "fc"]
+    assert list(stats.layers) == ["c1", "bn1", "r1", "ap", "fc"]
     assert stats.layers["r1"].output.max == pytest.approx(float(r1_out.max()))
     assert stats.layers["r1"].output.min == pytest.approx(float(r1_out.min()))
     assert stats.layers["c1"].input.observed_max == pytest.approx(float(x.max()))
     # c1's BN is folded: its output is what the folded conv computes, the BN output
     assert stats.layers["c1"].output.max == pytest.approx(float(bn1_out.max()), rel=1e-6)
     assert stats.layers["c1"].output.min == pytest.approx(float(bn1_out.min()), rel=1e-6)
+    assert stats.layers["bn1"].output == stats.layers["c1"].output
 
 
 def test_branches_separable_transpose_shared(tmp_path, branchy):
