@@ -7,8 +7,9 @@ Example:
     ('tf', [])
 """
 
+from amct_bridge.records.codec import detect_flavor, from_proto, to_proto
 from amct_bridge.records.convert import convert
-from amct_bridge.records.io import detect_flavor, dumps, from_proto, load, loads, save, to_proto
+from amct_bridge.records.io import dumps, load, loads, save
 from amct_bridge.records.model import Attr, LayerFactors, PruneNode, PruneRecord, Record
 from amct_bridge.records.validate import Problem, validate
 

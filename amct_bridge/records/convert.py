@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import copy
 
+from amct_bridge.records.codec import used_fields
 from amct_bridge.records.flavors import UNSUPPORTED_FIELDS, get_flavor
-from amct_bridge.records.io import used_fields
 from amct_bridge.records.model import Record
 
 

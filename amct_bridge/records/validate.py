@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from amct_bridge.records.codec import used_fields
 from amct_bridge.records.flavors import FLAVORS, UNSUPPORTED_FIELDS, get_flavor
-from amct_bridge.records.io import used_fields
 from amct_bridge.records.model import ATTR_TYPES, LayerFactors, PruneNode, Record
 
 FLT_EPSILON = float(np.finfo(np.float32).eps)
