@@ -118,3 +118,50 @@ def test_cli_bad_data_is_named(tmp_path, model_file, capsys, make_data, message)
 def test_cli_missing_model(tmp_path, capsys):
     assert main(["calibrate", str(tmp_path / "no.keras"), "--data", "x.npy", "-o", "r.txt"]) == 2
     assert "model file not found" in capsys.readouterr().err
+
+
+def test_cli_two_input_model_from_named_npz(tmp_path, capsys):
+    import keras
+
+    a, b = keras.Input((6,), name="a"), keras.Input((4,), name="b")
+    out = keras.layers.Dense(3, name="fc")(keras.layers.Concatenate()([a, b]))
+    path = tmp_path / "two.keras"
+    keras.Model([a, b], out).save(path)
+    rng = np.random.default_rng(0)
+    xa, xb = rng.uniform(-1, 1, (12, 6)), rng.uniform(0, 5, (12, 4))
+    np.savez(tmp_path / "x.npz", a=xa, b=xb)
+    code = main(
+        [
+            "calibrate",
+            str(path),
+            "--data",
+            str(tmp_path / "x.npz"),
+            "-q",
+            "-o",
+            str(tmp_path / "r.txt"),
+            "--algorithm",
+            "minmax",
+            "--batch-size",
+            "4",
+        ]
+    )
+    assert code == 0, capsys.readouterr().err
+    scale, offset = ref_act_factors(min(xa.min(), xb.min()), max(xa.max(), xb.max()))
+    fc = load(tmp_path / "r.txt").layers["fc"]
+    assert fc.scale_d == pytest.approx(scale, rel=1e-6) and fc.offset_d == offset
+    np.savez(tmp_path / "bad.npz", a=xa, c=xb)
+    assert (
+        main(
+            [
+                "calibrate",
+                str(path),
+                "--data",
+                str(tmp_path / "bad.npz"),
+                "-q",
+                "-o",
+                str(tmp_path / "r2.txt"),
+            ]
+        )
+        == 2
+    )
+    assert "missing ['b']" in capsys.readouterr().err
