@@ -15,8 +15,8 @@ Example:
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
+from amct_bridge.commands.common import load_keras_model
 from amct_bridge.config import ALGORITHMS
 from amct_bridge.errors import CalibrationError
 
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from amct_bridge.keras import calibrate
     from amct_bridge.records.calibration import load_stats, sidecar_path
 
-    model = _load_model(args.model)
+    model = load_keras_model(args.model)
     data = _load_data(args.data, model)
     options = {
         "config": args.config,
@@ -115,17 +115,6 @@ def run(args: argparse.Namespace) -> int:
 def _names(text: str) -> list[str] | None:
     names = [n.strip() for n in text.split(",") if n.strip()]
     return names or None
-
-
-def _load_model(path: str):
-    import keras
-
-    if not Path(path).is_file():
-        raise CalibrationError(f"{path}: model file not found")
-    try:
-        return keras.models.load_model(path, compile=False)
-    except Exception as err:  # Keras raises many types for a bad file; name the file
-        raise CalibrationError(f"{path}: cannot load Keras model: {err}") from None
 
 
 def _load_data(path: str, model):

@@ -11,6 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from amct_bridge.commands.common import load_keras_model
 from amct_bridge.errors import ExportError
 
 
@@ -66,17 +67,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def _load_model(path: str):
-    if not Path(path).is_file():
-        raise ExportError(f"{path}: model file not found")
-    import keras  # heavy: only when the command runs
-
-    try:
-        return keras.models.load_model(path, compile=False)
-    except Exception as err:  # keras raises many types for a bad file
-        raise ExportError(f"{path}: cannot load Keras model: {err}") from None
-
-
 def _preview_set(args: argparse.Namespace) -> int:
     from amct_bridge.espdl.preview import load_set, preview_set
     from amct_bridge.espdl.report import format_set_preview
@@ -105,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         raise ExportError("give --record and/or --stats: the exponents come from them")
     if args.record is not None and not Path(args.record).is_file():
         raise ExportError(f"{args.record}: record file not found")
-    model = _load_model(args.model)
+    model = load_keras_model(args.model)
     result = export(
         args.record,
         model,

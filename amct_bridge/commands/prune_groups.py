@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
+from amct_bridge.commands.common import load_keras_model
 from amct_bridge.errors import GraphError
 
 
@@ -45,17 +45,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def _load_model(path: str):
-    if not Path(path).is_file():
-        raise GraphError(f"{path}: model file not found")
-    import keras  # heavy: only when the command runs
-
-    try:
-        return keras.models.load_model(path, compile=False)
-    except Exception as err:  # keras raises many types for a bad file
-        raise GraphError(f"{path}: cannot load Keras model: {err}") from None
-
-
 def run(args: argparse.Namespace) -> int:
     """Run the command; returns the exit code."""
     from amct_bridge.graph.groups import Discovery, discover_groups
@@ -67,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.with_mask and not args.selective:
         raise GraphError("--with-mask needs --selective")
-    model = _load_model(args.model)
+    model = load_keras_model(args.model)
     graph = extract_graph(model)
     discovery = Discovery() if args.no_channel else discover_groups(graph)
     selective = selective_candidates(graph) if args.selective else None
