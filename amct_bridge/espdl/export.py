@@ -38,6 +38,7 @@ from amct_bridge.espdl.exponents import ExponentFinder
 from amct_bridge.espdl.naming import c_identifiers
 from amct_bridge.espdl.plan import Chain, Problem, plan_chains
 from amct_bridge.espdl.preview import LayerPreview, preview_layer
+from amct_bridge.espdl.runtime import ESPDL_CLASS, RuntimeLayer, runtime_layers
 from amct_bridge.espdl.shared import shared_exponent_groups
 from amct_bridge.espdl.source import WEIGHT_OPS, SourceLayer
 from amct_bridge.espdl.writer import npy_bytes, write_directory
@@ -77,11 +78,13 @@ class ExportResult:
     layers: list[ExportedLayer]
     skipped: list[Problem]
     notes: list[str] = field(default_factory=list)
+    runtime: list[RuntimeLayer] = field(default_factory=list)
 
     @property
     def warnings(self) -> list[str]:
         """Model-wide notes, then every layer's warnings (e.g. scale_w not matching)."""
-        return self.notes + [w for layer in self.layers for w in layer.warnings]
+        per_layer = [w for layer in [*self.layers, *self.runtime] for w in layer.warnings]
+        return self.notes + per_layer
 
     @property
     def config(self) -> dict:
@@ -280,10 +283,13 @@ def export_layers(
         )
     if not chains:
         raise ExportError("nothing to export: the model has no Conv2D / DepthwiseConv2D / Dense")
-    names = c_identifiers([c.head.name for c in chains])
+    extra = [x.name for x in layers if x.op == "runtime" and x.kind in ESPDL_CLASS]
+    names = c_identifiers([c.head.name for c in chains] + extra)  # chains keep their names
     finder = ExponentFinder(layers, record, stats, bits=spec.FEATURE_BITS[feature_type])
     options = (feature_type, granularity == "per-channel", target)
     outs, warnings, loose = _output_exponents(layers, chains, finder)
+    # after the chains' outputs and before their inputs: a conv after an Add reads its exponent
+    runtime = runtime_layers(layers, finder, names, feature_type)
     exported = [
         _export_chain(c, names[c.head.name], finder, outs[c.last], warnings[c.last], options)
         for c in chains
@@ -296,6 +302,7 @@ def export_layers(
         exported,
         problems,
         loose,
+        runtime,
     )
     if out_dir is not None:
         write_directory(out_dir, _files(result), overwrite=overwrite)
@@ -328,6 +335,7 @@ def _report(result: ExportResult) -> dict:
             }
             for layer in result.layers
         ],
+        "runtime_layers": [item.to_json() for item in result.runtime],
         "skipped": [{"layer": p.layer, "kind": p.kind, "reason": p.reason} for p in result.skipped],
         "warnings": result.warnings,
     }

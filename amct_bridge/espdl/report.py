@@ -4,7 +4,8 @@ For each exported layer: input / output exponent, filter exponent (``lo..hi`` pe
 bias and activation exponents, the share of filter / bias / alpha values that convert.py will
 clip (``sat``) and of nonzero bias values that round to 0 (``bias0``), and how much of the
 representable output range the calibrated output range uses (``out use``: above 100 % the
-runtime saturates, far below it wastes precision).
+runtime saturates, far below it wastes precision). Then each runtime layer the C++ model
+constructs (Add2D, pools, Concat): its input / output exponents and output use only.
 
 Example:
     >>> import numpy as np
@@ -20,6 +21,8 @@ Example:
 """
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -104,6 +107,20 @@ def _row(p: LayerPreview, use: float | None, fused: list[str]) -> list[str]:
     ]
 
 
+def _runtime_row(item, feature_type: str) -> list[str]:
+    """A runtime layer (Add2D, pools, Concat): its exponents and output use; no coefficients."""
+    ins = ",".join("?" if e is None else str(e) for e in item.input_exponents) or "-"
+    out = "?" if item.output_exponent is None else str(item.output_exponent)
+    use = None
+    if item.output_range is not None and item.output_exponent is not None:
+        view = SimpleNamespace(
+            output_range=item.output_range, entry={"output_exponent": item.output_exponent}
+        )
+        use = output_use(view, feature_type)
+    row = [item.name, item.espdl_class, ins, out] + ["-"] * 7
+    return [*row, "?" if use is None else f"{100 * use:.0f}%", "-"]
+
+
 def _table(rows: list[list[str]]) -> list[str]:
     rows = [list(_COLUMNS), *rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
@@ -128,9 +145,9 @@ def format_preview(result: ExportResult) -> str:
         >>> format_preview(ExportResult(None, "s8", "per-tensor", "esp32", [], []))[:9]
         'layer  op'
     """
-    lines = _table(
-        [_row(x.preview, output_use(x, result.feature_type), x.fused[1:]) for x in result.layers]
-    )
+    rows = [_row(x.preview, output_use(x, result.feature_type), x.fused[1:]) for x in result.layers]
+    rows += [_runtime_row(x, result.feature_type) for x in result.runtime]
+    lines = _table(rows)
     warn = [
         f"warning: {layer.name}: calibrated output exceeds the output_exponent range"
         for layer in result.layers

@@ -150,6 +150,18 @@ def _batch_norm(layer: Any, node: Node) -> tuple[str, dict, dict]:
     return "batch_norm", weights, {"epsilon": float(layer.epsilon)}
 
 
+def _runtime_attrs(layer: Any, node: Node) -> dict:
+    """What the C++ constructor of a runtime layer needs: pool size/strides/padding, concat axis."""
+    attrs: dict = {}
+    for key in ("pool_size", "strides", "padding"):
+        value = getattr(layer, key, None) if layer is not None else None
+        if value is not None:
+            attrs[key] = tuple(int(v) for v in value) if key != "padding" else str(value)
+    if "axis" in node.params:
+        attrs["axis"] = int(node.params["axis"])
+    return attrs
+
+
 def _translate(layer: Any, node: Node) -> tuple[str, dict, dict]:
     """(op, weights, attrs) of one graph node (see amct_bridge.espdl.source for the ops)."""
     kind = class_name(layer) if layer is not None else node.kind
@@ -172,7 +184,7 @@ def _translate(layer: Any, node: Node) -> tuple[str, dict, dict]:
         op, attrs = _activation(node)
         return op, {}, attrs
     if kind in RUNTIME_KINDS:
-        return "runtime", {}, {"keeps_exponent": RUNTIME_KINDS[kind]}
+        return "runtime", {}, {"keeps_exponent": RUNTIME_KINDS[kind], **_runtime_attrs(layer, node)}
     reason = f"Keras {kind} has no ESP-DL v1 equivalent"
     if kind in HINTS:
         reason += f" ({HINTS[kind]})"

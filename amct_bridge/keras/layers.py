@@ -90,6 +90,21 @@ ACTIVATIONS: frozenset[str] = frozenset(
     {"ReLU", "Activation", "LeakyReLU", "PReLU", "ELU", "Softmax"}
 )
 
+#: Coefficient-free layers (and raw ops of the same kind, e.g. ``x + y`` is "Add") whose output
+#: range goes to the sidecar for runtimes that need it (ESP-DL Add2D, AvgPool2D...). Only min/max
+#: are needed: the calibration plan gives them a minmax observer unless their tensors are already
+#: observed (then that point is shared).
+RUNTIME: frozenset[str] = frozenset(
+    {
+        "Add",
+        "Concatenate",
+        "AveragePooling2D",
+        "GlobalAveragePooling2D",
+        "MaxPooling2D",
+        "GlobalMaxPooling2D",
+    }
+)
+
 #: Keras class names of batch normalization (folded into a preceding foldable part).
 BATCH_NORMS: frozenset[str] = frozenset({"BatchNormalization"})
 
@@ -109,7 +124,7 @@ def class_name(layer) -> str:
     for klass in type(layer).__mro__:
         if klass.__name__ in QUANTIZABLE or klass.__name__ in ACTIVATIONS:
             return klass.__name__
-        if klass.__name__ in BATCH_NORMS:
+        if klass.__name__ in BATCH_NORMS or klass.__name__ in RUNTIME:
             return klass.__name__
     return type(layer).__name__
 
@@ -145,3 +160,14 @@ def is_batch_norm(layer) -> bool:
         True
     """
     return class_name(layer) in BATCH_NORMS
+
+
+def is_runtime(layer) -> bool:
+    """True for coefficient-free layers / raw ops whose output range the sidecar keeps.
+
+    Example:
+        >>> class GlobalAveragePooling2D: ...
+        >>> is_runtime(GlobalAveragePooling2D())
+        True
+    """
+    return class_name(layer) in RUNTIME and not quant_parts(layer)

@@ -5,7 +5,12 @@ Functional/Sequential models; a plain layer walk for subclassed ones) and resolv
 part (see :mod:`amct_bridge.keras.layers`), its record key, its effective
 :class:`~amct_bridge.config.LayerQuantConfig`, the BatchNormalization folded into it (Conv+BN chains
 where the conv has no fused activation and the BN is its only reader) and how often it runs per
-step. Activation layers are planned too: their ranges go to the calibration sidecar.
+step. Activation layers are planned too: their ranges go to the calibration sidecar. So are
+coefficient-free *runtime* layers (Add, Concatenate, average / max pooling; raw ``x + y`` and
+``ops.concatenate`` calls too): runtimes such as ESP-DL need their output ranges. They come
+last in :attr:`Plan.targets` and get a minmax config (min/max only, no histogram) unless every
+tensor they read is already observed by one earlier target with the same settings, in which case
+they take that target's config so the calibration session shares those points (no extra cost).
 
 Example:
     >>> import keras
@@ -29,7 +34,7 @@ import keras
 from amct_bridge.config import LayerQuantConfig, QuantConfig
 from amct_bridge.errors import CalibrationError, GraphError
 from amct_bridge.keras import layers as registry
-from amct_bridge.keras.graph import extract_graph
+from amct_bridge.keras.graph import _Builder, _functional_of
 
 
 @dataclass
@@ -50,6 +55,7 @@ class Target:
         tensors: graph-IR ids of its (input, output) tensor, None when unknown or shared; equal
             ids mean the same tensor (one layer's output is the next one's input). With a
             folded BN the output is the BN's (what the folded op computes).
+        inputs: runtime targets: ids of all input tensors (Add / Concatenate have several).
 
     Example:
         >>> Target("r1", "r1", None, "ReLU", None, LayerQuantConfig()).quantized
@@ -67,11 +73,17 @@ class Target:
     calls: int = 1
     tensors: tuple[str | None, str | None] = (None, None)
     bn_key: str | None = None
+    inputs: tuple[str | None, ...] = ()
 
     @property
     def quantized(self) -> bool:
         """True if the target gets a record entry (not just sidecar ranges)."""
         return self.part is not None
+
+    @property
+    def runtime(self) -> bool:
+        """True for coefficient-free runtime layers / raw ops (sidecar only, min/max)."""
+        return self.part is None and self.kind in registry.RUNTIME
 
     @property
     def output_layer(self):
@@ -131,7 +143,7 @@ def make_plan(model, config: QuantConfig) -> Plan:
         >>> # see the module docstring
     """
     by_key = walk_layers(model)
-    order, calls, chains, tensors = _graph_facts(model, by_key)
+    order, calls, chains, tensors, runtime = _graph_facts(model, by_key)
     _check_names(config.skip_layers, by_key, "skip_layers")
     _check_names(config.skip_fusion_layers, by_key, "skip_fusion_layers")
     targets: list[Target] = []
@@ -182,6 +194,7 @@ def make_plan(model, config: QuantConfig) -> Plan:
                     tensors=tensors.get(layer_key, (None, None)),
                 )
             )
+    targets.extend(_runtime_targets(runtime, targets))
     plan = Plan(targets)
     if not plan.quantized:
         raise CalibrationError(
@@ -192,14 +205,104 @@ def make_plan(model, config: QuantConfig) -> Plan:
     return plan
 
 
+class _ObjectBuilder(_Builder):
+    """The graph builder of :func:`amct_bridge.keras.graph.extract_graph`, also keeping the
+    operation object behind each node's ``layer`` key (raw ops such as ``x + y`` are no layers,
+    so :func:`walk_layers` cannot find them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.objects: dict[str, object] = {}
+
+    def name_call(self, op, prefix: str):
+        name, layer, call = super().name_call(op, prefix)
+        self.objects.setdefault(layer, op)
+        return name, layer, call
+
+
+def _extract(model):
+    """(graph IR, layer key -> operation object); the same walk as ``extract_graph``."""
+    functional = _functional_of(model, model.name)
+    builder = _ObjectBuilder()
+    tensor_ids = {}
+    for kt in functional.inputs:
+        tid = builder.new_tensor(kt._keras_history[0].name + ":0", kt)
+        tensor_ids[id(kt)] = tid
+        builder.graph.inputs.append(tid)
+    builder.walk(functional, "", tensor_ids)
+    builder.graph.outputs = [tensor_ids[id(kt)] for kt in functional.outputs]
+    builder.mark_shared()
+    return builder.graph, builder.objects
+
+
+@dataclass
+class _Runtime:
+    """A runtime layer / raw op call: key, object, calls, input tensor ids, output tensor id."""
+
+    key: str
+    obj: object
+    calls: int
+    inputs: list[str | None]
+    output: str | None
+
+
+def _runtime_calls(graph, objects: dict, calls: dict) -> list[_Runtime]:
+    result: dict[str, _Runtime] = {}
+    for node in graph:
+        obj = objects.get(node.layer)
+        if obj is None or not registry.is_runtime(obj):
+            continue
+        if node.layer in result:  # shared: the tensors differ per call, keep none
+            result[node.layer].inputs, result[node.layer].output = [None], None
+            continue
+        result[node.layer] = _Runtime(
+            node.layer, obj, calls.get(node.layer, 1), list(node.inputs), node.outputs[0]
+        )
+    return list(result.values())
+
+
+def _settings(cfg: LayerQuantConfig) -> tuple:
+    # what the calibration session compares before sharing one observed point between targets
+    return cfg.algorithm, tuple(sorted(cfg.options.items())), cfg.act_type
+
+
+def _runtime_targets(runtime: list[_Runtime], targets: list[Target]) -> list[Target]:
+    """Sidecar-only targets of runtime layers, after all others (see the module docstring)."""
+    seen: dict[str, LayerQuantConfig] = {}  # tensor id -> config of the point observing it
+
+    def note(tid, cfg):
+        if tid is not None and (tid not in seen or _settings(seen[tid]) != _settings(cfg)):
+            seen[tid] = cfg
+
+    for t in targets:
+        note(t.tensors[0], t.config)
+        note(t.tensors[1], t.config)
+    result = []
+    for r in runtime:
+        first = r.inputs[0] if r.inputs else None
+        owners = [seen.get(first), seen.get(r.output)]
+        cfg = LayerQuantConfig(algorithm="minmax", options={})
+        if owners[0] is not None and owners[1] is not None:
+            if _settings(owners[0]) == _settings(owners[1]):
+                cfg = owners[0]
+        kind = registry.class_name(r.obj)
+        target = Target(r.key, r.key, r.obj, kind, None, cfg, calls=r.calls)
+        target.tensors, target.inputs = (first, r.output), tuple(r.inputs)
+        note(first, cfg)
+        note(r.output, cfg)
+        result.append(target)
+    return result
+
+
 def _graph_facts(model, by_key: dict[str, object]):
     """(layer keys in execution order, calls per layer, foldable layer -> BN layer,
-    layer -> (input, output) tensor ids for single-call single-input/output layers)."""
+    layer -> (input, output) tensor ids for single-call single-input/output layers,
+    runtime layer / raw op calls)."""
     try:
-        graph = extract_graph(model)
+        graph, objects = _extract(model)
     except GraphError:
         # subclassed model: no call graph, so no fusion and one call per layer
-        return list(by_key), dict.fromkeys(by_key, 1), {}, {}
+        return list(by_key), dict.fromkeys(by_key, 1), {}, {}, []
     order: list[str] = []
     calls: dict[str, int] = {}
     for node in graph:
@@ -223,7 +326,10 @@ def _graph_facts(model, by_key: dict[str, object]):
         bn_layer = by_key.get(chain[1].layer)
         if bn_layer is not None and _bn_on_channels(bn_layer):
             chains[head.layer] = (chain[1].layer, bn_layer)
-    return order, calls, chains, tensors
+    all_calls: dict[str, int] = {}
+    for node in graph:
+        all_calls[node.layer] = all_calls.get(node.layer, 0) + 1
+    return order, calls, chains, tensors, _runtime_calls(graph, objects, all_calls)
 
 
 def _bn_on_channels(bn) -> bool:

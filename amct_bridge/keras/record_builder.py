@@ -127,11 +127,55 @@ def _range(observed, clip: tuple[float, float]) -> TensorRange:
     return TensorRange(float(clip[0]), float(clip[1]), float(obs.min), float(obs.max))
 
 
+def _observed_tensors(session) -> dict[str, int]:
+    """Graph tensor id -> index of an observed point holding its range."""
+    result: dict[str, int] = {}
+    for target in session.plan.targets:
+        for tid, role in zip(target.tensors, ("input", "output"), strict=True):
+            index = session.tensors.get((target.layer_key, role))
+            if tid is not None and index is not None:
+                result.setdefault(tid, index)
+    return result
+
+
+def _union(ranges: list[TensorRange | None]) -> TensorRange | None:
+    """One range covering all of ``ranges`` (None if any is unknown)."""
+    if not ranges or any(r is None for r in ranges):
+        return None
+    raw = [r for r in ranges if r.observed_min is not None and r.observed_max is not None]
+    return TensorRange(
+        min(r.min for r in ranges),
+        max(r.max for r in ranges),
+        min(r.observed_min for r in raw) if len(raw) == len(ranges) else None,
+        max(r.observed_max for r in raw) if len(raw) == len(ranges) else None,
+    )
+
+
+def _runtime_stats(session, target, clip: dict, by_tensor: dict[str, int]) -> LayerStats:
+    """Sidecar entry of a runtime layer: input = union over ALL its inputs (Add, Concatenate)
+    when each is observed somewhere; output = its own observed output."""
+
+    def of(index):
+        seen = index is not None and index in clip
+        return _range(session.observed[index], clip[index]) if seen else None
+
+    inputs = [of(by_tensor.get(tid)) if tid is not None else None for tid in target.inputs]
+    if len(target.inputs) <= 1:
+        inputs = [of(session.tensors.get((target.layer_key, "input")))]
+    output = of(session.tensors.get((target.layer_key, "output")))
+    return LayerStats(target.kind, input=_union(inputs), output=output)
+
+
 def _sidecar(session, clip: dict) -> CalibrationStats:
-    algorithms = sorted({t.config.algorithm for t in session.plan.targets})
+    # runtime layers get minmax points of their own: not an algorithm the user chose
+    algorithms = sorted({t.config.algorithm for t in session.plan.targets if not t.runtime})
     stats = CalibrationStats(algorithm=",".join(algorithms), batches=session.batches)
+    by_tensor = _observed_tensors(session)
     for target in session.plan.targets:
         get = session.tensors.get
+        if target.runtime:
+            stats.layers[target.key] = _runtime_stats(session, target, clip, by_tensor)
+            continue
         if target.kind == "SeparableConv2D":
             roles = ("input", "inner") if target.key.endswith("/depthwise") else ("inner", "output")
         else:

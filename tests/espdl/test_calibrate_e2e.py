@@ -7,11 +7,13 @@ import math
 
 import keras
 import numpy as np
+import pytest
 from espdl_stats import layer_activations
 
 from amct_bridge.espdl import export
 from amct_bridge.keras.calibrate import calibrate
 from amct_bridge.records import load
+from amct_bridge.records.calibration import load_stats, sidecar_path
 
 
 def ref_exponent(arr: np.ndarray) -> int:
@@ -65,25 +67,62 @@ def test_calibrate_then_export(tmp_path):
     assert set(load(record).layers) <= {layer.name for layer in model.layers}
 
 
-def test_calibrate_then_export_mobilenet_v2(mobilenet, tmp_path):
-    model, data, acts, _ = mobilenet
-    record = tmp_path / "record.txt"
-    calibrate(model, data, record, algorithm="minmax", batch_size=2)
-    res = export(record, model, tmp_path / "espdl", skip_unsupported=True, target="esp32s3")
-    assert len(res.layers) == 53 and len(res.skipped) == 35
+def _only_add_readers(model) -> list[str]:
+    """Layers whose output is read by nothing but Add layers (projection BNs of MobileNetV2)."""
     readers: dict[str, list] = {}
     for layer in model.layers[1:]:
         for t in layer.input if isinstance(layer.input, list) else [layer.input]:
             readers.setdefault(t._keras_history.operation.name, []).append(layer)
-    only_add = sorted(
+    return sorted(
         name
         for name, users in readers.items()
         if all(isinstance(u, keras.layers.Add) for u in users)
     )
-    bounded = [x for x in res.layers if x.sources["output_exponent"].startswith("bound")]
-    # only BNs read by nothing but an Add lack a calibrated range (the sidecar has no BN entries)
-    assert sorted(x.fused[-1] for x in bounded) == only_add
+
+
+@pytest.fixture(scope="module")
+def mobilenet_calibrated(mobilenet, tmp_path_factory):
+    model, data, acts, _ = mobilenet
+    record = tmp_path_factory.mktemp("mnv2") / "record.txt"
+    calibrate(model, data, record, algorithm="minmax", batch_size=2)
+    return record
+
+
+def test_calibrate_then_export_mobilenet_v2(mobilenet, mobilenet_calibrated, tmp_path):
+    model, data, acts, _ = mobilenet
+    record = mobilenet_calibrated
+    res = export(record, model, tmp_path / "espdl", skip_unsupported=True, target="esp32s3")
+    assert len(res.layers) == 53 and len(res.skipped) == 35
+    stats = load_stats(sidecar_path(record))
+    only_add = _only_add_readers(model)
     assert len(only_add) == 10
+    for name in only_add:  # the sidecar holds each folded BN's output range
+        out = stats.layers[name].output
+        assert (out.min, out.max) == pytest.approx(
+            (float(acts[name][1].min()), float(acts[name][1].max())), rel=1e-5, abs=1e-6
+        )
+    # so no output exponent is a bound through a BN any more: all are exact, no warning
+    assert not [x for x in res.layers if x.sources["output_exponent"].startswith("bound")]
+    assert res.warnings == []
+    for x in res.layers:
+        assert x.entry["output_exponent"] == ref_exponent(acts[x.fused[-1]][1]), x.name
+    # the 10 Adds are reported with their own exponent (>= the exact one: raised to the inputs')
+    adds = [r for r in res.runtime if r.espdl_class == "Add2D"]
+    assert len(adds) == 10
+    for r in adds:
+        exact = ref_exponent(acts[r.source][1])
+        assert r.output_exponent == max([exact, *r.input_exponents]), r.source
+
+
+def test_export_mobilenet_v2_sidecar_without_bn_entries(mobilenet, mobilenet_calibrated, tmp_path):
+    """An older / hand-written sidecar without BN entries: the BN-bound fallback still works."""
+    model, data, acts, _ = mobilenet
+    stats = load_stats(sidecar_path(mobilenet_calibrated))
+    stats.layers = {k: v for k, v in stats.layers.items() if v.kind != "BatchNormalization"}
+    res = export(load(mobilenet_calibrated), model, None, stats=stats, skip_unsupported=True)
+    bounded = [x for x in res.layers if x.sources["output_exponent"].startswith("bound")]
+    # only BNs read by nothing but an Add lack a calibrated range (others: a reader's input)
+    assert sorted(x.fused[-1] for x in bounded) == _only_add_readers(model)
     assert len(res.warnings) == len(bounded)
     for x in res.layers:
         last = x.fused[-1]
