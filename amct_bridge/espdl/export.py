@@ -38,7 +38,12 @@ from amct_bridge.espdl.exponents import ExponentFinder
 from amct_bridge.espdl.naming import c_identifiers
 from amct_bridge.espdl.plan import Chain, Problem, plan_chains
 from amct_bridge.espdl.preview import LayerPreview, preview_layer
-from amct_bridge.espdl.runtime import ESPDL_CLASS, RuntimeLayer, runtime_layers
+from amct_bridge.espdl.runtime import (
+    ESPDL_CLASS,
+    RuntimeLayer,
+    concat_resolved,
+    runtime_layers,
+)
 from amct_bridge.espdl.shared import shared_exponent_groups
 from amct_bridge.espdl.source import WEIGHT_OPS, SourceLayer
 from amct_bridge.espdl.writer import npy_bytes, write_directory
@@ -182,6 +187,23 @@ def _output_exponents(
     return found, warnings, loose
 
 
+def _unresolved(loose: list[str], runtime: list[RuntimeLayer]) -> list[str]:
+    """Notes on Concats whose inputs still differ (the loose-input note, else our own)."""
+    notes = []
+    for item in runtime:
+        if item.espdl_class != "Concat" or concat_resolved(item):
+            continue
+        mine = [note for note in loose if note.startswith(f"layer {item.source!r} (")]
+        notes += mine or [
+            f"layer {item.source!r} (Concatenate): input exponents {item.input_exponents} are not "
+            "all known and equal (the runtime asserts they are): give every input the exponent "
+            f"{item.output_exponent}"
+        ]
+    concat = {item.source for item in runtime if item.espdl_class == "Concat"}
+    others = [n for n in loose if not any(n.startswith(f"layer {c!r} (") for c in concat)]
+    return others + notes
+
+
 def _export_chain(
     chain: Chain,
     c_name: str,
@@ -289,7 +311,11 @@ def export_layers(
     options = (feature_type, granularity == "per-channel", target)
     outs, warnings, loose = _output_exponents(layers, chains, finder)
     # after the chains' outputs and before their inputs: a conv after an Add reads its exponent
-    runtime = runtime_layers(layers, finder, names, feature_type)
+    runtime, raised = runtime_layers(layers, finder, names, feature_type)
+    for end, (exp, cat) in raised.items():
+        old, src, rng = outs[end]
+        outs[end] = (exp, f"{src}, raised from {old} to {exp} to match the inputs of {cat!r}", rng)
+    loose = _unresolved(loose, runtime)
     exported = [
         _export_chain(c, names[c.head.name], finder, outs[c.last], warnings[c.last], options)
         for c in chains

@@ -16,6 +16,9 @@ constructor call to paste, in execution order, after the chains' output exponent
   range (``e_out = e_hi`` loses nothing and saturates less). Without an output range:
   the bound ``sum_i (2^(w-1) - 1) * 2^e_i`` of the input exponents.
 
+A model input's exponent is the input exponent of the first conv/dense reading it (the export
+tells the user to quantize the input with it).
+
 Example:
     >>> from amct_bridge.espdl.source import SourceLayer
     >>> ESPDL_CLASS["GlobalAveragePooling2D"], ESPDL_CLASS["Add"]
@@ -27,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from amct_bridge.espdl.exponents import ExponentFinder
-from amct_bridge.espdl.source import SourceLayer, keeps_exponent
+from amct_bridge.espdl.source import WEIGHT_OPS, SourceLayer, keeps_exponent
 from amct_bridge.quant.espdl import exponent_for_absmax
 
 #: Keras kind -> ESP-DL v1 class of the runtime layers reported.
@@ -80,9 +83,22 @@ def _tensor_exponent(finder: ExponentFinder, name: str) -> int | None:
         if name in finder.chain_outputs:
             return finder.chain_outputs[name]
         layer = finder.layers.get(name)
+        if layer is not None and layer.op == "input":
+            return _model_input_exponent(finder, name)
         if layer is None or not keeps_exponent(layer) or not layer.inputs:
             return None
         name = layer.inputs[0]
+    return None
+
+
+def _model_input_exponent(finder: ExponentFinder, name: str) -> int | None:
+    """A model input's exponent: the input exponent of the first conv/dense reading it (what
+    the export tells the user to quantize the input with)."""
+    for user in finder.consumers.get(name, []):
+        if user.op in WEIGHT_OPS and user.inputs == [name]:
+            found = finder.range_exponent(user.name, "input") or finder.record_exponent(user.name)
+            if found is not None:
+                return found[0]
     return None
 
 
@@ -166,11 +182,14 @@ def constructor(item: RuntimeLayer, feature_type: str, attrs: dict) -> str | Non
 _REQUANTIZING = ("Add2D", "AvgPool2D", "GlobalAveragePool2D")
 
 
-def _requantizing_source(finder: ExponentFinder, name: str) -> str | None:
-    """The requantizing runtime layer whose exponent ``name``'s output carries, if any."""
+def _adjustable_source(finder: ExponentFinder, name: str, chain_ends: set[str]) -> str | None:
+    """The exported chain end or requantizing runtime layer whose exponent ``name``'s output
+    carries (through exponent-keeping layers), if any: those exponents are ours to choose."""
     seen = set()
     while name not in seen:
         seen.add(name)
+        if name in chain_ends:
+            return name
         layer = finder.layers.get(name)
         if layer is None:
             return None
@@ -182,8 +201,10 @@ def _requantizing_source(finder: ExponentFinder, name: str) -> str | None:
     return None
 
 
-def _concat_floors(finder: ExponentFinder, items: list[RuntimeLayer]) -> dict[str, tuple]:
-    """Requantizing layers feeding a Concat below its largest input exponent -> (floor, cat)."""
+def _concat_floors(
+    finder: ExponentFinder, items: list[RuntimeLayer], chain_ends: set[str]
+) -> dict[str, tuple]:
+    """Producers feeding a Concat below its largest input exponent -> (floor, concat name)."""
     floors: dict[str, tuple] = {}
     for item in items:
         known = [e for e in item.input_exponents if e is not None]
@@ -191,48 +212,61 @@ def _concat_floors(finder: ExponentFinder, items: list[RuntimeLayer]) -> dict[st
             continue
         top = max(known)
         for src, e in zip(finder.layers[item.source].inputs, item.input_exponents, strict=False):
-            producer = _requantizing_source(finder, src)
+            producer = _adjustable_source(finder, src, chain_ends)
             if producer is not None and e is not None and e < top:
                 floors[producer] = (max(top, floors.get(producer, (top,))[0]), item.source)
     return floors
 
 
+def concat_resolved(item: RuntimeLayer) -> bool:
+    """True if a Concat's input exponents are all known and equal (what the runtime asserts).
+
+    Example:
+        >>> concat_resolved(RuntimeLayer("c", "c", "Concatenate", "Concat", -5, [-5, -5], ""))
+        True
+    """
+    ins = item.input_exponents
+    return None not in ins and len(set(ins)) == 1
+
+
 def runtime_layers(
     layers: list[SourceLayer], finder: ExponentFinder, names: dict[str, str], feature_type: str
-) -> list[RuntimeLayer]:
+) -> tuple[list[RuntimeLayer], dict[str, tuple[int, str]]]:
     """Report every runtime layer in :data:`ESPDL_CLASS`, in execution order.
 
     ``finder.chain_outputs`` must hold the chains' output exponents; each requantizing layer's
     exponent is added to it, so later chains take it as their input exponent (the tensor the
-    chip has). A requantizing layer feeding a Concat whose other inputs have a larger exponent is
-    raised to it (Concat asserts equal exponents; the Add / pool exponent is ours to choose).
+    chip has). A chain or requantizing layer feeding a Concat whose other inputs have a larger
+    exponent is raised to it (Concat asserts equal exponents; those exponents are ours to
+    choose). Returns the runtime layers and the raised chain ends (``Chain.last`` ->
+    (exponent, Concat name)), which the caller must write into their entries.
     ``names`` maps layer names to C identifiers.
 
     Example:
         >>> finder = ExponentFinder([], None, None, bits=8)
         >>> runtime_layers([], finder, {}, "s8")
-        []
+        ([], {})
     """
     base = dict(finder.chain_outputs)
+    chain_ends = set(base)
     floors: dict[str, tuple] = {}
     for _ in range(4):  # raising one layer can raise another Concat's inputs: a few rounds
         finder.chain_outputs = dict(base)
+        for end in chain_ends & set(floors):
+            finder.chain_outputs[end] = max(base[end], floors[end][0])
         items = _one_pass(layers, finder, names, feature_type, floors)
-        new = _concat_floors(finder, items)
+        new = _concat_floors(finder, items, chain_ends)
         if all(floors.get(k, (None,))[0] == v[0] for k, v in new.items()):
             break
         for k, v in new.items():
             if k not in floors or floors[k][0] < v[0]:
                 floors[k] = v
-    for item in items:
-        ins = [e for e in item.input_exponents if e is not None]
-        if item.espdl_class == "Concat" and len(set(ins)) > 1:
-            item.warnings.append(
-                f"runtime layer {item.source!r} (Concat): input exponents {item.input_exponents} "
-                "differ (the runtime asserts they are equal): give every input the exponent "
-                f"{item.output_exponent}"
-            )
-    return items
+    raised = {
+        end: (floors[end][0], floors[end][1])
+        for end in chain_ends & set(floors)
+        if floors[end][0] > base[end]
+    }
+    return items, raised
 
 
 def _one_pass(

@@ -27,7 +27,7 @@ Example:
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import keras
 
@@ -106,6 +106,7 @@ class Plan:
     """
 
     targets: list[Target]
+    rank: dict[str, int] = field(default_factory=dict)  # layer key -> first call's position
 
     @property
     def quantized(self) -> list[Target]:
@@ -143,7 +144,7 @@ def make_plan(model, config: QuantConfig) -> Plan:
         >>> # see the module docstring
     """
     by_key = walk_layers(model)
-    order, calls, chains, tensors, runtime = _graph_facts(model, by_key)
+    order, calls, chains, tensors, runtime, rank = _graph_facts(model, by_key)
     _check_names(config.skip_layers, by_key, "skip_layers")
     _check_names(config.skip_fusion_layers, by_key, "skip_fusion_layers")
     targets: list[Target] = []
@@ -195,7 +196,7 @@ def make_plan(model, config: QuantConfig) -> Plan:
                 )
             )
     targets.extend(_runtime_targets(runtime, targets))
-    plan = Plan(targets)
+    plan = Plan(targets, rank)
     if not plan.quantized:
         raise CalibrationError(
             f"model {model.name!r} has no quantizable layer left "
@@ -297,12 +298,12 @@ def _runtime_targets(runtime: list[_Runtime], targets: list[Target]) -> list[Tar
 def _graph_facts(model, by_key: dict[str, object]):
     """(layer keys in execution order, calls per layer, foldable layer -> BN layer,
     layer -> (input, output) tensor ids for single-call single-input/output layers,
-    runtime layer / raw op calls)."""
+    runtime layer / raw op calls, layer key -> position of its first call)."""
     try:
         graph, objects = _extract(model)
     except GraphError:
         # subclassed model: no call graph, so no fusion and one call per layer
-        return list(by_key), dict.fromkeys(by_key, 1), {}, {}, []
+        return list(by_key), dict.fromkeys(by_key, 1), {}, {}, [], {}
     order: list[str] = []
     calls: dict[str, int] = {}
     for node in graph:
@@ -327,9 +328,12 @@ def _graph_facts(model, by_key: dict[str, object]):
         if bn_layer is not None and _bn_on_channels(bn_layer):
             chains[head.layer] = (chain[1].layer, bn_layer)
     all_calls: dict[str, int] = {}
-    for node in graph:
+    rank: dict[str, int] = {}
+    for i, node in enumerate(graph):
         all_calls[node.layer] = all_calls.get(node.layer, 0) + 1
-    return order, calls, chains, tensors, _runtime_calls(graph, objects, all_calls)
+        rank.setdefault(node.layer, i)
+    runtime = _runtime_calls(graph, objects, all_calls)
+    return order, calls, chains, tensors, runtime, rank
 
 
 def _bn_on_channels(bn) -> bool:

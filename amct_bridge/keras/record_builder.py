@@ -188,6 +188,18 @@ def _sidecar(session, clip: dict) -> CalibrationStats:
         stats.layers[target.key] = LayerStats(target.kind, input=ranges[0], output=ranges[1])
         if target.bn_key is not None:  # the folded BN's output is the same tensor
             stats.layers[target.bn_key] = LayerStats("BatchNormalization", output=ranges[1])
+    return _in_execution_order(stats, session.plan)
+
+
+def _in_execution_order(stats: CalibrationStats, plan) -> CalibrationStats:
+    """Runtime targets come last in the plan; the sidecar lists layers in execution order."""
+    layer_of = {t.key: t.layer_key for t in plan.targets}
+    end = len(plan.rank)
+
+    def rank(key: str) -> int:
+        return plan.rank.get(layer_of.get(key, key), end)
+
+    stats.layers = dict(sorted(stats.layers.items(), key=lambda kv: rank(kv[0])))  # stable
     return stats
 
 

@@ -315,8 +315,13 @@ def test_mobilenet_v2_skip_unsupported_exports_every_conv(mobilenet, tmp_path):
     assert (
         exp.entry["input_exponent"] == by_source["expanded_conv_project"].entry["output_exponent"]
     )
-    # the second conv of a residual block reads an Add: its input exponent is from the sidecar
-    assert by_source["block_3_expand"].sources["input_exponent"].startswith("sidecar input")
+    # the conv after a residual Add reads the Add2D's output exponent (the tensor the chip has)
+    add = next(r for r in res.runtime if r.source == "block_2_add")
+    assert (
+        by_source["block_3_expand"].sources["input_exponent"] == "output exponent of 'block_2_add'"
+    )
+    assert by_source["block_3_expand"].entry["input_exponent"] == add.output_exponent
+    assert add.output_exponent >= ref_exponent(acts["block_2_add"][1])
 
 
 def test_cpp_constructors_in_report(cnn, tmp_path):
