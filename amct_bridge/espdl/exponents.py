@@ -13,8 +13,9 @@ output_exponent of a chain (range of the chain's last layer, after the fused act
   4. for a chain ending in a folded BN: a bound from the conv's own output range pushed through
      the BN per channel (with a warning: coarser than a calibrated range).
 input_exponent of a chain:
-  1. the output exponent of the exported chain feeding it (through exponent-keeping layers):
-     the runtime has exactly that tensor, so anything else would mis-scale the bias;
+  1. the output exponent of the exported chain feeding it (through exponent-keeping layers), or
+     of an Add2D / average pool (:mod:`amct_bridge.espdl.runtime` adds those to
+     ``chain_outputs``): the runtime has exactly that tensor, anything else mis-scales the bias;
   2. sidecar ``input`` range of the layer; 3. the record's ``scale_d``/``offset_d`` of the layer.
 
 Example:

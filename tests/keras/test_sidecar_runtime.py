@@ -13,6 +13,7 @@ import keras
 import numpy as np
 import pytest
 
+from amct_bridge.cli import main
 from amct_bridge.config import QuantConfig
 from amct_bridge.espdl import export
 from amct_bridge.espdl.report import format_preview
@@ -154,3 +155,15 @@ def test_export_runtime_s16(calibrated):
     gap = next(r for r in res.runtime if r.source == "gap")
     assert gap.output_exponent == ref_exponent(max(abs(v) for v in _minmax(acts["gap"])), 16)
     assert gap.cpp.startswith("dl::layer::GlobalAveragePool2D<int16_t>(")
+
+
+def test_cli_preview_lists_runtime_layers(calibrated, tmp_path, capsys):
+    model, data, record, acts = calibrated
+    path = tmp_path / "m.keras"
+    model.save(path)
+    code = main(["export-espdl", "--record", str(record), "--model", str(path), "--preview"])
+    assert code == 0, capsys.readouterr().err
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()}
+    e_gap = ref_exponent(max(abs(v) for v in _minmax(acts["gap"])))
+    assert rows["gap"][1:2] == ["GlobalAveragePool2D"] and rows["gap"][3] == str(e_gap)
+    assert rows["add_op0"][1] == "Add2D" and rows["cat"][1] == "Concat"
