@@ -21,10 +21,9 @@ from typing import Any
 import keras
 import numpy as np
 
-from amct_bridge.errors import ExportError
 from amct_bridge.espdl.source import SourceLayer
 from amct_bridge.graph.ir import Graph, Node
-from amct_bridge.keras.graph import extract_graph
+from amct_bridge.keras.graph import extract_graph, find_layer
 from amct_bridge.keras.layers import class_name
 
 #: Coefficient-free Keras layers the ESP-DL v1 runtime has -> whether the output exponent
@@ -189,25 +188,6 @@ def _translate(layer: Any, node: Node) -> tuple[str, dict, dict]:
     if kind in HINTS:
         reason += f" ({HINTS[kind]})"
     return "unsupported", {}, {"reason": reason}
-
-
-def find_layer(model: keras.Model, key: str) -> Any:
-    """The Keras layer whose record key is ``key`` (``"outer/inner"`` for nested models).
-
-    Example:
-        >>> inner = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, name="fc")],
-        ...                          name="inner")
-        >>> x = keras.Input((4,))
-        >>> find_layer(keras.Model(x, inner(x)), "inner/fc").name
-        'fc'
-    """
-    obj: Any = model
-    for part in key.split("/"):
-        try:
-            obj = obj.get_layer(part)
-        except (ValueError, AttributeError):
-            raise ExportError(f"model has no layer {key!r}") from None
-    return obj
 
 
 def _input_name(graph: Graph, tid: str) -> str:

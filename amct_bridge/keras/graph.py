@@ -339,3 +339,21 @@ def _params(op: Any, knode: Any, graph: Graph, inputs: list[str]) -> dict[str, A
             if not isinstance(arg, keras.KerasTensor) and np.ndim(arg) > 0
         )
     return params
+
+
+def find_layer(model: keras.Model, key: str) -> keras.layers.Layer:
+    """The layer whose record key is ``key`` (``"outer/inner"`` walks nested models).
+
+    Example:
+        >>> import keras
+        >>> x = keras.Input((3,))
+        >>> find_layer(keras.Model(x, keras.layers.Dense(2, name="fc")(x)), "fc").name
+        'fc'
+    """
+    layer: Any = model
+    for part in key.split("/"):
+        try:
+            layer = layer.get_layer(part)
+        except (ValueError, AttributeError):
+            raise GraphError(f"layer {key!r}: no layer {part!r} in model {model.name!r}") from None
+    return layer

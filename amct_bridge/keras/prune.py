@@ -21,8 +21,6 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
-
 import keras
 import numpy as np
 
@@ -36,26 +34,8 @@ from amct_bridge.graph.selective import (
     selective_record,
     two_four_mask,
 )
-from amct_bridge.keras.graph import extract_graph
+from amct_bridge.keras.graph import extract_graph, find_layer
 from amct_bridge.records.model import Record
-
-
-def find_layer(model: keras.Model, key: str) -> keras.layers.Layer:
-    """The layer whose record key is ``key`` (``"outer/inner"`` walks nested models).
-
-    Example:
-        >>> import keras
-        >>> x = keras.Input((3,))
-        >>> find_layer(keras.Model(x, keras.layers.Dense(2, name="fc")(x)), "fc").name
-        'fc'
-    """
-    layer: Any = model
-    for part in key.split("/"):
-        try:
-            layer = layer.get_layer(part)
-        except (ValueError, AttributeError):
-            raise GraphError(f"layer {key!r}: no layer {part!r} in model {model.name!r}") from None
-    return layer
 
 
 def kernel_variable(layer: keras.layers.Layer) -> keras.Variable:
