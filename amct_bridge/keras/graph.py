@@ -45,6 +45,22 @@ def extract_graph(model: keras.Model) -> Graph:
         >>> extract_graph(m).node("fc").params["units"]
         2
     """
+    return extract_graph_and_operations(model)[0]
+
+
+def extract_graph_and_operations(model: keras.Model) -> tuple[Graph, dict[str, Any]]:
+    """:func:`extract_graph` plus the Keras operation behind each node's ``layer`` key.
+
+    Raw ops such as ``x + y`` are not layers (``model.get_layer`` cannot find them), so an
+    adapter that must reach them (e.g. to observe their outputs) takes them from here.
+
+    Example:
+        >>> import keras
+        >>> x = keras.Input((4,))
+        >>> graph, ops = extract_graph_and_operations(keras.Model(x, x + x))
+        >>> [type(ops[n.layer]).__name__ for n in graph]
+        ['Add']
+    """
     functional = _functional_of(model, model.name)
     builder = _Builder()
     tensor_ids = {}
@@ -55,7 +71,7 @@ def extract_graph(model: keras.Model) -> Graph:
     builder.walk(functional, "", tensor_ids)
     builder.graph.outputs = [tensor_ids[id(kt)] for kt in functional.outputs]
     builder.mark_shared()
-    return builder.graph
+    return builder.graph, builder.operations
 
 
 def _functional_of(model: Any, name: str) -> Any:
@@ -84,6 +100,7 @@ class _Builder:
         self.layer_keys: dict[int, str] = {}
         self.calls: dict[int, int] = {}
         self.raw_counts: dict[tuple[str, str], int] = {}
+        self.operations: dict[str, Any] = {}  # layer key -> Keras operation
 
     def new_tensor(self, tid: str, kt: Any) -> str:
         shape = tuple(None if d is None else int(d) for d in kt.shape)
@@ -150,6 +167,7 @@ class _Builder:
                 self.raw_counts[(prefix, snake)] = count + 1
                 self.layer_keys[key] = f"{prefix}{snake}_op{count}"
         layer = self.layer_keys[key]
+        self.operations.setdefault(layer, op)
         call = self.calls.get(key, 0)
         self.calls[key] = call + 1
         return (layer if call == 0 else f"{layer}@{call}"), layer, call

@@ -34,7 +34,7 @@ import keras
 from amct_bridge.config import LayerQuantConfig, QuantConfig
 from amct_bridge.errors import CalibrationError, GraphError
 from amct_bridge.keras import layers as registry
-from amct_bridge.keras.graph import _Builder, _functional_of
+from amct_bridge.keras.graph import extract_graph_and_operations
 
 
 @dataclass
@@ -206,36 +206,6 @@ def make_plan(model, config: QuantConfig) -> Plan:
     return plan
 
 
-class _ObjectBuilder(_Builder):
-    """The graph builder of :func:`amct_bridge.keras.graph.extract_graph`, also keeping the
-    operation object behind each node's ``layer`` key (raw ops such as ``x + y`` are no layers,
-    so :func:`walk_layers` cannot find them)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.objects: dict[str, object] = {}
-
-    def name_call(self, op, prefix: str):
-        name, layer, call = super().name_call(op, prefix)
-        self.objects.setdefault(layer, op)
-        return name, layer, call
-
-
-def _extract(model):
-    """(graph IR, layer key -> operation object); the same walk as ``extract_graph``."""
-    functional = _functional_of(model, model.name)
-    builder = _ObjectBuilder()
-    tensor_ids = {}
-    for kt in functional.inputs:
-        tid = builder.new_tensor(kt._keras_history[0].name + ":0", kt)
-        tensor_ids[id(kt)] = tid
-        builder.graph.inputs.append(tid)
-    builder.walk(functional, "", tensor_ids)
-    builder.graph.outputs = [tensor_ids[id(kt)] for kt in functional.outputs]
-    builder.mark_shared()
-    return builder.graph, builder.objects
-
-
 @dataclass
 class _Runtime:
     """A runtime layer / raw op call: key, object, calls, input tensor ids, output tensor id."""
@@ -300,7 +270,7 @@ def _graph_facts(model, by_key: dict[str, object]):
     layer -> (input, output) tensor ids for single-call single-input/output layers,
     runtime layer / raw op calls, layer key -> position of its first call)."""
     try:
-        graph, objects = _extract(model)
+        graph, objects = extract_graph_and_operations(model)
     except GraphError:
         # subclassed model: no call graph, so no fusion and one call per layer
         return list(by_key), dict.fromkeys(by_key, 1), {}, {}, [], {}
