@@ -10,17 +10,31 @@ Example:
 
 from amct_bridge.keras.calibrate import calibrate
 from amct_bridge.keras.freeze import freeze_model
+from amct_bridge.keras.graph import extract_graph
+from amct_bridge.keras.prune import (
+    apply_selective_masks,
+    prune_discovery,
+    prune_record,
+    selective_masks,
+)
 from amct_bridge.keras.qat import qat_record, quantize_aware, save_qat_record, strip_qat
 from amct_bridge.keras.quant_calibration import QuantCalibration
+from amct_bridge.keras.selective_prune_callback import SelectivePruneCallback
 from amct_bridge.keras.simulate import simulate
 
 __all__ = [
     "QuantCalibration",
+    "SelectivePruneCallback",
+    "apply_selective_masks",
     "calibrate",
+    "extract_graph",
     "freeze_model",
+    "prune_discovery",
+    "prune_record",
     "qat_record",
     "quantize_aware",
     "save_qat_record",
+    "selective_masks",
     "simulate",
     "strip_qat",
 ]
