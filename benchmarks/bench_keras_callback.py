@@ -5,8 +5,9 @@ fit time with the callback divided by fit time without it (same model, data and 
 back to back in this run; targets <= 1.10 for minmax/ema, <= 1.30 for hfmg/ifmr), the same ratio
 for the last epoch alone (steady state: no tracing, no end-of-run search) and the samples per
 second of an ``evaluate``-based calibration (re-trace of the instrumented step and the end-of-run
-clip search included) next to a plain ``evaluate``. Two models: ``light`` (depthwise blocks: many
-activations per FLOP, the worst case) and ``conv`` (plain 3x3 convolutions).
+clip search included) next to a plain ``evaluate``. Three models: ``light`` (depthwise blocks:
+many activations per FLOP, the worst case), ``conv`` (plain 3x3 convolutions) and ``mobilenet``
+(keras.applications MobileNetV2, alpha 0.35, 96x96: a real network).
 """
 
 from __future__ import annotations
@@ -27,10 +28,22 @@ ALGORITHMS = ("minmax", "ema", "percentile", "hfmg", "ifmr")
 TARGETS = {"minmax": 1.10, "ema": 1.10, "hfmg": 1.30, "ifmr": 1.30}
 
 
+#: Input size per model (the tiny models use 32x32, MobileNetV2 a small but real 96x96).
+SIZES = {"light": 32, "conv": 32, "mobilenet": 96}
+
+
 def make_model(kind: str = "light") -> keras.Model:
     """``light``: MobileNet-like blocks (conv/BN/ReLU6, depthwise), many activations per FLOP,
-    the worst case for per-tensor statistics. ``conv``: VGG-like 3x3 convolutions."""
+    the worst case for per-tensor statistics. ``conv``: VGG-like 3x3 convolutions.
+    ``mobilenet``: keras.applications MobileNetV2 (alpha 0.35, 96x96, weights=None): a real
+    network (52 convolutions, ~100 observed tensors)."""
     keras.utils.set_random_seed(0)
+    if kind == "mobilenet":
+        model = keras.applications.MobileNetV2(
+            input_shape=(96, 96, 3), alpha=0.35, weights=None, classes=10
+        )
+        model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy())
+        return model
     inp = keras.Input((32, 32, 3))
     x = inp
     for i, filters in enumerate((16, 32, 64)):
@@ -83,18 +96,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer samples and epochs")
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
-    parser.add_argument("--models", default="light,conv", help="light and/or conv")
+    parser.add_argument("--models", default="light,conv,mobilenet", help="light, conv, mobilenet")
     parser.add_argument("--repeat", type=int, default=3, help="runs per timing (best is kept)")
     args = parser.parse_args()
     n, epochs = (640, 2) if args.quick else (1280, 3)
     rng = np.random.default_rng(0)
-    x = rng.uniform(0, 1, (n, 32, 32, 3)).astype("float32")
     y = rng.integers(0, 10, n)
     out = tempfile.mkdtemp()
     algorithms = args.algorithms.split(",")
     print(f"fit: {n} samples x {epochs} epochs, batch 32; evaluate: {n} samples (after a warm-up)")
-    timed_fit("light", x[:64], y[:64], 1, [])  # warm up TF
     for kind in args.models.split(","):
+        size = SIZES[kind]
+        x = rng.uniform(0, 1, (n, size, size, 3)).astype("float32")
+        timed_fit(kind, x[:64], y[:64], 1, [])  # warm up TF for this model
         base_eval = timed_evaluate(kind, x, y, [])
         print(f"\nmodel {kind!r}: plain evaluate {n / base_eval:.0f} samples/s")
         print(

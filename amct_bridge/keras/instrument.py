@@ -126,7 +126,7 @@ class Instrumentation:
             )
 
         out = {
-            "count": var([], tf.int64, "count"),
+            "count": var([1], tf.int64, "count"),
             "mm": var([slots, 3], tf.float64, "minmax"),
         }
         if point.bins:
@@ -136,21 +136,23 @@ class Instrumentation:
         return out
 
     def _summarise(self, index: int, x: tf.Tensor) -> None:
-        """Write the summary of ``x`` into point ``index``'s next ring slot (in-graph)."""
+        """Write the summary of ``x`` into point ``index``'s next ring slot (in-graph).
+
+        Few ops on purpose: every op costs trace time once and executor time every step.
+        """
         point, v = self.points[index], self._vars[index]
         x = tf.cast(x, tf.float32)
         lo, hi = tf.reduce_min(x), tf.reduce_max(x)
-        size = tf.cast(tf.size(x), tf.float64)
+        size = tf.cast(tf.size(x, out_type=tf.int64), tf.float64)
         slots = v["mm"].shape[0]
-        slot = tf.math.floormod(v["count"].assign_add(1) - 1, slots)
+        # count has shape [1]: the slot is already the index vector a scatter wants
+        slot = tf.math.floormod(v["count"].assign_add(_ONE) - 1, slots)
         self._put(v["mm"], slot, tf.stack([tf.cast(lo, tf.float64), tf.cast(hi, tf.float64), size]))
         if point.bins:
             # equal min/max: every value into bin 0 (the BatchStats contract)
             top = tf.where(hi > lo, hi, lo + 1.0)
-            edges = tf.stack([lo, top])
-            self._put(
-                v["hist"], slot, tf.histogram_fixed_width(x, edges, point.bins, dtype=tf.int32)
-            )
+            hist = tf.histogram_fixed_width(x, tf.stack([lo, top]), point.bins, dtype=tf.int32)
+            self._put(v["hist"], slot, hist)
         if point.channel_axis is not None:
             axes = [a for a in range(x.shape.rank) if a != point.channel_axis % x.shape.rank]
             chan = tf.stack([tf.reduce_min(x, axis=axes), tf.reduce_max(x, axis=axes)])
@@ -158,12 +160,13 @@ class Instrumentation:
 
     def _put(self, var: tf.Variable, slot: tf.Tensor, row: tf.Tensor) -> None:
         """``var[slot] = row`` in-graph (a plain assign when the ring has one slot)."""
+        row = tf.expand_dims(row, 0)
         if var.shape[0] == 1:
-            var.assign(row[None])
+            var.assign(row)
         elif self._scatter:
-            var.scatter_update(tf.IndexedSlices(row[None], slot[None]))
+            tf.raw_ops.ResourceScatterUpdate(resource=var.handle, indices=slot, updates=row)
         else:
-            var.assign(tf.tensor_scatter_nd_update(var.read_value(), slot[None, None], row[None]))
+            var.assign(tf.tensor_scatter_nd_update(var.read_value(), slot[:, None], row))
 
     def _wrap(self, layer, indices: list[int]) -> Callable:
         original = layer.call  # the bound class method (instance attribute not set yet)
@@ -222,9 +225,7 @@ class Instrumentation:
         """Read every summary written since the last drain (one host transfer for all points)."""
         comps = self._components()
         flat = [c for per_var in comps for replicas in per_var for c in replicas]
-        if self._fetch is None:
-            self._fetch = tf.function(lambda: [c.read_value() for c in flat])
-        values = [t.numpy() for t in self._fetch()]
+        values = [c.value().numpy() for c in flat]
         rows: list[Row] = []
         pos = 0
         for index, per_var in enumerate(comps):
@@ -239,7 +240,7 @@ class Instrumentation:
         return rows
 
     def _rows_of(self, index: int, replica: int, arr: dict[str, np.ndarray]) -> list[Row]:
-        count = int(arr["count"])
+        count = int(arr["count"][0])
         last = self._last.get((index, replica), 0)
         slots = arr["mm"].shape[0]
         if count - last > slots:
@@ -258,7 +259,9 @@ class Instrumentation:
                 count=int(size),
                 min=float(lo),
                 max=float(hi),
-                hist=arr["hist"][slot].astype(np.int64) if "hist" in arr else None,
+                # int32 view of the buffer row: the observers convert it once, copying here
+                # per row cost more main-thread time than the step it overlaps
+                hist=arr["hist"][slot] if "hist" in arr else None,
                 channel_absmax=np.abs(chan[slot]).max(axis=0) if chan is not None else None,
             )
             rows.append(Row(index, replica, step, stats, chan[slot] if chan is not None else None))
@@ -266,6 +269,7 @@ class Instrumentation:
 
 
 _ORDER = ("count", "mm", "hist", "chan")
+_ONE = np.ones(1, np.int64)
 
 
 def _first(x):

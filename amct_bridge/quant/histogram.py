@@ -107,10 +107,19 @@ class GridHistogram:
             return
         self._grow(other.lo, other.hi)
         cum = np.concatenate(([0.0], np.cumsum(other.counts)))
-        at = np.interp(self.edges(), other.edges(), cum)
+        # Only grid edges next to other's span can differ from 0 or the total: interpolate
+        # those (a margin of one bin each side absorbs rounding); the result is the same.
+        n = self.nbins
+        i0 = max(0, math.floor((other.lo - self.lo) / self.width) - 1)
+        i1 = min(n, math.ceil((other.hi - self.lo) / self.width) + 1)
+        edges = self.lo + np.arange(i0, i1 + 1, dtype=np.float64) * self.width
+        at = np.interp(edges, other.edges(), cum)
         # Mass beyond the grid by float rounding lands in the edge bins (tf clip semantics).
-        at[0], at[-1] = 0.0, cum[-1]
-        self.counts += np.diff(at)
+        if i0 == 0:
+            at[0] = 0.0
+        if i1 == n:
+            at[-1] = cum[-1]
+        self.counts[i0:i1] += np.diff(at)
 
     def _add_point(self, value: float, mass: float) -> None:
         if self.width == 0.0:

@@ -24,7 +24,8 @@ class BatchStats:
         count: number of elements.
         min: smallest value.
         max: largest value.
-        hist: ``bins`` int64 counts over ``[min, max]`` exactly as tf.histogram_fixed_width
+        hist: ``bins`` integer counts (int64 from :func:`batch_stats`; in-graph summaries
+            may hand over int32 buffer rows) over ``[min, max]`` exactly as tf.histogram_fixed_width
             computes them (``idx = min(floor((x - min) / ((max - min) / bins)), bins - 1)`` in
             float64), or None. When ``max == min`` only the total matters (TF refuses that
             range; any histogram whose counts sum to ``count`` is accepted).
