@@ -1,0 +1,131 @@
+"""Correctness of the callback's fast paths (not their speed: see benchmarks/).
+
+- in-graph ring buffers (scatter path and one-slot assign path) hold exactly the numpy
+  ``batch_stats`` of every batch (histograms bit for bit), read back as int32 rows;
+- ``GridHistogram.add`` touching only the batch's span equals spreading over the whole grid;
+- int32 histogram rows feed an observer exactly like int64 ones;
+- the parallel end-of-run clip search returns the serial results and restores the observers.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+
+from amct_bridge.keras.instrument import Instrumentation, Point
+from amct_bridge.keras.session import _presearched
+from amct_bridge.quant.histogram import GridHistogram
+from amct_bridge.quant.observers import BatchStats, batch_stats, make_observer
+
+
+@pytest.fixture(scope="module")
+def model():
+    keras.utils.set_random_seed(1)
+    inp = keras.Input((6, 6, 3))
+    x = keras.layers.Conv2D(4, 3, padding="same", name="c1")(inp)
+    x = keras.layers.ReLU(name="r1")(x)
+    out = keras.layers.Dense(2, name="fc")(keras.layers.Flatten()(x))
+    m = keras.Model(inp, out)
+    m.compile(loss="mse")
+    return m
+
+
+def test_ring_rows_equal_numpy_batch_stats(model):
+    """Five batches in a five-slot ring (scatter path), read once at the end."""
+    x = np.random.default_rng(0).standard_t(3, (40, 6, 6, 3)).astype("float32")
+    x[32:] = 1.5  # last batch constant: every count in bin 0
+    bins = 64
+    points = [
+        Point("c1", "input", model.get_layer("c1"), bins=bins),
+        Point("c1", "output", model.get_layer("c1"), bins=bins),
+    ]
+    inst = Instrumentation(model, points, steps_per_read=5)
+    inst.install()
+    try:
+        model.make_predict_function(force=True)
+        model.predict(x, batch_size=8, verbose=0)
+        rows = inst.drain()
+    finally:
+        inst.remove()
+        model.make_predict_function(force=True)
+    c1_out = keras.Model(model.inputs, model.get_layer("c1").output).predict(x, verbose=0)
+    assert sorted((r.point, r.step) for r in rows) == [(p, s) for p in (0, 1) for s in range(5)]
+    for row in rows:
+        data = (x if row.point == 0 else c1_out)[8 * row.step : 8 * row.step + 8]
+        ref = batch_stats(data, bins)
+        assert (row.stats.count, row.stats.min, row.stats.max) == (ref.count, ref.min, ref.max)
+        assert row.stats.hist.tolist() == ref.hist.tolist()
+
+
+def test_one_slot_ring_reads_every_batch(model):
+    """steps_per_read 1: the buffer is one row, written by assign, read after every batch."""
+    x = np.random.default_rng(2).normal(size=(16, 6, 6, 3)).astype("float32")
+    point = Point("c1", "input", model.get_layer("c1"), bins=32)
+    inst = Instrumentation(model, [point], steps_per_read=1)
+    inst.install()
+    seen = []
+
+    class Read(keras.callbacks.Callback):
+        def on_predict_batch_end(self, batch, logs=None):
+            seen.extend(inst.drain())
+
+    try:
+        model.make_predict_function(force=True)
+        model.predict(x, batch_size=8, verbose=0, callbacks=[Read()])
+    finally:
+        inst.remove()
+        model.make_predict_function(force=True)
+    assert [r.step for r in seen] == [0, 1]
+    for row in seen:
+        ref = batch_stats(x[8 * row.step : 8 * row.step + 8], 32)
+        assert row.stats.hist.tolist() == ref.hist.tolist() and row.stats.min == ref.min
+
+
+def _spread_whole_grid(grid: GridHistogram, other: GridHistogram) -> np.ndarray:
+    """Reference: ``other`` spread by interpolating its cumulative counts at every grid edge."""
+    cum = np.concatenate(([0.0], np.cumsum(other.counts)))
+    at = np.interp(grid.edges(), other.edges(), cum)
+    at[0], at[-1] = 0.0, cum[-1]
+    return grid.counts + np.diff(at)
+
+
+def test_grid_add_equals_whole_grid_spread():
+    rng = np.random.default_rng(5)
+    hist = GridHistogram.from_batch(-1.0, 1.0, rng.integers(0, 50, 256))
+    for i in range(300):
+        lo = rng.uniform(-3, 2) if i % 3 else rng.uniform(-0.99, 0.5)  # some grow the grid
+        hi = lo + rng.choice([1e-6, 0.01, 0.7, 4.0])
+        batch = GridHistogram.from_batch(lo, hi, rng.integers(0, 30, 256))
+        ref = hist.copy()
+        ref._grow(batch.lo, batch.hi)  # same grid as add() builds
+        expected = _spread_whole_grid(ref, batch)
+        hist.add(batch)
+        assert (hist.lo, hist.width) == (ref.lo, ref.width)
+        np.testing.assert_array_equal(hist.counts, expected)
+
+
+def test_int32_rows_feed_observers_like_int64():
+    rng = np.random.default_rng(7)
+    a, b = make_observer("hfmg", num_of_bins=1024), make_observer("hfmg", num_of_bins=1024)
+    for _ in range(5):
+        s = batch_stats(rng.gamma(2.0, size=5000).astype("float32"), a.bins)
+        a.update_stats(s)
+        b.update_stats(BatchStats(s.count, s.min, s.max, s.hist.astype(np.int32)))
+    assert a.state_dict() == b.state_dict() and a.clip_range() == b.clip_range()
+
+
+def test_presearched_ranges_equal_serial_and_are_removed():
+    rng = np.random.default_rng(9)
+    observers = [make_observer(a) for a in ("ifmr", "hfmg", "minmax", "percentile", "ifmr")]
+    for i, obs in enumerate(observers):
+        obs.update(rng.standard_t(4, 20_000).astype("float32") * (i + 1))
+    serial = [obs.clip_range() for obs in observers]
+    with _presearched(observers):
+        assert [obs.clip_range() for obs in observers] == serial
+        # explicit arguments are not the cached search: they run the real one
+        assert observers[0].clip_range(16, True) == type(observers[0]).clip_range(
+            observers[0], 16, True
+        )
+    assert all("clip_range" not in vars(obs) for obs in observers)
+    assert [obs.clip_range() for obs in observers] == serial
