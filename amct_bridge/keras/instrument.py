@@ -225,7 +225,11 @@ class Instrumentation:
         """Read every summary written since the last drain (one host transfer for all points)."""
         comps = self._components()
         flat = [c for per_var in comps for replicas in per_var for c in replicas]
-        values = [c.value().numpy() for c in flat]
+        if self._fetch is None:
+            # one graph call reads every buffer (one transfer off an accelerator); autograph
+            # off: converting this lambda cost more than many later reads
+            self._fetch = tf.function(lambda: [c.read_value() for c in flat], autograph=False)
+        values = [t.numpy() for t in self._fetch()]
         rows: list[Row] = []
         pos = 0
         for index, per_var in enumerate(comps):
