@@ -32,7 +32,9 @@ def test_core_imports_no_framework():
         "bad = [m for m in ('tensorflow', 'keras', 'mindspore') if m in sys.modules]\n"
         "print(','.join(bad))\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "", f"core imported a framework: {result.stdout}"
 
@@ -40,7 +42,9 @@ def test_core_imports_no_framework():
 @pytest.mark.parametrize("name", _core_modules())
 def test_docstring_examples_run(name):
     module = importlib.import_module(name)
-    failures, _ = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    failures, _ = doctest.testmod(
+        module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+    )
     assert failures == 0
 
 
