@@ -15,6 +15,8 @@ Example:
 from __future__ import annotations
 
 import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,11 +81,30 @@ def write_outputs(built: Built, record_path, flavor, keys, frozen_graph_path=Non
 
 def _clip_ranges(session) -> dict[int, tuple[float, float]]:
     """Each observed tensor's clip range, searched once (HFMG/IFMR searches are not cheap)."""
-    return {
-        i: obs.observer.clip_range()
-        for i, obs in enumerate(session.observed)
-        if obs.observer.batches > 0
-    }
+    seen = [(i, obs.observer) for i, obs in enumerate(session.observed) if obs.observer.batches]
+    ranges = search_clip_ranges([observer for _, observer in seen])
+    return {i: found for (i, _), found in zip(seen, ranges, strict=True)}
+
+
+def search_clip_ranges(observers: list) -> list[tuple[float, float]]:
+    """``clip_range()`` of each observer, the histogram searches spread over all cores.
+
+    HFMG/IFMR searches (tens of ms per tensor; numpy releases the GIL) dominate the end of a
+    calibration run, so they run in a thread pool; the observers are only read.
+
+    Example:
+        >>> import numpy as np
+        >>> from amct_bridge.quant.observers import make_observer
+        >>> obs = make_observer("minmax")
+        >>> obs.update(np.array([-1.0, 2.0], np.float32))
+        >>> search_clip_ranges([obs])
+        [(-1.0, 2.0)]
+    """
+    workers = min(sum(1 for obs in observers if obs.bins), os.cpu_count() or 1)
+    if workers <= 1:
+        return [obs.clip_range() for obs in observers]
+    with ThreadPoolExecutor(workers, thread_name_prefix="amct_bridge_search") as pool:
+        return list(pool.map(lambda obs: obs.clip_range(), observers))
 
 
 def _input_index(session, target) -> int:

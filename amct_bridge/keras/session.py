@@ -20,9 +20,7 @@ Example:
 from __future__ import annotations
 
 import math
-import os
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -246,44 +244,8 @@ class Session:
                     "no record written (empty dataset or steps=0?)"
                 )
             return
-        with _presearched([o.observer for o in self.observed]):
-            built = build_outputs(self, **outputs)
+        built = build_outputs(self, **outputs)
         write_outputs(built, **outputs)
-
-
-@contextmanager
-def _presearched(observers: list):
-    """Run the histogram observers' clip-range searches on all cores, then serve them cached.
-
-    HFMG/IFMR searches (tens of ms per tensor, numpy releasing the GIL) dominate the end of a
-    run; the record builder asks each observer for ``clip_range()`` one by one. Inside this
-    context those calls (default arguments only) return the result computed in parallel; the
-    observers are restored on exit.
-    """
-    todo = [obs for obs in observers if obs.bins and obs.batches > 0]
-    workers = min(len(todo), os.cpu_count() or 1)
-    if workers > 1:
-        with ThreadPoolExecutor(workers, thread_name_prefix="amct_bridge_search") as pool:
-            ranges = list(pool.map(lambda obs: obs.clip_range(), todo))
-        for obs, found in zip(todo, ranges, strict=True):
-            vars(obs)["clip_range"] = _CachedRange(obs, found)
-    try:
-        yield
-    finally:
-        for obs in todo:
-            vars(obs).pop("clip_range", None)
-
-
-class _CachedRange:
-    """``observer.clip_range`` stand-in: the pre-searched range for the default arguments."""
-
-    def __init__(self, observer, found: tuple[float, float]) -> None:
-        self.observer, self.found = observer, found
-
-    def __call__(self, bits=None, symmetric=None) -> tuple[float, float]:
-        if bits is None and symmetric is None:
-            return self.found
-        return type(self.observer).clip_range(self.observer, bits, symmetric)
 
 
 def _apply(updates: list) -> None:

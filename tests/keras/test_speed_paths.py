@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from amct_bridge.keras.instrument import Instrumentation, Point
-from amct_bridge.keras.session import _presearched
+from amct_bridge.keras.record_builder import search_clip_ranges
 from amct_bridge.quant.histogram import GridHistogram
 from amct_bridge.quant.observers import BatchStats, batch_stats, make_observer
 
@@ -115,17 +115,12 @@ def test_int32_rows_feed_observers_like_int64():
     assert a.state_dict() == b.state_dict() and a.clip_range() == b.clip_range()
 
 
-def test_presearched_ranges_equal_serial_and_are_removed():
+def test_parallel_clip_search_equals_serial_and_leaves_observers_unchanged():
     rng = np.random.default_rng(9)
     observers = [make_observer(a) for a in ("ifmr", "hfmg", "minmax", "percentile", "ifmr")]
     for i, obs in enumerate(observers):
         obs.update(rng.standard_t(4, 20_000).astype("float32") * (i + 1))
+    states = [obs.state_dict() for obs in observers]
     serial = [obs.clip_range() for obs in observers]
-    with _presearched(observers):
-        assert [obs.clip_range() for obs in observers] == serial
-        # explicit arguments are not the cached search: they run the real one
-        assert observers[0].clip_range(16, True) == type(observers[0]).clip_range(
-            observers[0], 16, True
-        )
-    assert all("clip_range" not in vars(obs) for obs in observers)
-    assert [obs.clip_range() for obs in observers] == serial
+    assert search_clip_ranges(observers) == serial
+    assert [obs.state_dict() for obs in observers] == states
