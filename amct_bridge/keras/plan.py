@@ -286,6 +286,38 @@ def _graph_facts(model, by_key: dict[str, object]):
         for node in graph
         if not node.shared and len(node.inputs) == 1 and len(node.outputs) == 1
     }
+    chains = _batchnorm_chains(graph, by_key)
+    all_calls: dict[str, int] = {}
+    rank: dict[str, int] = {}
+    for i, node in enumerate(graph):
+        all_calls[node.layer] = all_calls.get(node.layer, 0) + 1
+        rank.setdefault(node.layer, i)
+    runtime = _runtime_calls(graph, objects, all_calls)
+    return order, calls, chains, tensors, runtime, rank
+
+
+def batchnorm_chains(model) -> dict[str, tuple[str, object]]:
+    """Layer key -> (BN key, BN layer) for every BatchNormalization AMCT folds into that layer.
+
+    The one rule shared by calibration, simulate and QAT: a foldable quantizable layer without
+    activation whose only reader is a BN on its channel axis (neither shared nor a model output).
+    Subclassed models have no call graph, hence no fusion.
+
+    Example:
+        >>> import keras
+        >>> m = keras.Sequential([keras.Input((4, 4, 1)), keras.layers.Conv2D(2, 1, name="c"),
+        ...                       keras.layers.BatchNormalization(name="bn")])
+        >>> {k: bn_key for k, (bn_key, _) in batchnorm_chains(m).items()}
+        {'c': 'bn'}
+    """
+    try:
+        graph, _ = extract_graph_and_operations(model)
+    except GraphError:
+        return {}
+    return _batchnorm_chains(graph, walk_layers(model))
+
+
+def _batchnorm_chains(graph, by_key: dict[str, object]) -> dict[str, tuple[str, object]]:
     foldable = tuple(k for k, parts in registry.QUANTIZABLE.items() if parts[-1].foldable)
     chains = {}
     for chain in graph.chains(foldable, tuple(registry.BATCH_NORMS)):
@@ -297,13 +329,7 @@ def _graph_facts(model, by_key: dict[str, object]):
         bn_layer = by_key.get(chain[1].layer)
         if bn_layer is not None and _bn_on_channels(bn_layer):
             chains[head.layer] = (chain[1].layer, bn_layer)
-    all_calls: dict[str, int] = {}
-    rank: dict[str, int] = {}
-    for i, node in enumerate(graph):
-        all_calls[node.layer] = all_calls.get(node.layer, 0) + 1
-        rank.setdefault(node.layer, i)
-    runtime = _runtime_calls(graph, objects, all_calls)
-    return order, calls, chains, tensors, runtime, rank
+    return chains
 
 
 def _bn_on_channels(bn) -> bool:

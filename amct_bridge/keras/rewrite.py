@@ -19,6 +19,7 @@ import numpy as np
 
 from amct_bridge.errors import QuantError
 from amct_bridge.keras.fake_quant import layer_spec
+from amct_bridge.keras.plan import batchnorm_chains
 
 
 def layer_keys(model: keras.Model, prefix: str = "") -> dict[int, str]:
@@ -63,10 +64,11 @@ def _all_layers(model: keras.Model) -> list[keras.layers.Layer]:
 
 
 def batchnorm_after(model: keras.Model) -> dict[str, keras.layers.BatchNormalization]:
-    """Record key of each quantizable layer whose output only feeds a BatchNormalization -> that BN.
+    """Record key of each quantizable layer with a BN AMCT folds into it -> that BN.
 
-    These are the Conv+BN pairs AMCT fuses before computing scale_w (unless skip_fusion): the
-    layer has no activation and the BN normalizes its channel axis.
+    These are the Conv+BN pairs whose fused weights scale_w describes (unless skip_fusion);
+    the rule is calibration's own (:func:`amct_bridge.keras.plan.batchnorm_chains`), so
+    simulate and QAT fold exactly where the callback did.
 
     Example:
         >>> import keras
@@ -75,27 +77,7 @@ def batchnorm_after(model: keras.Model) -> dict[str, keras.layers.BatchNormaliza
         >>> {k: bn.name for k, bn in batchnorm_after(m).items()}
         {'c': 'bn'}
     """
-    keys = layer_keys(model)
-    pairs = {}
-    for layer in _all_layers(model):
-        spec = layer_spec(layer)
-        if spec is None or not spec.kernels or id(layer) not in keys:
-            continue
-        if getattr(layer, "activation", None) not in (None, keras.activations.linear):
-            continue
-        consumers = {id(n.operation): n.operation for n in layer._outbound_nodes}
-        consumers = [c for c in consumers.values() if id(c) in keys]
-        if len(consumers) != 1 or not isinstance(consumers[0], keras.layers.BatchNormalization):
-            continue
-        bn = consumers[0]
-        channel_axis = (
-            -1 if getattr(layer, "data_format", "channels_last") == "channels_last" else 1
-        )
-        rank = len(layer.output.shape)
-        if bn.axis % rank != channel_axis % rank:
-            continue
-        pairs[keys[id(layer)]] = bn
-    return pairs
+    return {key: bn for key, (_, bn) in batchnorm_chains(model).items()}
 
 
 def bn_scale(bn: keras.layers.BatchNormalization) -> np.ndarray:
