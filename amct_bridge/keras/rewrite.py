@@ -19,7 +19,7 @@ import numpy as np
 
 from amct_bridge.errors import QuantError
 from amct_bridge.keras.fake_quant import layer_spec
-from amct_bridge.keras.plan import batchnorm_chains
+from amct_bridge.keras.plan import batchnorm_chains, walk_layers
 
 
 def layer_keys(model: keras.Model, prefix: str = "") -> dict[int, str]:
@@ -50,17 +50,8 @@ def quantizable_layers(model: keras.Model) -> dict[str, keras.layers.Layer]:
         >>> list(quantizable_layers(m))
         ['fc']
     """
-    keys = layer_keys(model)
-    return {keys[id(x)]: x for x in _all_layers(model) if layer_spec(x) is not None}
-
-
-def _all_layers(model: keras.Model) -> list[keras.layers.Layer]:
-    out = []
-    for layer in model.layers:
-        out.append(layer)
-        if isinstance(layer, keras.Model):
-            out.extend(_all_layers(layer))
-    return out
+    # Same keys as the calibration callback writes (walk_layers: a shared layer's first key).
+    return {key: x for key, x in walk_layers(model).items() if layer_spec(x) is not None}
 
 
 def batchnorm_after(model: keras.Model) -> dict[str, keras.layers.BatchNormalization]:
