@@ -232,8 +232,13 @@ def _runtime_calls(graph, objects: dict, calls: dict) -> list[_Runtime]:
     return list(result.values())
 
 
-def _settings(cfg: LayerQuantConfig) -> tuple:
-    # what the calibration session compares before sharing one observed point between targets
+def observer_settings(cfg: LayerQuantConfig) -> tuple:
+    """What must be equal for two targets to share one observed tensor (and its observer).
+
+    Example:
+        >>> observer_settings(LayerQuantConfig(algorithm="minmax", options={}))
+        ('minmax', (), 'INT8')
+    """
     return cfg.algorithm, tuple(sorted(cfg.options.items())), cfg.act_type
 
 
@@ -242,7 +247,9 @@ def _runtime_targets(runtime: list[_Runtime], targets: list[Target]) -> list[Tar
     seen: dict[str, LayerQuantConfig] = {}  # tensor id -> config of the point observing it
 
     def note(tid, cfg):
-        if tid is not None and (tid not in seen or _settings(seen[tid]) != _settings(cfg)):
+        if tid is not None and (
+            tid not in seen or observer_settings(seen[tid]) != observer_settings(cfg)
+        ):
             seen[tid] = cfg
 
     for t in targets:
@@ -254,7 +261,7 @@ def _runtime_targets(runtime: list[_Runtime], targets: list[Target]) -> list[Tar
         owners = [seen.get(first), seen.get(r.output)]
         cfg = LayerQuantConfig(algorithm="minmax", options={})
         if owners[0] is not None and owners[1] is not None:
-            if _settings(owners[0]) == _settings(owners[1]):
+            if observer_settings(owners[0]) == observer_settings(owners[1]):
                 cfg = owners[0]
         kind = registry.class_name(r.obj)
         target = Target(r.key, r.key, r.obj, kind, None, cfg, calls=r.calls)

@@ -29,7 +29,7 @@ from amct_bridge.config import QuantConfig
 from amct_bridge.errors import CalibrationError
 from amct_bridge.keras import layers as registry
 from amct_bridge.keras.instrument import Instrumentation, Point
-from amct_bridge.keras.plan import Plan, Target, make_plan
+from amct_bridge.keras.plan import Plan, Target, make_plan, observer_settings
 from amct_bridge.keras.record_builder import build_outputs, write_outputs
 from amct_bridge.keras.weights import input_channels
 from amct_bridge.quant.factors import bits_of
@@ -132,10 +132,10 @@ class Session:
         self.tensors[(target.layer_key, role)] = len(self.observed)
         if tid is not None:
             by_tensor[tid] = len(self.observed)
-        self.observed.append(Observed(point, observer, settings=_settings(cfg)))
+        self.observed.append(Observed(point, observer, settings=observer_settings(cfg)))
 
     def _same_settings(self, index: int, cfg) -> bool:
-        return self.observed[index].settings == _settings(cfg)
+        return self.observed[index].settings == observer_settings(cfg)
 
     # ---- passes -------------------------------------------------------------------------------
 
@@ -253,10 +253,6 @@ def _apply(updates: list) -> None:
         obs.observer.update_stats(stats)
         if channel_range is not None:
             obs.channel_range = _merge_ranges(obs.channel_range, channel_range)
-
-
-def _settings(cfg) -> tuple:
-    return cfg.algorithm, tuple(sorted(cfg.options.items())), cfg.act_type
 
 
 def _merge_ranges(prev: np.ndarray | None, new: np.ndarray) -> np.ndarray:
