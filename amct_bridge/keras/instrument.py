@@ -3,10 +3,16 @@
 While a calibration run is active, every target layer gets an instance attribute ``call`` that
 runs the layer's own ``call`` and then, for each observed tensor (the layer's input, output, or an
 inner tensor such as SeparableConv2D's depthwise output), writes a small per-batch summary into
-``tf.Variable`` buffers: ``[min, max, element count]``, an optional ``bins``-bin histogram over
-[min, max] (``tf.histogram_fixed_width`` semantics, see ``amct_bridge.quant.stats.BatchStats``)
-and optional per-channel min and max (DMQ). The model's step function is re-traced so the
-summaries are computed inside the compiled graph; only these summaries ever reach the host.
+``tf.Variable`` buffers: ``[min, max, element count, own-histogram flag]``, optional per-channel
+min and max (DMQ) and, for histogram algorithms, ``bins`` counts (``tf.histogram_fixed_width``
+semantics, see ``amct_bridge.quant.stats.BatchStats``). The model's step function is re-traced so
+the summaries are computed inside the compiled graph; only these summaries ever reach the host.
+
+Histograms are binned onto a per-point *grid* ``[lo, hi]`` that the host sets (the union of the
+ranges seen so far) and summed in-graph, so the host merges one accumulated histogram now and
+then instead of one per batch. A batch that is not inside the grid (no grid yet, a range that
+grew, past ``batch_num``) gets its own histogram over its ``[min, max]`` in a ring row instead;
+the host then moves the grid (``Session``).
 
 Each tensor ("point") owns a ring of ``slots`` rows and a write counter, so several steps per
 execution (``steps_per_execution``), shared layers called several times and host reads every few
@@ -101,6 +107,9 @@ class Instrumentation:
         self.steps_per_read = max(1, int(steps_per_read))
         self._vars: list[dict[str, tf.Variable]] = []
         with self.strategy.scope():
+            # calls per point past which histograms stop accumulating (batch_num)
+            self._limit = _local_var([], tf.int64, "limit")
+            self.set_limit(None)
             for point in self.points:
                 slots = max(1, point.calls) * spe * max(1, steps_per_read)
                 self._vars.append(self._make_vars(point, slots))
@@ -116,21 +125,19 @@ class Instrumentation:
     # ---- graph side -------------------------------------------------------------------------
 
     def _make_vars(self, point: Point, slots: int) -> dict[str, tf.Variable]:
-        def var(shape, dtype, name):
-            return tf.Variable(
-                tf.zeros(shape, dtype),
-                trainable=False,
-                name=f"amct_bridge_{name}",
-                synchronization=tf.VariableSynchronization.ON_READ,
-                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
-            )
-
+        var = _local_var
         out = {
             "count": var([1], tf.int64, "count"),
-            "mm": var([slots, 3], tf.float64, "minmax"),
+            # per call: [min, max, element count, 1 if its histogram is in the "hist" ring]
+            "mm": var([slots, 4], tf.float64, "minmax"),
         }
         if point.bins:
             out["hist"] = var([slots, point.bins], tf.int32, "hist")
+            out["acc"] = var([point.bins], tf.int64, "hist_acc")
+            grid = var([2], tf.float32, "grid")
+            for local in self.strategy.experimental_local_results(grid):
+                local.assign(_NO_GRID)  # empty until the host sets one
+            out["grid"] = grid
         if point.channel_axis is not None:
             out["chan"] = var([slots, 2, point.channels], tf.float32, "channel_range")
         return out
@@ -146,13 +153,29 @@ class Instrumentation:
         size = tf.cast(tf.size(x, out_type=tf.int64), tf.float64)
         slots = v["mm"].shape[0]
         # count has shape [1]: the slot is already the index vector a scatter wants
-        slot = tf.math.floormod(v["count"].assign_add(_ONE) - 1, slots)
-        self._put(v["mm"], slot, tf.stack([tf.cast(lo, tf.float64), tf.cast(hi, tf.float64), size]))
+        written = v["count"].assign_add(_ONE)
+        slot = tf.math.floormod(written - 1, slots)
+        own = tf.zeros([], tf.float64)
         if point.bins:
-            # equal min/max: every value into bin 0 (the BatchStats contract)
+            # Inside the host-set grid (and within batch_num): bin onto the grid and add to
+            # the accumulator, nothing per batch for the host to merge. Otherwise (first
+            # batches, a range that grew): the batch's own histogram over [min, max] goes to
+            # the ring (equal min/max: every value into bin 0, the BatchStats contract).
+            grid = v["grid"].read_value()
+            active = (written[0] - 1) // max(1, point.calls) < self._limit.read_value()
+            inside = (lo >= grid[0]) & (hi <= grid[1]) & (grid[0] < grid[1]) & active
             top = tf.where(hi > lo, hi, lo + 1.0)
-            hist = tf.histogram_fixed_width(x, tf.stack([lo, top]), point.bins, dtype=tf.int32)
-            self._put(v["hist"], slot, hist)
+            value_range = tf.where(inside, grid, tf.stack([lo, top]))
+            hist = tf.histogram_fixed_width(x, value_range, point.bins, dtype=tf.int32)
+            tf.cond(
+                inside,
+                lambda: v["acc"].assign_add(tf.cast(hist, tf.int64)).op,
+                lambda: self._put(v["hist"], slot, hist),
+            )
+            own = 1.0 - tf.cast(inside, tf.float64)
+        self._put(
+            v["mm"], slot, tf.stack([tf.cast(lo, tf.float64), tf.cast(hi, tf.float64), size, own])
+        )
         if point.channel_axis is not None:
             axes = [a for a in range(x.shape.rank) if a != point.channel_axis % x.shape.rank]
             chan = tf.stack([tf.reduce_min(x, axis=axes), tf.reduce_max(x, axis=axes)])
@@ -162,11 +185,10 @@ class Instrumentation:
         """``var[slot] = row`` in-graph (a plain assign when the ring has one slot)."""
         row = tf.expand_dims(row, 0)
         if var.shape[0] == 1:
-            var.assign(row)
-        elif self._scatter:
-            tf.raw_ops.ResourceScatterUpdate(resource=var.handle, indices=slot, updates=row)
-        else:
-            var.assign(tf.tensor_scatter_nd_update(var.read_value(), slot[:, None], row))
+            return var.assign(row).op
+        if self._scatter:
+            return tf.raw_ops.ResourceScatterUpdate(resource=var.handle, indices=slot, updates=row)
+        return var.assign(tf.tensor_scatter_nd_update(var.read_value(), slot[:, None], row)).op
 
     def _wrap(self, layer, indices: list[int]) -> Callable:
         original = layer.call  # the bound class method (instance attribute not set yet)
@@ -211,19 +233,52 @@ class Instrumentation:
 
     # ---- host side --------------------------------------------------------------------------
 
-    def _components(self) -> list[list[tf.Variable]]:
-        """Per point, per replica: the local variables, flattened [count, mm, hist?, chan?]."""
+    def _locals(self, index: int, name: str) -> list[tf.Variable]:
+        """Point ``index``'s variable ``name``, one component per replica."""
+        return list(self.strategy.experimental_local_results(self._vars[index][name]))
+
+    def set_limit(self, steps: int | None) -> None:
+        """Steps after which histograms stop accumulating in-graph (None: never).
+
+        Rows past the limit still reach the host, which drops them (steps_per_execution can
+        run past ``batch_num``); the accumulator cannot be split afterwards, hence the gate.
+        """
+        value = np.int64(2**62 if steps is None else max(0, int(steps)))
+        for local in self.strategy.experimental_local_results(self._limit):
+            local.assign(value)
+
+    def set_grid(self, index: int, lo: float, hi: float) -> None:
+        """Bin point ``index``'s batches inside ``[lo, hi]`` onto that grid from now on.
+
+        Call :meth:`take_histograms` first: the accumulated counts belong to the old grid.
+        """
+        for local in self._locals(index, "grid"):
+            local.assign(np.array([lo, hi], np.float32))
+
+    def grid(self, index: int) -> tuple[float, float] | None:
+        """The grid point ``index`` bins onto, or None when it has none yet."""
+        lo, hi = (float(v) for v in self._locals(index, "grid")[0].numpy())
+        return (lo, hi) if lo < hi else None
+
+    def take_histograms(self, indices) -> list[tuple[int, float, float, np.ndarray]]:
+        """``(point, lo, hi, counts)`` accumulated on each replica's grid; zeroes them."""
         out = []
-        for v in self._vars:
-            per_var = [
-                list(self.strategy.experimental_local_results(v[k])) for k in _ORDER if k in v
-            ]
-            out.append(per_var)
+        for index in indices:
+            if "acc" not in self._vars[index]:
+                continue
+            grids = self._locals(index, "grid")
+            for acc, grid in zip(self._locals(index, "acc"), grids, strict=True):
+                counts = acc.numpy()
+                if counts.any():
+                    acc.assign(np.zeros_like(counts))
+                    lo, hi = (float(v) for v in grid.numpy())
+                    out.append((index, lo, hi, counts))
         return out
 
     def drain(self) -> list[Row]:
-        """Read every summary written since the last drain (one host transfer for all points)."""
-        comps = self._components()
+        """Read every summary written since the last drain (one host transfer for all points;
+        the histogram ring only of points that have rows binned on their own range)."""
+        comps = [[self._locals(i, "count"), self._locals(i, "mm")] for i in range(len(self._vars))]
         flat = [c for per_var in comps for replicas in per_var for c in replicas]
         if self._fetch is None:
             # one graph call reads every buffer (one transfer off an accelerator); autograph
@@ -233,17 +288,19 @@ class Instrumentation:
         rows: list[Row] = []
         pos = 0
         for index, per_var in enumerate(comps):
-            names = [k for k in _ORDER if k in self._vars[index]]
             n_rep = len(per_var[0])
-            arrays = {}
-            for name in names:
-                arrays[name] = values[pos : pos + n_rep]
-                pos += n_rep
+            counts, mms = values[pos : pos + n_rep], values[pos + n_rep : pos + 2 * n_rep]
+            pos += 2 * n_rep
+            chans = self._locals(index, "chan") if "chan" in self._vars[index] else None
+            hists = self._locals(index, "hist") if "hist" in self._vars[index] else None
             for rep in range(n_rep):
-                rows.extend(self._rows_of(index, rep, {k: a[rep] for k, a in arrays.items()}))
+                arr = {"count": counts[rep], "mm": mms[rep]}
+                if chans is not None:
+                    arr["chan"] = chans[rep].numpy()
+                rows.extend(self._rows_of(index, rep, arr, hists[rep] if hists else None))
         return rows
 
-    def _rows_of(self, index: int, replica: int, arr: dict[str, np.ndarray]) -> list[Row]:
+    def _rows_of(self, index: int, replica: int, arr: dict, hist_var) -> list[Row]:
         count = int(arr["count"][0])
         last = self._last.get((index, replica), 0)
         slots = arr["mm"].shape[0]
@@ -256,24 +313,37 @@ class Instrumentation:
         self._last[(index, replica)] = count
         rows = []
         chan = arr.get("chan")
-        for step in range(last, count):
+        steps = range(last, count)
+        # read the ring only if some row's histogram is there (rare once a grid is set)
+        own = hist_var is not None and any(arr["mm"][s % slots][3] for s in steps)
+        hist = hist_var.numpy() if own else None
+        for step in steps:
             slot = step % slots
-            lo, hi, size = arr["mm"][slot]
+            lo, hi, size, has_hist = arr["mm"][slot]
             stats = BatchStats(
                 count=int(size),
                 min=float(lo),
                 max=float(hi),
-                # int32 view of the buffer row: the observers convert it once, copying here
-                # per row cost more main-thread time than the step it overlaps
-                hist=arr["hist"][slot] if "hist" in arr else None,
+                hist=hist[slot] if has_hist else None,
                 channel_absmax=np.abs(chan[slot]).max(axis=0) if chan is not None else None,
             )
             rows.append(Row(index, replica, step, stats, chan[slot] if chan is not None else None))
         return rows
 
 
-_ORDER = ("count", "mm", "hist", "chan")
 _ONE = np.ones(1, np.int64)
+_NO_GRID = np.array([1.0, 0.0], np.float32)  # lo > hi: no batch is inside
+
+
+def _local_var(shape, dtype, name: str) -> tf.Variable:
+    """A buffer each replica writes on its own (ON_READ); plain variable without a strategy."""
+    return tf.Variable(
+        tf.zeros(shape, dtype),
+        trainable=False,
+        name=f"amct_bridge_{name}",
+        synchronization=tf.VariableSynchronization.ON_READ,
+        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+    )
 
 
 def _first(x):

@@ -9,7 +9,7 @@ batches were seen. :meth:`Session.write` turns observers + weights into the reco
 
 Example:
     >>> import keras, numpy as np
-    >>> from amct_bridge.config import QuantConfig
+    >>> from amct_bridge.config import LayerQuantConfig, QuantConfig
     >>> x = keras.Input((4,))
     >>> m = keras.Model(x, keras.layers.Dense(2, name="fc")(x))
     >>> s = Session(m, QuantConfig(), batch_num=None); s.new_run()
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from amct_bridge.config import QuantConfig
+from amct_bridge.config import LayerQuantConfig, QuantConfig
 from amct_bridge.errors import CalibrationError
 from amct_bridge.keras import layers as registry
 from amct_bridge.keras.instrument import Instrumentation, Point
@@ -35,6 +35,8 @@ from amct_bridge.keras.weights import input_channels
 from amct_bridge.quant.factors import bits_of
 from amct_bridge.quant.observers import make_observer
 
+#: Settings of tensors only the sidecar reports (see Session._settings_for).
+_SIDECAR_ONLY = LayerQuantConfig(algorithm="minmax", options={})
 #: Host reads happen at most every this many batch ends (fewer transfers, same data)...
 _READ_EVERY = 16
 #: ...as long as the ring buffers of all histograms stay below this many bytes.
@@ -73,6 +75,7 @@ class Session:
         self.python_calls = 0  # wrapper bodies run in Python (traces), for tests
         self._pool: ThreadPoolExecutor | None = None
         self._futures: list = []
+        self._spans: dict[int, tuple[float, float]] = {}  # point -> union of batch ranges
 
     # ---- set-up -------------------------------------------------------------------------------
 
@@ -86,8 +89,13 @@ class Session:
     def _make_points(self) -> None:
         by_tensor: dict[str, int] = {}
         by_layer: dict[str, list[Target]] = {}
+        # tensor id -> settings of the first record entry that reads it: only there does the
+        # algorithm's clip range matter (it becomes scale_d)
+        self._readers: dict[str, LayerQuantConfig] = {}
         for target in self.plan.targets:
             by_layer.setdefault(target.layer_key, []).append(target)
+            if target.quantized and target.tensors[0] is not None:
+                self._readers.setdefault(target.tensors[0], target.config)
         for parts in by_layer.values():
             first, last = parts[0], parts[-1]
             layer_parts = registry.quant_parts(first.layer)
@@ -96,9 +104,23 @@ class Session:
                 self._add(last, "inner", layer_parts[-1], by_tensor, _depthwise_output)
             self._add(last, "output", None, by_tensor)
 
+    def _settings_for(self, target: Target, role: str) -> LayerQuantConfig:
+        """The layer's own settings where a record entry reads the tensor, else min/max.
+
+        A tensor that no quantized layer reads (a conv output before its ReLU, a model output)
+        only feeds the sidecar, so it gets min/max (raw extremes) instead of a histogram and a
+        clip search: the record is the same, the callback cheaper. Its producer uses the
+        reader's settings so both share one observed point.
+        """
+        if target.quantized and role in ("input", "inner"):
+            return target.config
+        tid = target.tensors[0] if role == "input" else target.tensors[1]
+        reader = self._readers.get(tid) if tid is not None else None
+        return reader if reader is not None else _SIDECAR_ONLY
+
     def _add(self, target: Target, role: str, part, by_tensor: dict, inner=None) -> None:
         """Add the point of one tensor, or reuse the point already observing the same tensor."""
-        cfg = target.config
+        cfg = self._settings_for(target, role)
         dmq = cfg.migration_strength is not None and part is not None and part.has_weights
         tid = {"input": target.tensors[0], "output": target.tensors[1]}.get(role)
         shared = by_tensor.get(tid) if tid is not None else None
@@ -148,6 +170,11 @@ class Session:
         per_read = sum(4 * p.bins * max(1, p.calls) * spe for p in points)
         every = max(1, min(_READ_EVERY, _HIST_BUDGET // max(1, per_read)))
         self._inst = Instrumentation(self.model, points, every)
+        if self.batch_num is not None:
+            self._inst.set_limit(self.batch_num - self.batches)
+        for index, (lo, hi) in self._spans.items():  # accumulate=True: earlier passes' ranges
+            if points[index].bins and lo < hi:
+                self._inst.set_grid(index, *_float32_outward(lo, hi))
         self._inst.install()
         self._mode, self._pass_base = mode, self.batches
         self._pass_batches = self._pass_seen = self._ends = 0
@@ -165,7 +192,8 @@ class Session:
         self._pass_batches += max(1, batch - self._begin + 1)
         self._ends += 1
         done = self.batch_num is not None and self._pass_base + self._pass_batches >= self.batch_num
-        if done or self._ends % self._inst.steps_per_read == 0:
+        # the first read comes early: it gives the histogram points their grids
+        if done or self._ends == 1 or self._ends % self._inst.steps_per_read == 0:
             self._drain()
         if done:
             self.stop_pass(mode)
@@ -175,7 +203,7 @@ class Session:
         if self._inst is None or mode != self._mode:
             return
         try:
-            self._drain()
+            self._drain(final=True)
         finally:
             self.stop_all()
         self._settle()
@@ -195,10 +223,23 @@ class Session:
     def _done(self) -> bool:
         return self.batch_num is not None and self.batches >= self.batch_num
 
-    def _drain(self) -> None:
-        """Read the graph's summaries, check them, and hand them to the observer thread."""
+    def _drain(self, final: bool = False) -> None:
+        """Read the graph's summaries, check them, and hand them to the observer thread.
+
+        Histogram points: rows binned on their own range (no grid yet, or outside it) move
+        the point's grid to the union of all ranges seen (with headroom on a side that grew);
+        the counts accumulated on the old grid are taken first. ``final``: take every
+        accumulator (end of pass, or a record written mid-pass).
+        """
+        rows = self._inst.drain()
+        own = {row.point for row in rows if row.stats.hist is not None}
+        take = [i for i, o in enumerate(self.observed) if o.point.bins] if final else sorted(own)
+        grids = [
+            (self.observed[i], lo, hi, counts)
+            for i, lo, hi, counts in self._inst.take_histograms(take)
+        ]
         updates = []
-        for row in self._inst.drain():
+        for row in rows:
             obs = self.observed[row.point]
             batch = self._pass_base + row.step // max(1, obs.point.calls)
             if self.batch_num is not None and batch >= self.batch_num:
@@ -214,11 +255,33 @@ class Session:
                     f"(min {stats.min}, max {stats.max}); no record written"
                 )
             updates.append((obs, stats, row.channel_range))
-        if updates:
+        self._move_grids(own, rows)
+        if updates or grids:
             # observers run on one worker thread, in order, while the next steps execute
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="amct_bridge_observers")
-            self._futures.append(self._pool.submit(_apply, updates))
+            self._futures.append(self._pool.submit(_apply, updates, grids))
+
+    def _move_grids(self, own: set[int], rows) -> None:
+        """Widen the spans with this read's rows; re-grid the points that overflowed."""
+        grown: dict[int, tuple[bool, bool]] = {}
+        for row in rows:
+            lo, hi = row.stats.min, row.stats.max
+            old = self._spans.get(row.point)
+            if old is None:
+                self._spans[row.point] = (lo, hi)
+                continue
+            below, above = grown.get(row.point, (False, False))
+            grown[row.point] = (below or lo < old[0], above or hi > old[1])
+            self._spans[row.point] = (min(lo, old[0]), max(hi, old[1]))
+        for index in own:
+            lo, hi = self._spans[index]
+            if not lo < hi:
+                continue  # constant so far: keep histogramming each batch on its own
+            had_grid = self._inst.grid(index) is not None
+            below, above = grown.get(index, (False, False))
+            pad = (hi - lo) / 8 if had_grid else 0.0  # a range that grew may grow again
+            self._inst.set_grid(index, *_float32_outward(lo - pad * below, hi + pad * above))
 
     def _settle(self) -> None:
         """Wait for pending observer updates; re-raise their errors."""
@@ -234,7 +297,7 @@ class Session:
     def write(self, outputs: dict, require_batches: bool = False) -> None:
         """Build record + sidecar (+ frozen graph) from what was seen, then write them all."""
         if self._inst is not None:  # mid-pass (save_every_epoch): read what the graph holds
-            self._drain()
+            self._drain(final=True)
             self.batches = self._pass_base + self._pass_seen
         self._settle()
         if self.batches == 0:
@@ -248,11 +311,24 @@ class Session:
         write_outputs(built, **outputs)
 
 
-def _apply(updates: list) -> None:
+def _apply(updates: list, grids: list) -> None:
+    for obs, lo, hi, counts in grids:
+        obs.observer.add_histogram(lo, hi, counts)
     for obs, stats, channel_range in updates:
-        obs.observer.update_stats(stats)
+        later = bool(obs.point.bins) and stats.hist is None
+        obs.observer.update_stats(stats, hist_later=later)
         if channel_range is not None:
             obs.channel_range = _merge_ranges(obs.channel_range, channel_range)
+
+
+def _float32_outward(lo: float, hi: float) -> tuple[float, float]:
+    """``[lo, hi]`` widened to float32 ends (the in-graph grid is float32)."""
+    lo32, hi32 = np.float32(lo), np.float32(hi)
+    if lo32 > lo:
+        lo32 = np.nextafter(lo32, np.float32(-np.inf))
+    if hi32 < hi:
+        hi32 = np.nextafter(hi32, np.float32(np.inf))
+    return float(lo32), float(hi32)
 
 
 def _merge_ranges(prev: np.ndarray | None, new: np.ndarray) -> np.ndarray:

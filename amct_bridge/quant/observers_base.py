@@ -106,8 +106,12 @@ class Observer:
         """
         self.update_stats(batch_stats(x, self.bins, channel_axis, name=self.name))
 
-    def update_stats(self, s: BatchStats) -> None:
+    def update_stats(self, s: BatchStats, *, hist_later: bool = False) -> None:
         """Absorb one batch summary (validated; errors name the tensor).
+
+        ``hist_later=True``: ``s`` carries no histogram because the batch was binned together
+        with others on a shared grid, handed over later by :meth:`add_histogram` (what the
+        in-graph accumulation of the Keras callback does).
 
         Example:
             >>> from amct_bridge.quant.observers import make_observer
@@ -115,15 +119,37 @@ class Observer:
             >>> obs.update_stats(BatchStats(4, -1.0, 2.0)); obs.clip_range()
             (-1.0, 2.0)
         """
-        self._check_stats(s)
-        self._absorb(s)
+        self._check_stats(s, hist_later)
+        if not hist_later:
+            self._absorb(s)
         self.count += int(s.count)
         self.batches += 1
         self.min = min(self.min, float(s.min))
         self.max = max(self.max, float(s.max))
         self._merge_absmax(s.channel_absmax)
 
-    def _check_stats(self, s: BatchStats) -> None:
+    def add_histogram(self, lo: float, hi: float, counts: np.ndarray) -> None:
+        """Add counts binned on ``len(counts)`` equal bins over ``[lo, hi]`` (batches whose
+        summaries came through ``update_stats(..., hist_later=True)``).
+
+        Example:
+            >>> from amct_bridge.quant.observers import make_observer
+            >>> obs = make_observer("hfmg", num_of_bins=1024)
+            >>> obs.update_stats(BatchStats(2, 0.0, 1.0), hist_later=True)
+            >>> obs.add_histogram(0.0, 1.0, np.r_[1, np.zeros(4094), 1])
+            >>> obs.clip_range()[0]
+            0.0
+        """
+        if not self.bins:
+            raise QuantError(f"{self.name}: {self.algorithm} keeps no histogram")
+        counts = np.asarray(counts)
+        if counts.sum() > 0:
+            self._absorb_grid(float(lo), float(hi), counts)
+
+    def _absorb_grid(self, lo: float, hi: float, counts: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def _check_stats(self, s: BatchStats, hist_later: bool = False) -> None:
         where = f"{self.name} (batch {self.batches + 1})"
         if int(s.count) <= 0:
             raise QuantError(f"{where}: batch has no elements")
@@ -131,6 +157,8 @@ class Observer:
             raise QuantError(f"{where}: batch min/max is {s.min}/{s.max}; data must be finite")
         if s.min > s.max:
             raise QuantError(f"{where}: batch min {s.min} > max {s.max}")
+        if hist_later:
+            return
         if self.bins and s.hist is None and s.max > s.min:
             raise QuantError(f"{where}: {self.algorithm} needs a histogram of {self.bins} bins")
         if self.bins and s.max > s.min:

@@ -81,6 +81,21 @@ class _HistogramObserver(Observer):
         else:
             self.hist.add(batch)
 
+    def _absorb_grid(self, lo: float, hi: float, counts: np.ndarray) -> None:
+        grid = GridHistogram.from_batch(lo, hi, counts)
+        if self.hist is None:
+            self.hist = grid
+        else:
+            self.hist.add(grid)
+
+    def _require_data(self) -> None:
+        super()._require_data()
+        total = 0.0 if self.hist is None else self.hist.total
+        if abs(total - self.count) > 0.5:  # a deferred histogram never arrived
+            raise QuantError(
+                f"{self.name}: histogram holds {total:.0f} values but {self.count} were seen"
+            )
+
     def _merge_state(self, other: Observer) -> None:
         assert isinstance(other, _HistogramObserver) and other.hist is not None
         self.hist.add(other.hist)

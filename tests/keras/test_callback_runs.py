@@ -160,6 +160,57 @@ def test_ifmr_in_graph_histograms_match_numpy_observer(tmp_path):
     assert load_stats(sidecar_path(path)).algorithm == "ifmr"
 
 
+@pytest.mark.parametrize("algorithm", ["hfmg", "ifmr", "percentile"])
+def test_grid_accumulation_matches_per_batch_observers(tmp_path, algorithm):
+    """40 batches whose range keeps growing (grids move, batches overflow, headroom is
+    added): the record's scale_d is within 0.5 % of an observer fed every batch's own
+    histogram on the host, for every quantized input."""
+    model = _compiled()
+    x = images(320, seed=3) * np.linspace(0.5, 4.0, 320, dtype="float32")[:, None, None, None]
+    path = tmp_path / "r.txt"
+    cb = QuantCalibration(path, algorithm=algorithm)
+    model.predict(x, batch_size=8, verbose=0, callbacks=[cb])
+    record = load(path)
+    for name in ("c1", "ap", "fc"):
+        layer_in = keras.Model(model.inputs, model.get_layer(name).input).predict(x, verbose=0)
+        obs = make_observer(algorithm)
+        for start in range(0, 320, 8):
+            obs.update_stats(batch_stats(layer_in[start : start + 8], obs.bins))
+        scale, offset = obs.factors()
+        assert record.layers[name].scale_d == pytest.approx(scale, rel=5e-3), name
+        assert abs(record.layers[name].offset_d - offset) <= 1, name
+
+
+def test_sidecar_only_tensors_get_min_max_not_the_algorithm(tmp_path):
+    """c1's output (BN folded, read only by the ReLU) is not a record input: min/max only,
+    its sidecar range is the raw extremes. r1's output feeds the average pool (quantized,
+    data factors): HFMG."""
+    model = _compiled()
+    x = images(32)
+    x[3, 5, 5] = 40.0  # outliers HFMG clips away downstream
+    path = tmp_path / "r.txt"
+    cb = QuantCalibration(path, algorithm="hfmg")
+    model.predict(x, batch_size=8, verbose=0, callbacks=[cb])
+    kinds = {(o.point.key, o.point.role): o.observer.algorithm for o in cb._session.observed}
+    assert kinds == {
+        ("c1", "input"): "hfmg",
+        ("c1", "output"): "minmax",
+        ("r1", "output"): "hfmg",
+        ("ap", "output"): "minmax",  # Flatten reads it, fc observes its own input
+        ("fc", "input"): "hfmg",
+        ("fc", "output"): "minmax",
+    }
+    stats = load_stats(sidecar_path(path))
+    c1_out = keras.Model(model.inputs, model.get_layer("bn1").output).predict(x, verbose=0)
+    assert (stats.layers["c1"].output.min, stats.layers["c1"].output.max) == (
+        float(c1_out.min()),
+        float(c1_out.max()),
+    )
+    r1 = stats.layers["r1"].output
+    assert r1.max < r1.observed_max  # clipped: the algorithm ran there
+    assert stats.layers["ap"].input == r1
+
+
 def test_int16_with_dmq_balances_activations_and_weights(tmp_path):
     model = _compiled()
     x = images(16) * np.array([1.0, 4.0, 0.25], "float32")  # unbalanced channels

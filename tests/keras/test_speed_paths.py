@@ -124,3 +124,62 @@ def test_parallel_clip_search_equals_serial_and_leaves_observers_unchanged():
     serial = [obs.clip_range() for obs in observers]
     assert search_clip_ranges(observers) == serial
     assert [obs.state_dict() for obs in observers] == states
+
+
+def _grid_hist(data: np.ndarray, lo: float, hi: float, bins: int) -> np.ndarray:
+    """numpy reference of tf.histogram_fixed_width on ``[lo, hi]`` (float64 bin index)."""
+    pos = (data.ravel().astype(np.float64) - lo) / ((hi - lo) / bins)
+    idx = np.clip(pos.astype(np.int64), 0, bins - 1)
+    return np.bincount(idx, minlength=bins)
+
+
+def test_grid_accumulates_inside_batches_and_rings_the_others(model):
+    """Batches inside the host-set grid are binned onto it and summed in-graph (no ring row);
+    a batch outside it gets its own histogram in the ring; past the step limit nothing is
+    accumulated."""
+    rng = np.random.default_rng(11)
+    x = rng.uniform(-1.0, 1.0, (40, 6, 6, 3)).astype("float32")
+    x[16:24] *= 3.0  # batch 2 leaves the grid
+    bins = 64
+    inst = Instrumentation(model, [Point("c1", "input", model.get_layer("c1"), bins=bins)], 5)
+    inst.set_grid(0, -1.0, 1.0)
+    inst.set_limit(4)  # batch 4 runs but must not be accumulated
+    inst.install()
+    try:
+        model.make_predict_function(force=True)
+        model.predict(x, batch_size=8, verbose=0)
+        rows = inst.drain()
+        taken = inst.take_histograms([0])
+        assert inst.take_histograms([0]) == []  # taking zeroes the accumulator
+    finally:
+        inst.remove()
+        model.make_predict_function(force=True)
+    # batch 4 is past the limit: its row goes to the ring too (the host drops such rows)
+    assert [r.stats.hist is None for r in rows] == [True, True, False, True, False]
+    ref = batch_stats(x[16:24], bins)
+    assert rows[2].stats.hist.tolist() == ref.hist.tolist()
+    [(index, lo, hi, counts)] = taken
+    assert (index, lo, hi) == (0, -1.0, 1.0)
+    expected = sum(_grid_hist(x[8 * b : 8 * b + 8], -1.0, 1.0, bins) for b in (0, 1, 3))
+    assert counts.tolist() == expected.tolist()
+    assert inst.grid(0) == (-1.0, 1.0)
+
+
+def test_deferred_histograms_give_the_per_batch_result():
+    """update_stats(hist_later=True) + add_histogram on the grid == one histogram per batch."""
+    rng = np.random.default_rng(12)
+    batches = [rng.gamma(2.0, size=4000).astype("float32") for _ in range(6)]
+    lo = float(min(b.min() for b in batches))
+    hi = float(max(b.max() for b in batches))
+    a, b = make_observer("hfmg", num_of_bins=1024), make_observer("hfmg", num_of_bins=1024)
+    for data in batches:
+        a.update_stats(batch_stats(data, a.bins))
+        b.update_stats(batch_stats(data, 0), hist_later=True)
+    b.add_histogram(lo, hi, sum(_grid_hist(d, lo, hi, b.bins) for d in batches))
+    scale_a, _ = a.factors()
+    scale_b, _ = b.factors()
+    assert scale_b == pytest.approx(scale_a, rel=5e-3)
+    c = make_observer("hfmg", num_of_bins=1024)
+    c.update_stats(batch_stats(batches[0], 0), hist_later=True)
+    with pytest.raises(Exception, match="histogram holds 0 values but 4000 were seen"):
+        c.clip_range()
