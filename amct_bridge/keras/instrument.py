@@ -41,6 +41,7 @@ import numpy as np
 import tensorflow as tf
 
 from amct_bridge.errors import CalibrationError
+from amct_bridge.keras.layers import clamp_bounds
 from amct_bridge.quant.stats import BatchStats
 
 #: An inner tensor of a layer: computed from (layer, layer input) inside the wrapped call.
@@ -118,8 +119,10 @@ class Instrumentation:
             isinstance(v, tf.distribute.DistributedValues) for d in self._vars for v in d.values()
         )
         self._last: dict[tuple[int, int], int] = {}
+        self._minmax: dict[int, tuple] = {}  # id(tensor) -> (tensor, min, max) while tracing
         self._installed: list[object] = []
         self.python_calls = 0
+        self.derived = 0
         self._fetch = None
 
     # ---- graph side -------------------------------------------------------------------------
@@ -142,14 +145,28 @@ class Instrumentation:
             out["chan"] = var([slots, 2, point.channels], tf.float32, "channel_range")
         return out
 
-    def _summarise(self, index: int, x: tf.Tensor) -> None:
+    def _summarise(self, index: int, x: tf.Tensor, source=None) -> None:
         """Write the summary of ``x`` into point ``index``'s next ring slot (in-graph).
+
+        ``source``: the layer input when ``x`` is the output of a clamp (ReLU, ReLU6); if that
+        input was summarised in this trace, ``x``'s min and max are derived from its (exact:
+        the clamp is monotone) instead of reduced again.
 
         Few ops on purpose: every op costs trace time once and executor time every step.
         """
         point, v = self.points[index], self._vars[index]
+        seen = self._minmax.get(id(source)) if source is not None else None
+        raw = x
         x = tf.cast(x, tf.float32)
-        lo, hi = tf.reduce_min(x), tf.reduce_max(x)
+        if seen is not None and seen[0] is source:
+            low, high = _clamp_of(point.layer)
+            lo = tf.clip_by_value(seen[1], low, high)
+            hi = tf.clip_by_value(seen[2], low, high)
+            self.derived += 1  # per trace, for tests
+        else:
+            lo, hi = tf.reduce_min(x), tf.reduce_max(x)
+        # the tensor itself is kept so a reused id() can never match another tensor
+        self._minmax[id(raw)] = (raw, lo, hi)
         size = tf.cast(tf.size(x, out_type=tf.int64), tf.float64)
         slots = v["mm"].shape[0]
         # count has shape [1]: the slot is already the index vector a scatter wants
@@ -204,7 +221,8 @@ class Instrumentation:
                 if role == "input":
                     self._summarise(index, _first(x))
                 elif role == "output":
-                    self._summarise(index, _first(outputs))
+                    clamp = _clamp_of(self.points[index].layer) is not None
+                    self._summarise(index, _first(outputs), _first(x) if clamp else None)
                 else:
                     self._summarise(index, self.points[index].inner(layer, _first(x)))
             return outputs
@@ -226,6 +244,7 @@ class Instrumentation:
 
     def remove(self) -> None:
         """Restore every wrapped layer (idempotent)."""
+        self._minmax.clear()
         while self._installed:
             layer = self._installed.pop()
             if "call" in vars(layer):
@@ -344,6 +363,10 @@ def _local_var(shape, dtype, name: str) -> tf.Variable:
         synchronization=tf.VariableSynchronization.ON_READ,
         aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
     )
+
+
+def _clamp_of(layer) -> tuple[float, float] | None:
+    return clamp_bounds(layer) if layer is not None else None
 
 
 def _first(x):

@@ -171,3 +171,32 @@ def is_runtime(layer) -> bool:
         True
     """
     return class_name(layer) in RUNTIME and not quant_parts(layer)
+
+
+def clamp_bounds(layer) -> tuple[float, float] | None:
+    """``(low, high)`` when ``layer`` computes ``min(max(x, low), high)`` (ReLU, ReLU6), else None.
+
+    For such a layer the output's min and max follow exactly from the input's (the function
+    is monotone), so the callback derives them instead of reducing the output again.
+
+    Example:
+        >>> import keras
+        >>> clamp_bounds(keras.layers.ReLU(6.0)), clamp_bounds(keras.layers.Activation("relu"))
+        ((0.0, 6.0), (0.0, inf))
+        >>> clamp_bounds(keras.layers.ReLU(negative_slope=0.1)) is None
+        True
+    """
+    import keras
+
+    name = class_name(layer)
+    if name == "ReLU":
+        if float(layer.negative_slope) != 0.0 or float(layer.threshold) != 0.0:
+            return None
+        top = layer.max_value
+        return 0.0, float("inf") if top is None else float(top)
+    if name == "Activation":
+        if layer.activation is keras.activations.relu:
+            return 0.0, float("inf")
+        if layer.activation is keras.activations.relu6:
+            return 0.0, 6.0
+    return None

@@ -183,3 +183,38 @@ def test_deferred_histograms_give_the_per_batch_result():
     c.update_stats(batch_stats(batches[0], 0), hist_later=True)
     with pytest.raises(Exception, match="histogram holds 0 values but 4000 were seen"):
         c.clip_range()
+
+
+def test_clamp_outputs_take_min_max_from_their_input():
+    """ReLU6 / Activation("relu") after an observed tensor: min/max derived (no reduction)
+    and equal to the extremes of the real outputs, also when the input is all negative."""
+    inp = keras.Input((5, 5, 2))
+    x = keras.layers.Conv2D(3, 3, padding="same", name="c1")(inp)
+    a = keras.layers.ReLU(6.0, name="r6")(x)
+    b = keras.layers.Activation("relu", name="act")(keras.layers.Conv2D(3, 1, name="c2")(a))
+    m = keras.Model(inp, keras.layers.ReLU(negative_slope=0.2, name="leaky")(b))
+    m.compile(loss="mse")
+    points = [
+        Point("c1", "output", m.get_layer("c1")),
+        Point("r6", "output", m.get_layer("r6")),
+        Point("c2", "output", m.get_layer("c2")),
+        Point("act", "output", m.get_layer("act")),
+        Point("leaky", "output", m.get_layer("leaky")),  # not a clamp: reduced
+    ]
+    data = np.random.default_rng(3).normal(0, 4, (16, 5, 5, 2)).astype("float32")
+    data[8:] = -np.abs(data[8:]) - 50  # second batch: c1 output mostly far below 0
+    inst = Instrumentation(m, points, steps_per_read=2)
+    inst.install()
+    try:
+        m.make_predict_function(force=True)
+        m.predict(data, batch_size=8, verbose=0)
+        rows = inst.drain()
+    finally:
+        inst.remove()
+        m.make_predict_function(force=True)
+    assert inst.derived == 2
+    names = ["c1", "r6", "c2", "act", "leaky"]
+    outs = keras.Model(m.inputs, [m.get_layer(n).output for n in names]).predict(data, verbose=0)
+    for row in rows:
+        ref = outs[row.point][8 * row.step : 8 * row.step + 8]
+        assert (row.stats.min, row.stats.max) == (float(ref.min()), float(ref.max()))
