@@ -26,6 +26,7 @@ Example:
 
 from __future__ import annotations
 
+import bisect
 import math
 
 import numpy as np
@@ -50,16 +51,18 @@ def search_candidates(counts: np.ndarray) -> list[tuple[int, int]]:
     total = float(counts.sum())
     step = max(math.ceil(np.float32(total) / np.float32(_STEP_DIVISOR)), 1)
     min_bins = math.ceil(n / _MIN_BIN_RATIO)
-    prefix = np.concatenate(([0.0], np.cumsum(counts)))  # prefix[i] = sum(counts[:i])
+    # prefix[i] = sum(counts[:i]); a list and bisect: thousands of scalar lookups, where
+    # numpy's per-call overhead dominated
+    prefix = np.concatenate(([0.0], np.cumsum(counts))).tolist()
     left, right = 0, n - 1
     out: list[tuple[int, int]] = []
     while right - left > min_bins:
         # leftmost t > left with sum(counts[left:t]) >= step, capped at right
-        t_left = int(np.searchsorted(prefix, prefix[left] + step, side="left"))
+        t_left = bisect.bisect_left(prefix, prefix[left] + step)
         t_left = min(max(t_left, left + 1), right)
         # rightmost t < right with sum(counts[t+1:right+1]) >= step, never below t_left
         need = prefix[right + 1] - step
-        t_right = int(np.searchsorted(prefix, need, side="right")) - 2
+        t_right = bisect.bisect_right(prefix, need) - 2
         t_right = max(min(t_right, right - 1), t_left) if t_left < right else right
         if right - t_right >= t_left - left:
             right = t_right

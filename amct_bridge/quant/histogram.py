@@ -151,7 +151,10 @@ class GridHistogram:
         k = max(1, math.ceil((top - new_lo) / (n * w)))
         while new_lo + n * k * w < top:
             k += 1
-        groups = (np.arange(n) + shift) // k
+        if max(shift, k) < 2**62:
+            groups = (np.arange(n) + shift) // k
+        else:  # a denormal-width grid meeting a wide range: exact in Python integers
+            groups = np.array([(i + shift) // k for i in range(n)], dtype=np.int64)
         self.counts = np.bincount(groups, weights=self.counts, minlength=n)[:n]
         self.lo, self.width = new_lo, w * k
 

@@ -205,3 +205,14 @@ def test_factors_consistent_with_clip_range(specs, algorithm, symmetric):
     assert (scale, offset) == activation_factors(lo, hi, 8, symmetric)
     assert np.isfinite(scale) and scale > 0 and -128 <= offset <= 127
     assert obs.min - 1e-6 * abs(obs.min) <= obs.max
+
+
+def test_denormal_width_grid_grows_to_a_wide_range():
+    """Found by hypothesis: a grid of width ~1e-45 meeting a batch spanning thousands needs
+    regroup factors beyond int64; the counts keep their total and order."""
+    from amct_bridge.quant.histogram import GridHistogram
+
+    hist = GridHistogram.from_batch(-6.0e-44, -6.0e-44 + 64 * 1.0e-45, np.ones(64))
+    hist.add(GridHistogram.from_batch(-232.65, 12240.35, np.r_[np.zeros(63), 5.0]))
+    assert hist.total == 69.0 and hist.lo <= -232.65 and hist.hi >= 12240.35
+    assert hist.counts[-1] == pytest.approx(5.0) and hist.counts[: hist.nbins // 2].sum() == 64.0
