@@ -112,11 +112,20 @@ def l2_losses(counts: np.ndarray, ranges: list[tuple[int, int]], dst_bins: int) 
     high += half**3 * prefix[0][end]
     out = (low + high) / 3.0
     rows = max(1, _CHUNK // max(int(keep.sum()), 1))
+    kept_prefix = np.concatenate(([0.0], np.cumsum(kept_w)))
     for start in range(0, cand.shape[0], rows):
         sl = slice(start, start + rows)
+        # Edges left of every range in this block sit at q = 0 (F = -1/24 below), edges right
+        # of every range at q = dst_bins (F = dst_bins/12 - 1/24): only the edges between
+        # are evaluated. Candidates shrink as the search goes, so later blocks are narrower.
+        c0 = int(np.searchsorted(kept_pos, left[sl].min() - n / 2, side="left"))
+        c1 = int(np.searchsorted(kept_pos, right[sl].max() + 1 - n / 2, side="right"))
+        below, above = kept_prefix[c0], kept_prefix[-1] - kept_prefix[c1]
+        out[sl] += dst_w[sl] ** 3 * (-below / 24.0 + (dst_bins / 12.0 - 1.0 / 24.0) * above)
+        block_pos, block_w = kept_pos[c0:c1], kept_w[c0:c1]
         # q = clamped edge position in destination-bin units; F = m / 12 + (t**3 + 1/8) / 3
         # with m = floor(q), t = q - m - 1/2 (the 1/8 term drops out: sum(w) == 0).
-        q = kept_pos[None, :] - (left[sl, None] - n / 2)
+        q = block_pos[None, :] - (left[sl, None] - n / 2)
         np.clip(q, 0.0, span[sl, None], out=q)
         q *= (1.0 / dst_w[sl])[:, None]
         m = np.floor(q)
@@ -124,7 +133,7 @@ def l2_losses(counts: np.ndarray, ranges: list[tuple[int, int]], dst_bins: int) 
         q -= 0.5
         cube = q * q
         cube *= q
-        out[sl] += dst_w[sl] ** 3 * ((m @ kept_w) / 12.0 + (cube @ kept_w) / 3.0)
+        out[sl] += dst_w[sl] ** 3 * ((m @ block_w) / 12.0 + (cube @ block_w) / 3.0)
     return out
 
 

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from quant_reference import amct_search_range, c_round, torch_l2
+from quant_reference import amct_search_range, c_round, pairwise_histogram_mse, torch_l2
 
 from amct_bridge.quant.hfmg import l2_losses, search_candidates
 from amct_bridge.quant.histogram import GridHistogram
@@ -64,3 +64,24 @@ def test_histogram_mse_equals_brute_force_on_bin_uniform_data(symmetric):
 def test_candidate_ratios_default_count():
     r = candidate_ratios(0.7, 1.3, 0.01)
     assert r.size == 61 and r[0] == np.float32(0.7) and abs(r[-1] - 1.3) < 1e-6
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("seed", range(3))
+def test_histogram_mse_edge_form_equals_pairwise_form(symmetric, seed):
+    """The per-edge dot products give the per-(candidate, bin) sums on a realistic 8192-bin
+    grid whose edges are clamped to the data support (partial first and last bins)."""
+    rng = np.random.default_rng(seed)
+    data = rng.standard_t(3, 200_000) * rng.uniform(0.1, 5)
+    vmin, vmax = float(data.min()), float(data.max())
+    width = (vmax - vmin) * 1.25 / 8192
+    grid_lo = vmin - 0.1 * width * 8192
+    counts = np.bincount(((data - grid_lo) / width).astype(np.int64), minlength=8192)
+    hist = GridHistogram(grid_lo, width, counts.astype(np.float64))
+    lo, hi, scale = candidate_clips(
+        min(vmin, 0.0), max(vmax, 0.0), candidate_ratios(0.7, 1.3, 0.01), 8, symmetric
+    )
+    got = histogram_mse(hist, lo, hi, scale, support=(vmin, vmax))
+    ref = pairwise_histogram_mse(hist, lo, hi, scale, (vmin, vmax))
+    np.testing.assert_allclose(got, ref, rtol=1e-9)
+    assert np.argmin(got) == np.argmin(ref)
