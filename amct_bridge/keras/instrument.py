@@ -123,7 +123,6 @@ class Instrumentation:
         self._installed: list[object] = []
         self.python_calls = 0
         self.derived = 0
-        self._fetch = None
 
     # ---- graph side -------------------------------------------------------------------------
 
@@ -135,7 +134,10 @@ class Instrumentation:
             "mm": var([slots, 4], tf.float64, "minmax"),
         }
         if point.bins:
-            out["hist"] = var([slots, point.bins], tf.int32, "hist")
+            # one extra row: where a batch binned on the grid writes (never read), so the
+            # step needs no tf.cond (two traced branches per point cost more trace time than
+            # this row copy costs per step)
+            out["hist"] = var([slots + 1, point.bins], tf.int32, "hist")
             out["acc"] = var([point.bins], tf.int64, "hist_acc")
             grid = var([2], tf.float32, "grid")
             for local in self.strategy.experimental_local_results(grid):
@@ -178,17 +180,18 @@ class Instrumentation:
             # the accumulator, nothing per batch for the host to merge. Otherwise (first
             # batches, a range that grew): the batch's own histogram over [min, max] goes to
             # the ring (equal min/max: every value into bin 0, the BatchStats contract).
-            grid = v["grid"].read_value()
-            active = (written[0] - 1) // max(1, point.calls) < self._limit.read_value()
-            inside = (lo >= grid[0]) & (hi <= grid[1]) & (grid[0] < grid[1]) & active
-            top = tf.where(hi > lo, hi, lo + 1.0)
-            value_range = tf.where(inside, grid, tf.stack([lo, top]))
-            hist = tf.histogram_fixed_width(x, value_range, point.bins, dtype=tf.int32)
-            tf.cond(
-                inside,
-                lambda: v["acc"].assign_add(tf.cast(hist, tf.int64)).op,
-                lambda: self._put(v["hist"], slot, hist),
+            # the grid is stored as [lo, -hi] (empty: [inf, inf]): one comparison tests both
+            # ends; with the batch_num gate that is one reduce_all (few ops: see above)
+            bounds = v["grid"].read_value()
+            within = written <= self._limit.read_value() * max(1, point.calls)
+            inside = tf.reduce_all(
+                tf.concat([tf.stack([lo, -hi]) >= bounds, within], 0), keepdims=False
             )
+            own_range = tf.stack([lo, tf.where(hi > lo, hi, lo + 1.0)])
+            value_range = tf.where(inside, bounds * _FLIP, own_range)
+            hist = tf.histogram_fixed_width(x, value_range, point.bins, dtype=tf.int32)
+            v["acc"].assign_add(tf.cast(hist, tf.int64) * tf.cast(inside, tf.int64))
+            self._put(v["hist"], tf.where(inside, _SCRATCH * slots, slot), hist)
             own = 1.0 - tf.cast(inside, tf.float64)
         self._put(
             v["mm"], slot, tf.stack([tf.cast(lo, tf.float64), tf.cast(hi, tf.float64), size, own])
@@ -210,11 +213,13 @@ class Instrumentation:
     def _wrap(self, layer, indices: list[int]) -> Callable:
         original = layer.call  # the bound class method (instance attribute not set yet)
 
-        def call(*args, **kwargs):
-            outputs = original(*args, **kwargs)
+        # Our code has no tensor-dependent Python control flow: autograph converting it would
+        # only slow every trace down. The layer's own call is left to autograph as before.
+        @tf.autograph.experimental.do_not_convert
+        def observe(args, kwargs, outputs):
             x = args[0] if args else kwargs.get("inputs")
             if not _should_record(x):
-                return outputs
+                return
             self.python_calls += 1  # once per trace, not per batch, when the step is compiled
             for index in indices:
                 role = self.points[index].role
@@ -225,6 +230,10 @@ class Instrumentation:
                     self._summarise(index, _first(outputs), _first(x) if clamp else None)
                 else:
                     self._summarise(index, self.points[index].inner(layer, _first(x)))
+
+        def call(*args, **kwargs):
+            outputs = original(*args, **kwargs)
+            observe(args, kwargs, outputs)
             return outputs
 
         return call
@@ -262,7 +271,7 @@ class Instrumentation:
         Rows past the limit still reach the host, which drops them (steps_per_execution can
         run past ``batch_num``); the accumulator cannot be split afterwards, hence the gate.
         """
-        value = np.int64(2**62 if steps is None else max(0, int(steps)))
+        value = np.int64(2**40 if steps is None else max(0, int(steps)))  # x calls: no overflow
         for local in self.strategy.experimental_local_results(self._limit):
             local.assign(value)
 
@@ -272,12 +281,12 @@ class Instrumentation:
         Call :meth:`take_histograms` first: the accumulated counts belong to the old grid.
         """
         for local in self._locals(index, "grid"):
-            local.assign(np.array([lo, hi], np.float32))
+            local.assign(np.array([lo, -hi], np.float32))
 
     def grid(self, index: int) -> tuple[float, float] | None:
         """The grid point ``index`` bins onto, or None when it has none yet."""
-        lo, hi = (float(v) for v in self._locals(index, "grid")[0].numpy())
-        return (lo, hi) if lo < hi else None
+        lo, neg_hi = (float(v) for v in self._locals(index, "grid")[0].numpy())
+        return (lo, -neg_hi) if lo < -neg_hi else None
 
     def take_histograms(self, indices) -> list[tuple[int, float, float, np.ndarray]]:
         """``(point, lo, hi, counts)`` accumulated on each replica's grid; zeroes them."""
@@ -290,20 +299,17 @@ class Instrumentation:
                 counts = acc.numpy()
                 if counts.any():
                     acc.assign(np.zeros_like(counts))
-                    lo, hi = (float(v) for v in grid.numpy())
-                    out.append((index, lo, hi, counts))
+                    lo, neg_hi = (float(v) for v in grid.numpy())
+                    out.append((index, lo, -neg_hi, counts))
         return out
 
     def drain(self) -> list[Row]:
         """Read every summary written since the last drain (one host transfer for all points;
         the histogram ring only of points that have rows binned on their own range)."""
         comps = [[self._locals(i, "count"), self._locals(i, "mm")] for i in range(len(self._vars))]
-        flat = [c for per_var in comps for replicas in per_var for c in replicas]
-        if self._fetch is None:
-            # one graph call reads every buffer (one transfer off an accelerator); autograph
-            # off: converting this lambda cost more than many later reads
-            self._fetch = tf.function(lambda: [c.read_value() for c in flat], autograph=False)
-        values = [t.numpy() for t in self._fetch()]
+        # eager reads, a few microseconds each: a tf.function reading them all in one call
+        # cost ~0.15 s to trace, more than a short run's reads altogether
+        values = [c.numpy() for per_var in comps for replicas in per_var for c in replicas]
         rows: list[Row] = []
         pos = 0
         for index, per_var in enumerate(comps):
@@ -351,7 +357,9 @@ class Instrumentation:
 
 
 _ONE = np.ones(1, np.int64)
-_NO_GRID = np.array([1.0, 0.0], np.float32)  # lo > hi: no batch is inside
+_SCRATCH = np.ones(1, np.int64)  # times the ring size: the hist ring's scratch row
+_FLIP = np.array([1.0, -1.0], np.float32)  # [lo, -hi] <-> [lo, hi]
+_NO_GRID = np.array([np.inf, np.inf], np.float32)  # [lo, -hi] no batch is inside
 
 
 def _local_var(shape, dtype, name: str) -> tf.Variable:
