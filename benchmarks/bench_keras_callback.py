@@ -98,8 +98,15 @@ def main() -> None:
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
     parser.add_argument("--models", default="light,conv,mobilenet", help="light, conv, mobilenet")
     parser.add_argument("--repeat", type=int, default=3, help="runs per timing (best is kept)")
+    parser.add_argument("--samples", type=int, help="training samples (default 1280)")
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        help="epochs per fit (default 3); longer fits amortise tracing and the search",
+    )
     args = parser.parse_args()
     n, epochs = (640, 2) if args.quick else (1280, 3)
+    n, epochs = args.samples or n, args.epochs or epochs
     rng = np.random.default_rng(0)
     y = rng.integers(0, 10, n)
     out = tempfile.mkdtemp()
