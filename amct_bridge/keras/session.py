@@ -9,7 +9,7 @@ batches were seen. :meth:`Session.write` turns observers + weights into the reco
 
 Example:
     >>> import keras, numpy as np
-    >>> from amct_bridge.config import LayerQuantConfig, QuantConfig
+    >>> from amct_bridge.config import QuantConfig
     >>> x = keras.Input((4,))
     >>> m = keras.Model(x, keras.layers.Dense(2, name="fc")(x))
     >>> s = Session(m, QuantConfig(), batch_num=None); s.new_run()
