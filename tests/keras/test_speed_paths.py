@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import keras
 import numpy as np
 import pytest
@@ -17,6 +19,18 @@ from amct_bridge.keras.instrument import Instrumentation, Point
 from amct_bridge.keras.record_builder import search_clip_ranges
 from amct_bridge.quant.histogram import GridHistogram
 from amct_bridge.quant.observers import BatchStats, batch_stats, make_observer
+
+
+@contextmanager
+def installed(model, inst):
+    """``inst`` installed and the predict step re-traced; both undone on exit."""
+    inst.install()
+    try:
+        model.make_predict_function(force=True)
+        yield inst
+    finally:
+        inst.remove()
+        model.make_predict_function(force=True)
 
 
 @pytest.fixture(scope="module")
@@ -40,15 +54,9 @@ def test_ring_rows_equal_numpy_batch_stats(model):
         Point("c1", "input", model.get_layer("c1"), bins=bins),
         Point("c1", "output", model.get_layer("c1"), bins=bins),
     ]
-    inst = Instrumentation(model, points, steps_per_read=5)
-    inst.install()
-    try:
-        model.make_predict_function(force=True)
+    with installed(model, Instrumentation(model, points, steps_per_read=5)) as inst:
         model.predict(x, batch_size=8, verbose=0)
         rows = inst.drain()
-    finally:
-        inst.remove()
-        model.make_predict_function(force=True)
     c1_out = keras.Model(model.inputs, model.get_layer("c1").output).predict(x, verbose=0)
     assert sorted((r.point, r.step) for r in rows) == [(p, s) for p in (0, 1) for s in range(5)]
     for row in rows:
@@ -63,19 +71,14 @@ def test_one_slot_ring_reads_every_batch(model):
     x = np.random.default_rng(2).normal(size=(16, 6, 6, 3)).astype("float32")
     point = Point("c1", "input", model.get_layer("c1"), bins=32)
     inst = Instrumentation(model, [point], steps_per_read=1)
-    inst.install()
     seen = []
 
     class Read(keras.callbacks.Callback):
         def on_predict_batch_end(self, batch, logs=None):
             seen.extend(inst.drain())
 
-    try:
-        model.make_predict_function(force=True)
+    with installed(model, inst):
         model.predict(x, batch_size=8, verbose=0, callbacks=[Read()])
-    finally:
-        inst.remove()
-        model.make_predict_function(force=True)
     assert [r.step for r in seen] == [0, 1]
     for row in seen:
         ref = batch_stats(x[8 * row.step : 8 * row.step + 8], 32)
@@ -144,16 +147,11 @@ def test_grid_accumulates_inside_batches_and_rings_the_others(model):
     inst = Instrumentation(model, [Point("c1", "input", model.get_layer("c1"), bins=bins)], 5)
     inst.set_grid(0, -1.0, 1.0)
     inst.set_limit(4)  # batch 4 runs but must not be accumulated
-    inst.install()
-    try:
-        model.make_predict_function(force=True)
+    with installed(model, inst):
         model.predict(x, batch_size=8, verbose=0)
         rows = inst.drain()
         taken = inst.take_histograms([0])
         assert inst.take_histograms([0]) == []  # taking zeroes the accumulator
-    finally:
-        inst.remove()
-        model.make_predict_function(force=True)
     # batch 4 is past the limit: its row goes to the ring too (the host drops such rows)
     assert [r.stats.hist is None for r in rows] == [True, True, False, True, False]
     ref = batch_stats(x[16:24], bins)
@@ -203,15 +201,9 @@ def test_clamp_outputs_take_min_max_from_their_input():
     ]
     data = np.random.default_rng(3).normal(0, 4, (16, 5, 5, 2)).astype("float32")
     data[8:] = -np.abs(data[8:]) - 50  # second batch: c1 output mostly far below 0
-    inst = Instrumentation(m, points, steps_per_read=2)
-    inst.install()
-    try:
-        m.make_predict_function(force=True)
+    with installed(m, Instrumentation(m, points, steps_per_read=2)) as inst:
         m.predict(data, batch_size=8, verbose=0)
         rows = inst.drain()
-    finally:
-        inst.remove()
-        m.make_predict_function(force=True)
     assert inst.derived == 2
     names = ["c1", "r6", "c2", "act", "leaky"]
     outs = keras.Model(m.inputs, [m.get_layer(n).output for n in names]).predict(data, verbose=0)
