@@ -205,10 +205,11 @@ class Instrumentation:
         """``var[slot] = row`` in-graph (a plain assign when the ring has one slot)."""
         row = tf.expand_dims(row, 0)
         if var.shape[0] == 1:
-            return var.assign(row).op
-        if self._scatter:
-            return tf.raw_ops.ResourceScatterUpdate(resource=var.handle, indices=slot, updates=row)
-        return var.assign(tf.tensor_scatter_nd_update(var.read_value(), slot[:, None], row)).op
+            var.assign(row)
+        elif self._scatter:
+            tf.raw_ops.ResourceScatterUpdate(resource=var.handle, indices=slot, updates=row)
+        else:
+            var.assign(tf.tensor_scatter_nd_update(var.read_value(), slot[:, None], row))
 
     def _wrap(self, layer, indices: list[int]) -> Callable:
         original = layer.call  # the bound class method (instance attribute not set yet)
@@ -285,8 +286,8 @@ class Instrumentation:
 
     def grid(self, index: int) -> tuple[float, float] | None:
         """The grid point ``index`` bins onto, or None when it has none yet."""
-        lo, neg_hi = (float(v) for v in self._locals(index, "grid")[0].numpy())
-        return (lo, -neg_hi) if lo < -neg_hi else None
+        lo, hi = _grid_range(self._locals(index, "grid")[0])
+        return (lo, hi) if lo < hi else None
 
     def take_histograms(self, indices) -> list[tuple[int, float, float, np.ndarray]]:
         """``(point, lo, hi, counts)`` accumulated on each replica's grid; zeroes them."""
@@ -299,30 +300,29 @@ class Instrumentation:
                 counts = acc.numpy()
                 if counts.any():
                     acc.assign(np.zeros_like(counts))
-                    lo, neg_hi = (float(v) for v in grid.numpy())
-                    out.append((index, lo, -neg_hi, counts))
+                    out.append((index, *_grid_range(grid), counts))
         return out
 
     def drain(self) -> list[Row]:
-        """Read every summary written since the last drain (one host transfer for all points;
-        the histogram ring only of points that have rows binned on their own range)."""
-        comps = [[self._locals(i, "count"), self._locals(i, "mm")] for i in range(len(self._vars))]
-        # eager reads, a few microseconds each: a tf.function reading them all in one call
-        # cost ~0.15 s to trace, more than a short run's reads altogether
-        values = [c.numpy() for per_var in comps for replicas in per_var for c in replicas]
+        """Read every summary written since the last drain (every replica's rows; the
+        histogram ring only of points that have rows binned on their own range).
+
+        Eager reads, a few microseconds each: a tf.function reading them all in one call cost
+        ~0.15 s to trace, more than a short run's reads altogether.
+        """
         rows: list[Row] = []
-        pos = 0
-        for index, per_var in enumerate(comps):
-            n_rep = len(per_var[0])
-            counts, mms = values[pos : pos + n_rep], values[pos + n_rep : pos + 2 * n_rep]
-            pos += 2 * n_rep
-            chans = self._locals(index, "chan") if "chan" in self._vars[index] else None
-            hists = self._locals(index, "hist") if "hist" in self._vars[index] else None
-            for rep in range(n_rep):
-                arr = {"count": counts[rep], "mm": mms[rep]}
-                if chans is not None:
-                    arr["chan"] = chans[rep].numpy()
-                rows.extend(self._rows_of(index, rep, arr, hists[rep] if hists else None))
+        for index, v in enumerate(self._vars):
+            parts = {
+                name: self._locals(index, name)
+                for name in ("count", "mm", "chan", "hist")
+                if name in v
+            }
+            for rep, (count, mm) in enumerate(zip(parts["count"], parts["mm"], strict=True)):
+                arr = {"count": count.numpy(), "mm": mm.numpy()}
+                if "chan" in parts:
+                    arr["chan"] = parts["chan"][rep].numpy()
+                hist_var = parts["hist"][rep] if "hist" in parts else None
+                rows.extend(self._rows_of(index, rep, arr, hist_var))
         return rows
 
     def _rows_of(self, index: int, replica: int, arr: dict, hist_var) -> list[Row]:
@@ -371,6 +371,12 @@ def _local_var(shape, dtype, name: str) -> tf.Variable:
         synchronization=tf.VariableSynchronization.ON_READ,
         aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
     )
+
+
+def _grid_range(grid: tf.Variable) -> tuple[float, float]:
+    """``(lo, hi)`` of a grid variable (stored as ``[lo, -hi]``)."""
+    lo, neg_hi = grid.numpy()
+    return float(lo), -float(neg_hi)
 
 
 def _clamp_of(layer) -> tuple[float, float] | None:
