@@ -1,41 +1,49 @@
 """In-graph activation statistics: wrap layer calls, summarise tensors, leave no trace.
 
-While a calibration run is active, every target layer gets an instance attribute ``call`` that
-runs the layer's own ``call`` and then, for each observed tensor (the layer's input, output, or an
-inner tensor such as SeparableConv2D's depthwise output), writes a small per-batch summary into
-``tf.Variable`` buffers: ``[min, max, element count, own-histogram flag]``, optional per-channel
-min and max (DMQ) and, for histogram algorithms, ``bins`` counts (``tf.histogram_fixed_width``
-semantics, see ``amct_bridge.quant.stats.BatchStats``). The model's step function is re-traced so
-the summaries are computed inside the compiled graph; only these summaries ever reach the host.
+While a calibration pass is active, the target layers get an instance attribute ``call`` that
+runs the layer's own ``call`` and then summarises each observed tensor (the layer's input,
+output, or an inner tensor such as SeparableConv2D's depthwise output): ``[min, max, element
+count]``, optional per-channel min and max (DMQ) and, for histogram algorithms, ``bins`` counts
+(``tf.histogram_fixed_width`` semantics, see ``amct_bridge.quant.stats.BatchStats``). The
+model's step method (``train_step`` / ``test_step`` / ``predict_step``) is wrapped too: the
+summaries of one step are collected while it is traced and written to ``tf.Variable`` buffers
+in one go when the step returns (a few ops per step instead of a dozen per tensor: every op
+costs trace time once and executor time every step). The step function is re-traced, so all of
+this runs inside the compiled graph; only the summaries ever reach the host. Layers run outside
+a wrapped step (another pass's step, an eager call in a callback) are not observed.
 
-Histograms are binned onto a per-point *grid* ``[lo, hi]`` that the host sets (the union of the
-ranges seen so far) and summed in-graph, so the host merges one accumulated histogram now and
-then instead of one per batch. A batch that is not inside the grid (no grid yet, a range that
-grew, past ``batch_num``) gets its own histogram over its ``[min, max]`` in a ring row instead;
-the host then moves the grid (``Session``).
+Buffers are laid out by *column*: one per observed tensor and call (a shared layer called
+twice per step has two). Each write fills one row of a ring of ``slots`` rows (one per step,
+``steps_per_execution`` x ``steps_per_read`` of them) and bumps a counter; the host reads
+counter and rows and turns every column written since its last read into one ``BatchStats``.
+A column written twice before its step ends (a layer called more often than the model graph
+shows), or a layer run inside a control-flow branch of the step, gets its own write there.
 
-Each tensor ("point") owns a ring of ``slots`` rows and a write counter, so several steps per
-execution (``steps_per_execution``), shared layers called several times and host reads every few
-batches all work: the host reads counter and rows, and turns every row written since its last read
-into one ``BatchStats``. Under ``tf.distribute`` strategies the buffers are ``ON_READ`` variables:
-each replica writes its own copy and the host reads every replica's rows.
+Histograms are binned onto a per-column *grid* ``[lo, hi]`` that the host sets (the union of
+the ranges seen so far) and summed in-graph, so the host merges one accumulated histogram now
+and then instead of one per batch. A batch not inside the grid (no grid yet, a range that grew,
+past ``batch_num``) gets its own histogram over its ``[min, max]`` in a ring row instead; the
+host then moves the grid (``Session``). Under ``tf.distribute`` strategies the buffers are
+``ON_READ`` variables: each replica writes its own copy and the host reads every replica's rows.
 
-:meth:`Instrumentation.remove` deletes the instance attributes again, so the layers' class
-``call`` is back and nothing of ours stays in the model (no tracked variables, no config change).
+:meth:`Instrumentation.remove` deletes the instance attributes again, so the class methods are
+back and nothing of ours stays in the model (no tracked variables, no config change).
 
 Example:
     >>> import keras, numpy as np
     >>> m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, name="fc")])
     >>> inst = Instrumentation(m, [Point("fc", "input", m.get_layer("fc"))])
-    >>> inst.install(); _ = m.predict(np.ones((3, 4), "float32"), verbose=0); rows = inst.drain()
+    >>> inst.install(); m.make_predict_function(force=True)
+    >>> _ = m.predict(np.ones((3, 4), "float32"), verbose=0); rows = inst.drain()
     >>> inst.remove(); rows[0].stats.min, rows[0].stats.max, "call" in vars(m.get_layer("fc"))
     (1.0, 1.0, False)
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import tensorflow as tf
@@ -46,6 +54,9 @@ from amct_bridge.quant.stats import BatchStats
 
 #: An inner tensor of a layer: computed from (layer, layer input) inside the wrapped call.
 InnerFn = Callable[[object, tf.Tensor], tf.Tensor]
+
+#: The step methods a calibration pass can wrap (one per Keras step function).
+STEP_METHODS = ("train_step", "test_step", "predict_step")
 
 
 @dataclass
@@ -79,13 +90,62 @@ class Point:
 
 @dataclass
 class Row:
-    """One batch summary read back from the graph: which point, which replica, which batch."""
+    """One batch summary read back from the graph: which point, which replica, which call.
+
+    ``step`` counts the point's summaries on that replica (a layer called twice per step has
+    two per step).
+    """
 
     point: int
     replica: int
     step: int
     stats: BatchStats
     channel_range: np.ndarray | None = None  # [2, C]: per-channel min and max (DMQ)
+
+
+@dataclass
+class _Group:
+    """The histogram columns with one bin count, and their buffers."""
+
+    bins: int
+    cols: list[int]
+    vars: dict = field(default_factory=dict)
+
+    def pos(self, col: int) -> int:
+        return self.cols.index(col)
+
+
+@dataclass
+class _Entry:
+    """One column's summary in the step being traced."""
+
+    lo: tf.Tensor
+    hi: tf.Tensor
+    size: tf.Tensor
+    inside: tf.Tensor | None = None
+    hist: tf.Tensor | None = None
+    chan: tf.Tensor | None = None
+
+
+class _Frame:
+    """What one step (of one replica) summarised so far, in the graph being traced."""
+
+    def __init__(self, graph, step, parent: _Frame | None = None) -> None:
+        self.graph = graph
+        self.step = step  # this step's number (the batch_num gate), None without histograms
+        self.parent = parent  # the step's frame, for a frame inside a control-flow branch
+        self.writes = 0  # ring rows this step writes (traced: counts both branches of a cond)
+        self.entries: dict[int, _Entry] = {}
+        self.grids: dict[int, tuple[list, list, list]] = {}  # bins -> rows, lows, highs
+        self.minmax: dict[int, tuple] = {}  # id(tensor) -> (tensor, min, max)
+        self._consts: dict[tuple, tf.Tensor] = {}
+
+    def const(self, value, dtype=tf.float32) -> tf.Tensor:
+        """One Const op per value and step, not one per use (each op costs trace time)."""
+        key = (repr(value), dtype)
+        if key not in self._consts:
+            self._consts[key] = tf.constant(value, dtype)
+        return self._consts[key]
 
 
 class Instrumentation:
@@ -95,121 +155,110 @@ class Instrumentation:
         model: the Keras model (its ``distribute_strategy`` decides where buffers live).
         points: the tensors to observe.
         steps_per_read: batch ends between two host reads (buffers hold that many steps).
+        steps: the model's step methods whose runs are observed (default: all three).
 
     Example:
         >>> # see the module docstring
     """
 
-    def __init__(self, model, points: list[Point], steps_per_read: int = 1) -> None:
+    def __init__(
+        self,
+        model,
+        points: list[Point],
+        steps_per_read: int = 1,
+        steps: tuple[str, ...] = STEP_METHODS,
+    ) -> None:
         self.model = model
         self.points = list(points)
-        spe = int(getattr(model, "steps_per_execution", 1) or 1)
+        self.steps = tuple(steps)
         self.strategy = model.distribute_strategy
         self.steps_per_read = max(1, int(steps_per_read))
-        self._vars: list[dict[str, tf.Variable]] = []
+        spe = int(getattr(model, "steps_per_execution", 1) or 1)
+        self.slots = spe * self.steps_per_read
+        # columns: one per point and call
+        self._col_point: list[int] = []
+        self._cols: list[list[int]] = []
+        for index, point in enumerate(self.points):
+            first = len(self._col_point)
+            self._col_point += [index] * max(1, point.calls)
+            self._cols.append(list(range(first, len(self._col_point))))
+        self._groups: dict[int, _Group] = {}
+        for index, point in enumerate(self.points):
+            if point.bins:
+                group = self._groups.setdefault(point.bins, _Group(point.bins, []))
+                group.cols += self._cols[index]
         with self.strategy.scope():
-            # calls per point past which histograms stop accumulating (batch_num)
-            self._limit = _local_var([], tf.int64, "limit")
-            self.set_limit(None)
-            for point in self.points:
-                slots = max(1, point.calls) * spe * max(1, steps_per_read)
-                self._vars.append(self._make_vars(point, slots))
+            self._make_vars()
         # ON_READ (distributed) variables have no scatter ops: those get whole-buffer assigns
-        self._scatter = not any(
-            isinstance(v, tf.distribute.DistributedValues) for d in self._vars for v in d.values()
-        )
-        self._last: dict[tuple[int, int], int] = {}
-        self._minmax: dict[int, tuple] = {}  # id(tensor) -> (tensor, min, max) while tracing
-        self._installed: list[object] = []
+        self._scatter = not isinstance(self._count, tf.distribute.DistributedValues)
+        self._last: dict[int, int] = {}  # replica -> counter at its last read
+        self._seq: dict[tuple[int, int], int] = {}  # (point, replica) -> summaries read
+        # per (replica, column) since its last take: elements added to its accumulator, and
+        # the sum of the own histograms added to it; per column: the largest batch
+        self._added: dict[tuple[int, int], int] = {}
+        self._junk: dict[tuple[int, int], np.ndarray] = {}
+        self._largest: dict[int, int] = {}
+        self._local = threading.local()  # per replica thread: the frames of running steps
+        self._installed: list[tuple[object, str, object]] = []
         self.python_calls = 0
         self.derived = 0
+        self.writes_per_step = 1
 
     # ---- graph side -------------------------------------------------------------------------
 
-    def _make_vars(self, point: Point, slots: int) -> dict[str, tf.Variable]:
+    def _make_vars(self) -> None:
         var = _local_var
-        out = {
-            "count": var([1], tf.int64, "count"),
-            # per call: [min, max, element count, 1 if its histogram is in the "hist" ring]
-            "mm": var([slots, 4], tf.float64, "minmax"),
-        }
-        if point.bins:
+        n_cols = len(self._col_point)
+        self._count = var([], tf.int64, "count")
+        # per step and column: [min, max, element count, marker]; marker 0: not written,
+        # 1: written, 2: written with its own histogram in the ring
+        self._mm = var([self.slots, n_cols, 4], tf.float64, "minmax")
+        self._limit = var([], tf.int64, "limit")  # steps past which nothing bins onto the grid
+        self._steps = var([], tf.int64, "steps") if self._groups else None
+        self.set_limit(None)
+        for group in self._groups.values():
             # one extra row: where a batch binned on the grid writes (never read), so the
-            # step needs no tf.cond (two traced branches per point cost more trace time than
-            # this row copy costs per step)
-            out["hist"] = var([slots + 1, point.bins], tf.int32, "hist")
-            out["acc"] = var([point.bins], tf.int64, "hist_acc")
-            grid = var([2], tf.float32, "grid")
-            for local in self.strategy.experimental_local_results(grid):
-                local.assign(_NO_GRID)  # empty until the host sets one
-            out["grid"] = grid
-        if point.channel_axis is not None:
-            out["chan"] = var([slots, 2, point.channels], tf.float32, "channel_range")
-        return out
-
-    def _summarise(self, index: int, x: tf.Tensor, source=None) -> None:
-        """Write the summary of ``x`` into point ``index``'s next ring slot (in-graph).
-
-        ``source``: the layer input when ``x`` is the output of a clamp (ReLU, ReLU6); if that
-        input was summarised in this trace, ``x``'s min and max are derived from its (exact:
-        the clamp is monotone) instead of reduced again.
-
-        Few ops on purpose: every op costs trace time once and executor time every step.
-        """
-        point, v = self.points[index], self._vars[index]
-        seen = self._minmax.get(id(source)) if source is not None else None
-        raw = x
-        x = tf.cast(x, tf.float32)
-        if seen is not None and seen[0] is source:
-            low, high = _clamp_of(point.layer)
-            lo = tf.clip_by_value(seen[1], low, high)
-            hi = tf.clip_by_value(seen[2], low, high)
-            self.derived += 1  # per trace, for tests
-        else:
-            lo, hi = tf.reduce_min(x), tf.reduce_max(x)
-        # the tensor itself is kept so a reused id() can never match another tensor
-        self._minmax[id(raw)] = (raw, lo, hi)
-        size = tf.cast(tf.size(x, out_type=tf.int64), tf.float64)
-        slots = v["mm"].shape[0]
-        # count has shape [1]: the slot is already the index vector a scatter wants
-        written = v["count"].assign_add(_ONE)
-        slot = tf.math.floormod(written - 1, slots)
-        own = tf.zeros([], tf.float64)
-        if point.bins:
-            # Inside the host-set grid (and within batch_num): bin onto the grid and add to
-            # the accumulator, nothing per batch for the host to merge. Otherwise (first
-            # batches, a range that grew): the batch's own histogram over [min, max] goes to
-            # the ring (equal min/max: every value into bin 0, the BatchStats contract).
-            # the grid is stored as [lo, -hi] (empty: [inf, inf]): one comparison tests both
-            # ends; with the batch_num gate that is one reduce_all (few ops: see above)
-            bounds = v["grid"].read_value()
-            within = written <= self._limit.read_value() * max(1, point.calls)
-            inside = tf.reduce_all(
-                tf.concat([tf.stack([lo, -hi]) >= bounds, within], 0), keepdims=False
+            # step needs no tf.cond (two traced branches cost more than this row copy)
+            group.vars["hist"] = var(
+                [self.slots + 1, len(group.cols), group.bins], tf.int32, "hist"
             )
-            own_range = tf.stack([lo, tf.where(hi > lo, hi, lo + 1.0)])
-            value_range = tf.where(inside, bounds * _FLIP, own_range)
-            hist = tf.histogram_fixed_width(x, value_range, point.bins, dtype=tf.int32)
-            v["acc"].assign_add(tf.cast(hist, tf.int64) * tf.cast(inside, tf.int64))
-            self._put(v["hist"], tf.where(inside, _SCRATCH * slots, slot), hist)
-            own = 1.0 - tf.cast(inside, tf.float64)
-        self._put(
-            v["mm"], slot, tf.stack([tf.cast(lo, tf.float64), tf.cast(hi, tf.float64), size, own])
-        )
-        if point.channel_axis is not None:
-            axes = [a for a in range(x.shape.rank) if a != point.channel_axis % x.shape.rank]
-            chan = tf.stack([tf.reduce_min(x, axis=axes), tf.reduce_max(x, axis=axes)])
-            self._put(v["chan"], slot, chan)
+            # int32 like the histograms (half the memory traffic of int64 per step); the
+            # host takes the counts long before a bin could overflow (see due)
+            group.vars["acc"] = var([len(group.cols), group.bins], tf.int32, "hist_acc")
+            grid = var([len(group.cols), 2], tf.float32, "grid")
+            for local in self.strategy.experimental_local_results(grid):
+                local.assign(np.tile(_NO_GRID, (len(group.cols), 1)))  # none until set
+            group.vars["grid"] = grid
+        self._chan: dict[int, tf.Variable] = {}
+        for index, point in enumerate(self.points):
+            if point.channel_axis is not None:
+                for col in self._cols[index]:
+                    self._chan[col] = var([self.slots, 2, point.channels], tf.float32, "chan")
 
-    def _put(self, var: tf.Variable, slot: tf.Tensor, row: tf.Tensor) -> None:
-        """``var[slot] = row`` in-graph (a plain assign when the ring has one slot)."""
-        row = tf.expand_dims(row, 0)
-        if var.shape[0] == 1:
-            var.assign(row)
-        elif self._scatter:
-            tf.raw_ops.ResourceScatterUpdate(resource=var.handle, indices=slot, updates=row)
-        else:
-            var.assign(tf.tensor_scatter_nd_update(var.read_value(), slot[:, None], row))
+    def _frames(self) -> list[_Frame]:
+        if not hasattr(self._local, "frames"):
+            self._local.frames = []
+        return self._local.frames
+
+    def _wrap_step(self, step_fn) -> Callable:
+        @tf.autograph.experimental.do_not_convert
+        def step(*args, **kwargs):
+            if tf.distribute.get_replica_context() is None:
+                return step_fn(*args, **kwargs)
+            number = self._steps.assign_add(1) if self._steps is not None else None
+            frame = _Frame(_graph(), number)
+            frames = self._frames()
+            frames.append(frame)
+            try:
+                outputs = step_fn(*args, **kwargs)
+            finally:
+                frames.pop()
+            self._flush(frame)
+            # more than one write per step: the host reads more often (see read_every)
+            self.writes_per_step = max(self.writes_per_step, frame.writes)
+            return outputs
+
+        return step
 
     def _wrap(self, layer, indices: list[int]) -> Callable:
         original = layer.call  # the bound class method (instance attribute not set yet)
@@ -218,19 +267,26 @@ class Instrumentation:
         # only slow every trace down. The layer's own call is left to autograph as before.
         @tf.autograph.experimental.do_not_convert
         def observe(args, kwargs, outputs):
+            frames = self._frames()
             x = args[0] if args else kwargs.get("inputs")
-            if not _should_record(x):
-                return
+            if not frames or not _should_record(x):
+                return  # outside an observed step, or a symbolic call
             self.python_calls += 1  # once per trace, not per batch, when the step is compiled
+            frame, graph = frames[-1], _graph()
+            solo = graph is not frame.graph  # in a control-flow branch: write it there
+            if solo:
+                frame = _Frame(graph, frame.step, parent=frame)
             for index in indices:
                 role = self.points[index].role
                 if role == "input":
-                    self._summarise(index, _first(x))
+                    self._summarise(frame, index, _first(x))
                 elif role == "output":
                     clamp = _clamp_of(self.points[index].layer) is not None
-                    self._summarise(index, _first(outputs), _first(x) if clamp else None)
+                    self._summarise(frame, index, _first(outputs), _first(x) if clamp else None)
                 else:
-                    self._summarise(index, self.points[index].inner(layer, _first(x)))
+                    self._summarise(frame, index, self.points[index].inner(layer, _first(x)))
+            if solo:
+                self._flush(frame)
 
         def call(*args, **kwargs):
             outputs = original(*args, **kwargs)
@@ -239,41 +295,196 @@ class Instrumentation:
 
         return call
 
+    def _summarise(self, frame: _Frame, index: int, x: tf.Tensor, source=None) -> None:
+        """Add the summary of ``x`` to ``frame`` (written when the step ends).
+
+        ``source``: the layer input when ``x`` is the output of a clamp (ReLU, ReLU6); if that
+        input was summarised in this step, ``x``'s min and max are derived from its (exact:
+        the clamp is monotone) instead of reduced again.
+        """
+        point = self.points[index]
+        free = [c for c in self._cols[index] if c not in frame.entries]
+        if not free:  # called more often than planned: write this step's summaries now
+            self._flush(frame)
+            free = self._cols[index]
+        col = free[0]
+        seen = frame.minmax.get(id(source)) if source is not None else None
+        raw = x
+        x = tf.cast(x, tf.float32)
+        if seen is not None and seen[0] is source:
+            low, high = _clamp_of(point.layer)
+            lo, hi = _clamp(frame, seen[1], low, high), _clamp(frame, seen[2], low, high)
+            self.derived += 1  # per trace, for tests
+        else:
+            axes = frame.const(list(range(x.shape.rank)), tf.int32)
+            lo, hi = tf.reduce_min(x, axes), tf.reduce_max(x, axes)
+        # the tensor itself is kept so a reused id() can never match another tensor
+        frame.minmax[id(raw)] = (raw, lo, hi)
+        entry = _Entry(lo, hi, tf.size(x, out_type=tf.int64))
+        if point.bins:
+            # Inside the host-set grid (and within batch_num): bin onto the grid. Otherwise
+            # (first batches, a range that grew): the batch's own histogram over [min, max]
+            # (equal min/max: every value into bin 0, the BatchStats contract), which also
+            # goes to the ring. Both are added to the accumulator when the step ends (no
+            # mask, no tf.cond); the host subtracts the own ones again.
+            rows, lows, highs = self._grid(frame, point.bins)
+            at = self._groups[point.bins].pos(col)
+            entry.inside = tf.logical_and(lo >= lows[at], hi <= highs[at])
+            # NaN or Inf (min/max NaN or infinite, then hi - lo < inf fails): histogram
+            # nothing over [0, 1] instead; histogram_fixed_width raises on NaN and bins an
+            # infinite range wrongly, and the host names the layer and batch anyway
+            ok = hi - lo < frame.const(np.inf)
+            own = tf.stack([lo, tf.where(hi > lo, hi, lo + frame.const(1.0))])
+            own = tf.where(ok, own, frame.const([0.0, 1.0]))
+            n = tf.where(ok, entry.size, frame.const(0, tf.int64))
+            values = tf.reshape(x, frame.const([-1], tf.int32))
+            values = tf.slice(
+                values, frame.const([0], tf.int64), tf.reshape(n, frame.const([1], tf.int32))
+            )
+            entry.hist = tf.histogram_fixed_width(
+                values,
+                tf.where(entry.inside, rows[at], own),
+                frame.const(point.bins, tf.int32),
+                dtype=tf.int32,
+            )
+        if point.channel_axis is not None:
+            axes = [a for a in range(x.shape.rank) if a != point.channel_axis % x.shape.rank]
+            entry.chan = tf.stack([tf.reduce_min(x, axis=axes), tf.reduce_max(x, axis=axes)])
+        frame.entries[col] = entry
+
+    def _grid(self, frame: _Frame, bins: int) -> tuple[list, list, list]:
+        """Each column's grid ``[lo, hi]`` row, low and high end, read once per step; past
+        ``batch_num`` no grid (no batch is inside)."""
+        if bins not in frame.grids:
+            grid = self._groups[bins].vars["grid"].read_value()
+            within = frame.step <= self._limit.read_value()
+            grid = tf.where(within, grid, frame.const(_NO_GRID))
+            lows, highs = tf.unstack(grid, axis=1)
+            frame.grids[bins] = (tf.unstack(grid), tf.unstack(lows), tf.unstack(highs))
+        return frame.grids[bins]
+
+    def _flush(self, frame: _Frame) -> None:
+        """Write the frame's summaries into the next ring row (a few ops per buffer)."""
+        entries, frame.entries = frame.entries, {}
+        if not entries:
+            return
+        (frame.parent or frame).writes += 1
+        cols = sorted(entries)
+        es = [entries[c] for c in cols]
+        written = self._count.assign_add(1)
+        slot = tf.math.floormod(written - 1, self.slots)
+        # marker 1 (written), 2 where the histogram is the batch's own (in the ring)
+        marker = np.ones(len(cols), np.float64)
+        binned = [i for i, e in enumerate(es) if e.inside is not None]
+        if binned:
+            own = tf.cast(tf.logical_not(tf.stack([es[i].inside for i in binned])), tf.float64)
+            marker = marker + tf.scatter_nd(np.array(binned)[:, None], own, [len(cols)])
+        row = tf.stack(
+            [
+                tf.cast(tf.stack([e.lo for e in es]), tf.float64),
+                tf.cast(tf.stack([e.hi for e in es]), tf.float64),
+                tf.cast(tf.stack([e.size for e in es]), tf.float64),
+                marker,
+            ],
+            axis=1,
+        )
+        if len(cols) < len(self._col_point):
+            row = tf.scatter_nd(np.array(cols)[:, None], row, [len(self._col_point), 4])
+        at = tf.reshape(slot, [1, 1])
+        self._put(self._mm, at, tf.expand_dims(row, 0))
+        for group in self._groups.values():
+            present = [(group.pos(c), entries[c]) for c in cols if c in group.cols]
+            if present:
+                self._flush_group(frame, group, present, slot)
+        for col in cols:
+            if col in self._chan:
+                self._put(self._chan[col], at, tf.expand_dims(entries[col].chan, 0))
+
+    def _flush_group(self, frame: _Frame, group: _Group, present: list, slot) -> None:
+        """Every histogram into the accumulator; the batches' own ones also into the ring
+        (binned ones into its never-read scratch row: no tf.cond, see _make_vars)."""
+        pos = np.array([p for p, _ in present], np.int64)
+        inside = tf.stack([e.inside for _, e in present])
+        scratch = frame.const(self.slots, tf.int64)
+        index = tf.stack([tf.where(inside, scratch, slot), pos], 1)
+        hist, acc = group.vars["hist"], group.vars["acc"]
+        if self._scatter:
+            # one small scatter per column: no stacked copy of all histograms
+            shape = frame.const([1, group.bins], tf.int32)
+            for (p, entry), at in zip(present, tf.split(index, len(present)), strict=True):
+                row = tf.reshape(entry.hist, shape)
+                tf.raw_ops.ResourceScatterNdUpdate(ref=hist.handle, indices=at, updates=row)
+                at_acc = frame.const([[p]], tf.int64)
+                tf.raw_ops.ResourceScatterNdAdd(ref=acc.handle, indices=at_acc, updates=row)
+            return
+        hists = tf.stack([e.hist for _, e in present])
+        hist.assign(tf.tensor_scatter_nd_update(hist.read_value(), index, hists))
+        acc.assign(tf.tensor_scatter_nd_add(acc.read_value(), pos[:, None], hists))
+
+    def _put(self, var: tf.Variable, index, rows: tf.Tensor) -> None:
+        """``var[index] = rows`` in-graph, ``index`` an ``[n, k]`` matrix of leading indices
+        (a one-row buffer gets a plain assign)."""
+        if var.shape[0] == 1:
+            var.assign(rows)
+        elif self._scatter:
+            tf.raw_ops.ResourceScatterNdUpdate(ref=var.handle, indices=index, updates=rows)
+        else:
+            var.assign(tf.tensor_scatter_nd_update(var.read_value(), index, rows))
+
     def install(self) -> None:
-        """Wrap the target layers' ``call`` (instance attributes; the class is untouched)."""
+        """Wrap the target layers' ``call`` and the model's step methods (instance
+        attributes; the classes are untouched). Re-make the step function afterwards."""
         by_layer: dict[int, list[int]] = {}
         layers: dict[int, object] = {}
         for i, point in enumerate(self.points):
             by_layer.setdefault(id(point.layer), []).append(i)
             layers[id(point.layer)] = point.layer
         for lid, indices in by_layer.items():
-            layer = layers[lid]
-            # object.__setattr__: bypass Keras attribute tracking, nothing gets tracked/saved
-            object.__setattr__(layer, "call", self._wrap(layer, indices))
-            self._installed.append(layer)
+            self._set(layers[lid], "call", self._wrap(layers[lid], indices))
+        for name in self.steps:
+            self._set(self.model, name, self._wrap_step(getattr(self.model, name)))
+
+    def _set(self, obj, name: str, value) -> None:
+        self._installed.append((obj, name, vars(obj).get(name, _MISSING)))
+        # object.__setattr__: bypass Keras attribute tracking, nothing gets tracked/saved
+        object.__setattr__(obj, name, value)
 
     def remove(self) -> None:
-        """Restore every wrapped layer (idempotent)."""
-        self._minmax.clear()
+        """Restore every wrapped layer and step method (idempotent)."""
         while self._installed:
-            layer = self._installed.pop()
-            if "call" in vars(layer):
-                object.__delattr__(layer, "call")
+            obj, name, before = self._installed.pop()
+            if before is _MISSING:
+                if name in vars(obj):
+                    object.__delattr__(obj, name)
+            else:
+                object.__setattr__(obj, name, before)
 
     # ---- host side --------------------------------------------------------------------------
 
-    def _locals(self, index: int, name: str) -> list[tf.Variable]:
-        """Point ``index``'s variable ``name``, one component per replica."""
-        return list(self.strategy.experimental_local_results(self._vars[index][name]))
+    def _locals(self, var: tf.Variable) -> list[tf.Variable]:
+        """``var``'s components, one per replica."""
+        return list(self.strategy.experimental_local_results(var))
+
+    def _where(self, index: int) -> tuple[_Group, list[int]]:
+        """Point ``index``'s histogram group and its columns' positions in it."""
+        group = self._groups[self.points[index].bins]
+        return group, [group.pos(c) for c in self._cols[index]]
+
+    @property
+    def read_every(self) -> int:
+        """Batch ends between host reads so that the ring never overflows (fewer than
+        ``steps_per_read`` when a step writes several rows: the model called twice per step)."""
+        return max(1, self.steps_per_read // self.writes_per_step)
 
     def set_limit(self, steps: int | None) -> None:
-        """Steps after which histograms stop accumulating in-graph (None: never).
+        """Steps after which batches no longer bin onto the grid (None: never).
 
         Rows past the limit still reach the host, which drops them (steps_per_execution can
-        run past ``batch_num``); the accumulator cannot be split afterwards, hence the gate.
+        run past ``batch_num``); their histograms are their own, in the ring, so the host can
+        take them out of the accumulator again, which grid-binned counts could not be.
         """
-        value = np.int64(2**40 if steps is None else max(0, int(steps)))  # x calls: no overflow
-        for local in self.strategy.experimental_local_results(self._limit):
+        value = np.int64(2**62 if steps is None else max(0, int(steps)))
+        for local in self._locals(self._limit):
             local.assign(value)
 
     def set_grid(self, index: int, lo: float, hi: float) -> None:
@@ -281,85 +492,125 @@ class Instrumentation:
 
         Call :meth:`take_histograms` first: the accumulated counts belong to the old grid.
         """
-        for local in self._locals(index, "grid"):
-            local.assign(np.array([lo, -hi], np.float32))
+        group, pos = self._where(index)
+        rows = np.tile(np.array([lo, hi], np.float32), (len(pos), 1))
+        for local in self._locals(group.vars["grid"]):
+            local.scatter_nd_update(np.array(pos)[:, None], rows)
 
     def grid(self, index: int) -> tuple[float, float] | None:
         """The grid point ``index`` bins onto, or None when it has none yet."""
-        lo, hi = _grid_range(self._locals(index, "grid")[0])
+        group, pos = self._where(index)
+        lo, hi = self._locals(group.vars["grid"])[0].numpy()[pos[0]].tolist()
         return (lo, hi) if lo < hi else None
 
     def take_histograms(self, indices) -> list[tuple[int, float, float, np.ndarray]]:
-        """``(point, lo, hi, counts)`` accumulated on each replica's grid; zeroes them."""
+        """``(point, lo, hi, counts)`` accumulated on each replica's grid; zeroes them.
+
+        The accumulator also holds every batch histogram that went to the ring (those were
+        binned on their own range); :meth:`drain` kept their sum, subtracted here.
+        """
         out = []
+        read: dict[
+            tuple[int, int], list
+        ] = {}  # (bins, replica) -> [acc var, counts, grid, changed]
         for index in indices:
-            if "acc" not in self._vars[index]:
+            if not self.points[index].bins:
                 continue
-            grids = self._locals(index, "grid")
-            for acc, grid in zip(self._locals(index, "acc"), grids, strict=True):
-                counts = acc.numpy()
-                if counts.any():
-                    acc.assign(np.zeros_like(counts))
-                    out.append((index, *_grid_range(grid), counts))
+            group, pos = self._where(index)
+            accs, grids = self._locals(group.vars["acc"]), self._locals(group.vars["grid"])
+            for rep, (acc, grid) in enumerate(zip(accs, grids, strict=True)):
+                key = (group.bins, rep)
+                if key not in read:
+                    read[key] = [acc, acc.numpy(), grid.numpy(), False]
+                entry = read[key]
+                total = entry[1][pos].astype(np.int64).sum(axis=0)
+                for col in self._cols[index]:
+                    total -= self._junk.pop((rep, col), 0)
+                    self._added.pop((rep, col), None)
+                if entry[1][pos].any():  # own histograms only: nothing left, still zeroed
+                    entry[1][pos] = 0
+                    entry[3] = True
+                if total.any():
+                    lo, hi = entry[2][pos[0]].tolist()
+                    out.append((index, lo, hi, total))
+        for acc, counts, _, changed in read.values():
+            if changed:
+                acc.assign(counts)
         return out
+
+    def due(self) -> list[int]:
+        """Points whose accumulator must be taken before the next read: a bin could
+        otherwise pass int32 (every count since the last take in one bin, plus a full
+        ring of batches twice the largest seen)."""
+        out = set()
+        for (_, col), added in self._added.items():
+            if added + 2 * self.slots * self._largest.get(col, 0) >= _ACC_LIMIT:
+                out.add(self._col_point[col])
+        return sorted(out)
 
     def drain(self) -> list[Row]:
         """Read every summary written since the last drain (every replica's rows; the
-        histogram ring only of points that have rows binned on their own range).
+        histogram ring only when some row has its own histogram there).
 
         Eager reads, a few microseconds each: a tf.function reading them all in one call cost
         ~0.15 s to trace, more than a short run's reads altogether.
         """
         rows: list[Row] = []
-        for index, v in enumerate(self._vars):
-            parts = {
-                name: self._locals(index, name)
-                for name in ("count", "mm", "chan", "hist")
-                if name in v
-            }
-            for rep, (count, mm) in enumerate(zip(parts["count"], parts["mm"], strict=True)):
-                arr = {"count": count.numpy(), "mm": mm.numpy()}
-                if "chan" in parts:
-                    arr["chan"] = parts["chan"][rep].numpy()
-                hist_var = parts["hist"][rep] if "hist" in parts else None
-                rows.extend(self._rows_of(index, rep, arr, hist_var))
+        counts, mms = self._locals(self._count), self._locals(self._mm)
+        for rep, (count_var, mm_var) in enumerate(zip(counts, mms, strict=True)):
+            count, last = int(count_var.numpy()), self._last.get(rep, 0)
+            if count - last > self.slots:
+                raise CalibrationError(
+                    f"the instrumented layers wrote {count - last} step summaries since the "
+                    f"last read, but only {self.slots} fit: was the model called more than once "
+                    "per step (or outside fit/evaluate/predict) while calibrating?"
+                )
+            self._last[rep] = count
+            if count > last:
+                rows.extend(self._rows_of(rep, range(last, count), mm_var.numpy()))
         return rows
 
-    def _rows_of(self, index: int, replica: int, arr: dict, hist_var) -> list[Row]:
-        count = int(arr["count"][0])
-        last = self._last.get((index, replica), 0)
-        slots = arr["mm"].shape[0]
-        if count - last > slots:
-            raise CalibrationError(
-                f"layer {self.points[index].key!r}: {count - last} batch summaries of its "
-                f"{self.points[index].role} since the last read, but only {slots} fit: was the "
-                "model called outside fit/evaluate/predict while calibrating?"
-            )
-        self._last[(index, replica)] = count
+    def _rows_of(self, replica: int, steps: range, mm: np.ndarray) -> list[Row]:
+        slots = [step % self.slots for step in steps]
+        # ring buffers are read only when some row needs them (rare once grids are set)
+        hists = {
+            bins: self._locals(group.vars["hist"])[replica].numpy()
+            for bins, group in self._groups.items()
+            if (mm[slots][:, group.cols, 3] == _OWN_HIST).any()
+        }
+        chans = {col: self._locals(var)[replica].numpy() for col, var in self._chan.items()}
         rows = []
-        chan = arr.get("chan")
-        steps = range(last, count)
-        # read the ring only if some row's histogram is there (rare once a grid is set)
-        own = hist_var is not None and any(arr["mm"][s % slots][3] for s in steps)
-        hist = hist_var.numpy() if own else None
-        for step in steps:
-            slot = step % slots
-            lo, hi, size, has_hist = arr["mm"][slot]
-            stats = BatchStats(
-                count=int(size),
-                min=float(lo),
-                max=float(hi),
-                hist=hist[slot] if has_hist else None,
-                channel_absmax=np.abs(chan[slot]).max(axis=0) if chan is not None else None,
-            )
-            rows.append(Row(index, replica, step, stats, chan[slot] if chan is not None else None))
+        for slot in slots:
+            for col in np.flatnonzero(mm[slot, :, 3]):
+                lo, hi, size, marker = mm[slot, col]
+                index = self._col_point[col]
+                point = self.points[index]
+                hist = None
+                if point.bins:
+                    key = (replica, col)
+                    self._added[key] = self._added.get(key, 0) + int(size)
+                    self._largest[col] = max(self._largest.get(col, 0), int(size))
+                    if marker == _OWN_HIST:
+                        hist = hists[point.bins][slot, self._groups[point.bins].pos(col)]
+                        self._junk[key] = self._junk.get(key, 0) + hist.astype(np.int64)
+                chan = chans[col][slot] if col in chans else None
+                stats = BatchStats(
+                    count=int(size),
+                    min=float(lo),
+                    max=float(hi),
+                    hist=hist,
+                    channel_absmax=np.abs(chan).max(axis=0) if chan is not None else None,
+                )
+                seq = self._seq.get((index, replica), 0)
+                self._seq[(index, replica)] = seq + 1
+                rows.append(Row(index, replica, seq, stats, chan))
         return rows
 
 
-_ONE = np.ones(1, np.int64)
-_SCRATCH = np.ones(1, np.int64)  # times the ring size: the hist ring's scratch row
-_FLIP = np.array([1.0, -1.0], np.float32)  # [lo, -hi] <-> [lo, hi]
-_NO_GRID = np.array([np.inf, np.inf], np.float32)  # [lo, -hi] no batch is inside
+_MISSING = object()
+_OWN_HIST = 2.0  # row marker: its histogram is the batch's own (in the ring), not on the grid
+_ACC_LIMIT = 2**31 - 1  # int32 accumulator
+_NO_GRID = np.array([np.inf, -np.inf], np.float32)  # a grid [lo, hi] no batch is inside
 
 
 def _local_var(shape, dtype, name: str) -> tf.Variable:
@@ -373,10 +624,15 @@ def _local_var(shape, dtype, name: str) -> tf.Variable:
     )
 
 
-def _grid_range(grid: tf.Variable) -> tuple[float, float]:
-    """``(lo, hi)`` of a grid variable (stored as ``[lo, -hi]``)."""
-    lo, neg_hi = grid.numpy()
-    return float(lo), -float(neg_hi)
+def _graph():
+    """The graph ops are being added to (a FuncGraph while tracing; eager: the global one)."""
+    return tf.compat.v1.get_default_graph()
+
+
+def _clamp(frame: _Frame, t: tf.Tensor, low: float, high: float) -> tf.Tensor:
+    """``min(max(t, low), high)`` with no op for an infinite bound."""
+    t = tf.maximum(t, frame.const(low)) if np.isfinite(low) else t
+    return tf.minimum(t, frame.const(high)) if np.isfinite(high) else t
 
 
 def _clamp_of(layer) -> tuple[float, float] | None:

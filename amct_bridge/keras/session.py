@@ -169,7 +169,7 @@ class Session:
         spe = int(getattr(self.model, "steps_per_execution", 1) or 1)
         per_read = sum(4 * p.bins * max(1, p.calls) * spe for p in points)
         every = max(1, min(_READ_EVERY, _HIST_BUDGET // max(1, per_read)))
-        self._inst = Instrumentation(self.model, points, every)
+        self._inst = Instrumentation(self.model, points, every, steps=(f"{mode}_step",))
         if self.batch_num is not None:
             self._inst.set_limit(self.batch_num - self.batches)
         for index, (lo, hi) in self._spans.items():  # accumulate=True: earlier passes' ranges
@@ -179,7 +179,17 @@ class Session:
         self._mode, self._pass_base = mode, self.batches
         self._pass_batches = self._pass_seen = self._ends = 0
         self._saved_fn = getattr(self.model, f"{mode}_function")
-        getattr(self.model, f"make_{mode}_function")(force=True)
+        # XLA has no histogram op: this pass's step runs without it (the user's compiled
+        # step comes back when the pass ends)
+        jit = getattr(self.model, "jit_compile", False)
+        hist = any(p.bins for p in points)
+        if jit and hist:
+            self.model._jit_compile = False
+        try:
+            getattr(self.model, f"make_{mode}_function")(force=True)
+        finally:
+            if jit and hist:
+                self.model._jit_compile = jit
 
     def batch_begin(self, mode: str, batch: int) -> None:
         """Note the first step of this execution (steps_per_execution may cover several)."""
@@ -193,7 +203,7 @@ class Session:
         self._ends += 1
         done = self.batch_num is not None and self._pass_base + self._pass_batches >= self.batch_num
         # the first read comes early: it gives the histogram points their grids
-        if done or self._ends == 1 or self._ends % self._inst.steps_per_read == 0:
+        if done or self._ends == 1 or self._ends % self._inst.read_every == 0:
             self._drain()
         if done:
             self.stop_pass(mode)
@@ -233,7 +243,10 @@ class Session:
         """
         rows = self._inst.drain()
         own = {row.point for row in rows if row.stats.hist is not None}
-        take = [i for i, o in enumerate(self.observed) if o.point.bins] if final else sorted(own)
+        # also the accumulators that could overflow before the next read
+        take = sorted(own.union(self._inst.due()))
+        if final:
+            take = [i for i, o in enumerate(self.observed) if o.point.bins]
         grids = [
             (self.observed[i], lo, hi, counts)
             for i, lo, hi, counts in self._inst.take_histograms(take)
