@@ -51,6 +51,7 @@ class Observed:
     observer: object
     channel_range: np.ndarray | None = None  # [2, C]
     settings: tuple = ()  # (algorithm, options, act_type): points are shared only if equal
+    folded_bn: str | None = None  # output of a layer whose BN is folded: that BN's name
 
 
 class Session:
@@ -154,7 +155,10 @@ class Session:
         self.tensors[(target.layer_key, role)] = len(self.observed)
         if tid is not None:
             by_tensor[tid] = len(self.observed)
-        self.observed.append(Observed(point, observer, settings=observer_settings(cfg)))
+        folded = target.bn.name if role == "output" and target.bn is not None else None
+        self.observed.append(
+            Observed(point, observer, settings=observer_settings(cfg), folded_bn=folded)
+        )
 
     def _same_settings(self, index: int, cfg) -> bool:
         return self.observed[index].settings == observer_settings(cfg)
@@ -261,8 +265,8 @@ class Session:
             stats = row.stats
             if not (math.isfinite(stats.min) and math.isfinite(stats.max)):
                 where = f"layer {obs.point.key!r}: {obs.point.role}"
-                if obs.point.layer.name != obs.point.key.split("/")[-1]:
-                    where += f" (after its folded {obs.point.layer.name!r})"
+                if obs.folded_bn is not None:
+                    where += f" (after its folded {obs.folded_bn!r})"
                 raise CalibrationError(
                     f"{where} of batch {batch} contains NaN or Inf "
                     f"(min {stats.min}, max {stats.max}); no record written"

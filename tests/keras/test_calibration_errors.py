@@ -73,6 +73,19 @@ def test_inf_after_a_layer_is_named(tmp_path):
         )
 
 
+def test_inf_after_a_folded_bn_names_the_bn(tmp_path):
+    """c1's BN is folded: c1's output is observed after the BN, and the message says so."""
+    model = sequential_model()
+    model.get_layer("bn1").gamma.assign(np.full(4, 3e38, "float32"))  # overflows to inf
+    with pytest.raises(
+        CalibrationError, match=r"layer 'c1': output \(after its folded 'bn1'\) of batch 0"
+    ):
+        model.predict(
+            images(8), verbose=0, callbacks=[QuantCalibration(tmp_path / "r.txt", algorithm="hfmg")]
+        )
+    assert _untouched(model)
+
+
 @pytest.mark.parametrize("where", ["missing-dir/r.txt", "."])
 def test_unwritable_record_path_fails_at_construction(tmp_path, where):
     with pytest.raises(CalibrationError, match="cannot write output"):
