@@ -1,5 +1,6 @@
 """TF-op-keyed records and the frozen graph: keys name ops of the right type, weights agree."""
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -101,3 +102,20 @@ def test_freeze_finds_each_op_type_by_tracing():
         "shared": "MatMul",
     }
     assert len(frozen.op_names["shared"]) == 2
+
+
+def test_dense_on_3d_input_is_keyed_by_its_tensordot_matmul(tmp_path):
+    """Keras 3 computes Dense on (batch, steps, features) with tensordot: the record key is
+    that MatMul, whose weights are the kernel."""
+    inp = keras.Input((5, 8))
+    model = keras.Model(inp, keras.layers.Dense(4, name="fc")(inp), name="seq3d")
+    record_path, pb_path = tmp_path / "record.txt", tmp_path / "model.pb"
+    cb = QuantCalibration(record_path, algorithm="minmax", keys="tf_op", frozen_graph_path=pb_path)
+    x = np.random.default_rng(1).normal(size=(16, 5, 8)).astype("float32")
+    model.predict(x, batch_size=8, verbose=0, callbacks=[cb])
+    nodes, _ = _graph_def(pb_path)
+    [(key, factors)] = load(record_path).layers.items()
+    assert nodes[key].op == "MatMul" and "Tensordot" in key
+    kernel = model.get_layer("fc").kernel.numpy()
+    np.testing.assert_array_equal(_weights(nodes, nodes[key]), kernel)
+    np.testing.assert_allclose(factors.scale_w, ref_arq(kernel), rtol=2e-6)
