@@ -15,8 +15,10 @@ computes on quantized -> dequantized values, as the deployed integer model will:
 Layers without a record entry stay float. Biases stay float (the deployed int32 bias has an error
 far below one activation step). Record keys are Keras layer names ("outer/inner" inside nested
 models); a SeparableConv2D ``sep`` has two entries, ``sep/depthwise`` (input + depthwise kernel)
-and ``sep/pointwise`` (the depthwise output + pointwise kernel). A key that names no quantizable
-layer is an error (:class:`~amct_bridge.errors.RecordError`), like AMCT's "find <layer> failure".
+and ``sep/pointwise`` (the depthwise output + pointwise kernel). Records keyed by TF op names
+(``keys="tf_op"``, for ``convert_model``) work too: the model is traced to map each op back to its
+layer. A key that names no quantizable layer is an error
+(:class:`~amct_bridge.errors.RecordError`), like AMCT's "find <layer> failure".
 
 Example:
     >>> import keras, numpy as np
@@ -121,7 +123,7 @@ def simulate(model: keras.Model, record: Record | str | os.PathLike) -> keras.Mo
     Args:
         model: a built Sequential or functional Keras model (nested models allowed). Not modified.
         record: a :class:`~amct_bridge.records.Record` or the path of a record file (keys: Keras
-            layer names).
+            layer names or the TF op names of ``keys="tf_op"``).
 
     Returns:
         A new ``keras.Model`` (same inputs/outputs, layer names) to ``predict``/``evaluate``.
@@ -173,16 +175,43 @@ def _record_parts(model: keras.Model, record: Record) -> dict[str, dict[str, Lay
         attrs = [attr for attr, _ in spec.kernels] or [""]  # "": average pooling, input only
         for i, attr in enumerate(attrs):
             wanted[spec.key(key, i)] = (key, attr)
-    unknown = [k for k in record.layers if k not in wanted]
+    entries = record.layers
+    if any(k not in wanted for k in entries):
+        entries = _by_keras_keys(model, entries)
+    unknown = [k for k in entries if k not in wanted]
     if unknown:
         raise RecordError(_unknown_message(model, unknown, list(wanted)))
     parts: dict[str, dict[str, LayerFactors | None]] = {}
-    for rkey, factors in record.layers.items():
+    for rkey, factors in entries.items():
         key, attr = wanted[rkey]
         _check_factors(rkey, layers[key], attr, factors)
         parts.setdefault(key, {a: None for a, _ in layer_spec(layers[key]).kernels} or {"": None})
         parts[key][attr] = factors
     return parts
+
+
+def _by_keras_keys(model: keras.Model, entries: dict) -> dict[str, LayerFactors]:
+    """Entries keyed by TF op names (``keys="tf_op"``) re-keyed by Keras layer names, by
+    tracing the model as :func:`~amct_bridge.keras.freeze.freeze_model` does for the record.
+
+    A shared layer has one op per call, so several TF keys map to one layer; simulation has
+    one set of factors per layer, so they must agree (they do in records this package wrote).
+    Keys that name no op are left as they are (and reported by the caller).
+    """
+    from amct_bridge.keras.freeze import freeze_model
+
+    layer_of = {op: key for key, ops in freeze_model(model).op_names.items() for op in ops}
+    out: dict[str, LayerFactors] = {}
+    sources: dict[str, str] = {}
+    for rkey, factors in entries.items():
+        key = layer_of.get(rkey, rkey)
+        if key in out and out[key] != factors:
+            raise RecordError(
+                f"record keys {sources[key]!r} and {rkey!r} are ops of the same layer {key!r} "
+                "(called twice) with different factors; a simulated layer has one set"
+            )
+        out[key], sources[key] = factors, rkey
+    return out
 
 
 def _unknown_message(model: keras.Model, unknown: list[str], known: list[str]) -> str:

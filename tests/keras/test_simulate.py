@@ -351,6 +351,28 @@ def test_calibrated_record_simulates_close_to_float(tmp_path):
     assert 0 < err < 0.05, err
 
 
+def test_tf_op_keyed_record_simulates_like_the_keras_keyed_one(tmp_path):
+    """keys="tf_op" (convert_model's op names; the shared Dense is two MatMul keys, the
+    separable conv two ops) maps back to the layers: the same simulated outputs."""
+    from calib_models import branchy_model
+
+    from amct_bridge.keras.calibrate import calibrate
+
+    model = branchy_model()
+    data = np.random.default_rng(4).normal(size=(16, 10, 10, 4)).astype("float32")
+    sims = []
+    for keys in ("keras", "tf_op"):
+        rec = calibrate(model, data, tmp_path / f"{keys}.txt", algorithm="minmax", keys=keys)
+        sims.append(simulate(model, rec).predict(data, verbose=0))
+    assert any("MatMul" in key for key in rec.layers)
+    np.testing.assert_array_equal(sims[0], sims[1])
+    rec.layers[next(k for k in rec.layers if "MatMul" in k)] = LayerFactors(
+        scale_d=0.5, offset_d=0, scale_w=[0.01], offset_w=[0]
+    )
+    with pytest.raises(RecordError, match="are ops of the same layer 'shared'"):
+        simulate(model, rec)
+
+
 @pytest.mark.parametrize(
     "name",
     [
