@@ -5,6 +5,7 @@ Run: .venv/bin/python benchmarks/bench_observers.py [--batches 5] [--size 100000
 Prints, for 1M-element float32 batches:
 - update throughput per algorithm (elements/s) and its cost relative to minmax;
 - the one-off cost of ``factors()`` (the search) per algorithm;
+- the HFMG search alone (candidate trimming, then the L2 of every candidate) per ``num_of_bins``;
 - AMCT-style exact IFMR on the same data (all activations kept, one pass per candidate) as a
   baseline for the bounded IFMR;
 - the deviation of every bounded algorithm from the brute-force exact reference, in % of scale_d.
@@ -24,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "quant"))
 from quant_reference import exact_hfmg, exact_ifmr, exact_percentile  # noqa: E402
 
 from amct_bridge.quant.factors import activation_factors  # noqa: E402
+from amct_bridge.quant.hfmg import NUM_OF_BINS_CHOICES, l2_losses, search_candidates  # noqa: E402
 from amct_bridge.quant.observers import make_observer  # noqa: E402
 
 ALGORITHMS = ["minmax", "ema", "percentile", "ifmr", "hfmg"]
@@ -73,6 +75,23 @@ def throughput(batches: list[np.ndarray]) -> None:
     )
 
 
+def hfmg_search_cost() -> None:
+    """HFMG search on integer histograms of 1e8 ReLU-like values (~0.4n to 0.75n candidates)."""
+    print("\nHFMG search, ReLU-like histogram of 1e8 values, 8-bit (256 destination bins)")
+    print(f"{'bins':>6} {'data':<8} {'candidates':>10} {'trim ms':>8} {'L2 ms':>8}")
+    rng = np.random.default_rng(0)
+    for bins in NUM_OF_BINS_CHOICES:
+        for name, x in (
+            ("relu", np.maximum(rng.normal(0.3, 1.0, 2_000_000), 0.0)),
+            ("relu6", np.clip(rng.normal(1.0, 2.5, 2_000_000), 0.0, 6.0)),
+        ):
+            counts = np.round(np.histogram(x, bins=bins)[0] * 50.0)
+            ranges = search_candidates(counts)
+            trim = best_of(lambda counts=counts: search_candidates(counts), repeats=5)
+            l2 = best_of(lambda c=counts, r=ranges: l2_losses(c, r, 256), repeats=5)
+            print(f"{bins:>6} {name:<8} {len(ranges):>10} {trim * 1e3:>8.2f} {l2 * 1e3:>8.2f}")
+
+
 def datasets(n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
     return {
         "relu": np.maximum(rng.normal(0.3, 1.0, n), 0.0),
@@ -118,6 +137,7 @@ def main() -> None:
         rng.normal(0, 1 + 0.1 * i, args.size).astype(np.float32) for i in range(args.batches)
     ]
     throughput(batches)
+    hfmg_search_cost()
     if not args.no_accuracy:
         accuracy(1_200_000, 4)
 

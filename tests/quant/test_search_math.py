@@ -2,9 +2,12 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from quant_reference import amct_search_range, c_round, pairwise_histogram_mse, torch_l2
 
-from amct_bridge.quant.hfmg import l2_losses, search_candidates
+from amct_bridge.quant import hfmg
+from amct_bridge.quant.hfmg import hfmg_search, l2_losses, search_candidates
 from amct_bridge.quant.histogram import GridHistogram
 from amct_bridge.quant.ifmr import candidate_clips, candidate_ratios, histogram_mse
 
@@ -85,3 +88,194 @@ def test_histogram_mse_edge_form_equals_pairwise_form(symmetric, seed):
     ref = pairwise_histogram_mse(hist, lo, hi, scale, (vmin, vmax))
     np.testing.assert_allclose(got, ref, rtol=1e-9)
     assert np.argmin(got) == np.argmin(ref)
+
+
+# The L2 kernel before the per-destination-bin form: F evaluated at every edge of every
+# candidate (O(candidates x bins)). The fast form must reproduce it.
+_REF_CHUNK = 1 << 20
+
+
+def _l2_losses_reference(counts, ranges, dst_bins):
+    n = counts.size
+    w = -np.diff(np.concatenate(([0.0], counts, [0.0])))  # weight of F at edge i
+    pos = np.arange(n + 1, dtype=np.float64) - n / 2  # centred edge positions: fewer cancellations
+    prefix = [np.concatenate(([0.0], np.cumsum(w * pos**k))) for k in range(4)]
+    keep = w != 0
+    kept_w, kept_pos = w[keep], pos[keep]
+    cand = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
+    left, right = cand[:, 0], cand[:, 1]
+    span = (right - left + 1).astype(np.float64)
+    dst_w = span / dst_bins
+    half = dst_w / 2
+
+    def moment_cube(lo_idx, hi_idx, shift):
+        """sum over edges lo_idx <= i < hi_idx of w_i * (pos_i - shift)**3."""
+        s0, s1, s2, s3 = (p[hi_idx] - p[lo_idx] for p in prefix)
+        return s3 - 3 * shift * s2 + 3 * shift**2 * s1 - shift**3 * s0
+
+    zero = np.zeros_like(left)
+    low = moment_cube(zero, left, left - n / 2 + half) - half**3 * (
+        prefix[0][n + 1] - prefix[0][left]
+    )
+    end = np.minimum(right + 2, n + 1)
+    high = moment_cube(end, np.full_like(end, n + 1), right + 1 - n / 2 - half)
+    high += half**3 * prefix[0][end]
+    out = (low + high) / 3.0
+    rows = max(1, _REF_CHUNK // max(int(keep.sum()), 1))
+    kept_prefix = np.concatenate(([0.0], np.cumsum(kept_w)))
+    for start in range(0, cand.shape[0], rows):
+        sl = slice(start, start + rows)
+        c0 = int(np.searchsorted(kept_pos, left[sl].min() - n / 2, side="left"))
+        c1 = int(np.searchsorted(kept_pos, right[sl].max() + 1 - n / 2, side="right"))
+        below, above = kept_prefix[c0], kept_prefix[-1] - kept_prefix[c1]
+        out[sl] += dst_w[sl] ** 3 * (-below / 24.0 + (dst_bins / 12.0 - 1.0 / 24.0) * above)
+        block_pos, block_w = kept_pos[c0:c1], kept_w[c0:c1]
+        q = block_pos[None, :] - (left[sl, None] - n / 2)
+        np.clip(q, 0.0, span[sl, None], out=q)
+        q *= (1.0 / dst_w[sl])[:, None]
+        m = np.floor(q)
+        q -= m
+        q -= 0.5
+        cube = q * q
+        cube *= q
+        out[sl] += dst_w[sl] ** 3 * ((m @ block_w) / 12.0 + (cube @ block_w) / 3.0)
+    return out
+
+
+def activation_counts(kind, n, total, seed=0):
+    """Integer histogram of ``total`` values of a typical activation over its [min, max]."""
+    rng = np.random.default_rng(seed)
+    size = int(min(total, 400_000))
+    if kind == "half_normal":
+        x = np.abs(rng.normal(0.0, 1.0, size))
+    elif kind == "relu":  # ~40% exact zeros: one huge first bin
+        x = np.maximum(rng.normal(0.3, 1.0, size), 0.0)
+    elif kind == "relu6":  # fills the range: ~3n/4 candidates
+        x = np.clip(rng.normal(1.0, 2.5, size), 0.0, 6.0)
+    elif kind == "long_tail":  # Student t with a few far outliers
+        x = rng.standard_t(3, size)
+        x[:4] = rng.uniform(30.0, 80.0, 4)
+    else:
+        raise ValueError(kind)
+    counts = np.histogram(x, bins=n)[0].astype(np.float64)
+    return np.round(counts * (total / size))
+
+
+@pytest.fixture(params=["auto", "per_bin", "per_edge"])
+def l2_form(request, monkeypatch):
+    """l2_losses with its own choice of form, or forced to one (both must match the reference)."""
+    if request.param != "auto":
+        forced = request.param == "per_bin"
+        monkeypatch.setattr(hfmg, "_per_bin_is_cheaper", lambda *args: forced)
+    return request.param
+
+
+def assert_matches_reference(counts, ranges, dst_bins, exact_ties=False):
+    """Losses within 1e-9 and the same argmin (among exactly tied ranges, if allowed: then
+    rounding picks one)."""
+    got = l2_losses(counts, ranges, dst_bins)
+    ref = _l2_losses_reference(counts, ranges, dst_bins)
+    np.testing.assert_allclose(got, ref, rtol=1e-9, atol=0.0)
+    if len(ranges) and exact_ties:
+        assert np.argmin(got) in np.flatnonzero(ref <= ref.min() * (1 + 1e-12))
+    elif len(ranges):
+        assert np.argmin(got) == np.argmin(ref)
+
+
+@pytest.mark.parametrize("dst_bins", [16, 256])
+@pytest.mark.parametrize("total", [1e5, 1e8])
+@pytest.mark.parametrize("kind", ["half_normal", "relu", "relu6", "long_tail"])
+def test_hfmg_l2_matches_reference_on_activation_histograms(kind, total, dst_bins, l2_form):
+    counts = activation_counts(kind, 2048, total)
+    assert_matches_reference(counts, search_candidates(counts), dst_bins)
+
+
+@pytest.mark.parametrize("n", [1024, 4096, 8192])
+def test_hfmg_l2_per_bin_form_at_scale(n, monkeypatch):
+    """1e9 ReLU values (one bin of ~4e8 at zero), hundreds to thousands of candidates."""
+    counts = activation_counts("relu", n, 1e9, seed=n)
+    ranges = search_candidates(counts)
+    calls = []
+    real = hfmg._bin_sums
+    monkeypatch.setattr(hfmg, "_bin_sums", lambda *a: calls.append(1) or real(*a))
+    assert_matches_reference(counts, ranges, 256)
+    assert calls  # hundreds of candidates: the per-bin form
+
+
+def adversarial_counts(name, n, rng):
+    if name == "spikes":  # isolated huge counts: |w| ~ 2 * total
+        counts = np.where(rng.random(n) < 0.05, rng.integers(1, 10**8, n), 0)
+    elif name == "alternating":
+        counts = np.where(np.arange(n) % 2 == 0, 5 * 10**8 // n, 0)
+    elif name == "spike_at_zero":  # ReLU: one bin holding most of 1e9
+        counts = rng.poisson(1e4, n)
+        counts[0] = 6 * 10**8
+    elif name == "far_outliers":
+        counts = np.zeros(n, dtype=np.int64)
+        counts[: n // 8] = rng.poisson(1e6, n // 8)
+        counts[[n // 2, n - 3, n - 1]] = 1
+    elif name == "ones":
+        counts = np.ones(n, dtype=np.int64)
+    counts = np.asarray(counts, dtype=np.float64)
+    counts[0], counts[-1] = max(counts[0], 1.0), max(counts[-1], 1.0)
+    return counts
+
+
+@pytest.mark.parametrize("dst_bins", [1, 3, 16, 256, 1000, 65536])
+@pytest.mark.parametrize("name", ["spikes", "alternating", "spike_at_zero", "far_outliers", "ones"])
+def test_hfmg_l2_matches_reference_on_adversarial_histograms(name, dst_bins, l2_form):
+    """Totals near 1e9, isolated spikes, candidates from one bin to the whole range, and
+    destination bins from wider than the whole range to narrower than a source bin."""
+    rng = np.random.default_rng(7)
+    n = 1024
+    counts = adversarial_counts(name, n, rng)
+    pairs = np.sort(rng.integers(0, n, size=(60, 2)), axis=1)
+    ranges = [(0, n - 1), (0, 0), (n - 1, n - 1), (5, 6), (3, 700)]
+    ranges += [(int(a), int(b)) for a, b in pairs]
+    if not (l2_form == "per_bin" and dst_bins > n):  # that is dst_bins cells per candidate
+        ranges += search_candidates(counts)
+    assert_matches_reference(counts, ranges, dst_bins, exact_ties=True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(1, 300),
+    scale=st.integers(0, 9),
+    sparsity=st.floats(0.0, 0.95),
+    dst_bins=st.sampled_from([1, 2, 3, 7, 16, 256, 65536]),
+    seed=st.integers(0, 2**32 - 1),
+    form=st.sampled_from([True, False]),
+)
+def test_hfmg_l2_matches_reference_on_random_histograms(n, scale, sparsity, dst_bins, seed, form):
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(0, 10**scale, n, endpoint=True).astype(np.float64)
+    counts[rng.random(n) < sparsity] = 0
+    pairs = np.sort(rng.integers(0, n, size=(rng.integers(0, 40), 2)), axis=1)
+    ranges = [(int(a), int(b)) for a, b in pairs]
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(hfmg, "_per_bin_is_cheaper", lambda *args: form)
+        assert_matches_reference(counts, ranges, dst_bins, exact_ties=True)
+
+
+@pytest.mark.parametrize("bits", [4, 8, 16])
+@pytest.mark.parametrize("kind", ["half_normal", "relu", "relu6", "long_tail"])
+def test_hfmg_search_same_clip_range_as_reference(kind, bits):
+    counts = activation_counts(kind, 4096, 1e7, seed=bits)
+    ranges = search_candidates(counts)
+    left, right = ranges[int(np.argmin(_l2_losses_reference(counts, ranges, 2**bits)))]
+    width = 3.0 / counts.size
+    assert hfmg_search(counts, -1.0, 2.0, bits) == (-1.0 + left * width, -1.0 + (right + 1) * width)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    n=st.integers(8, 600),
+    scale=st.integers(0, 8),
+    sparsity=st.floats(0.0, 0.98),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_hfmg_search_path_matches_amct_loops_random(n, scale, sparsity, seed):
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(0, 10**scale, n, endpoint=True).astype(np.float64)
+    counts[rng.random(n) < sparsity] = 0
+    assert search_candidates(counts) == amct_search_range(counts)
