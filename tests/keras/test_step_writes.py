@@ -180,3 +180,19 @@ def test_accumulators_are_taken_before_int32_could_overflow(tmp_path, monkeypatc
     assert taken  # the small limit made the host take early
     for key, (scale, offset) in scales[0].items():
         assert scales[1][key][0] == pytest.approx(scale, rel=1e-9) and scales[1][key][1] == offset
+
+
+def test_steps_per_execution_past_batch_num_with_histograms(tmp_path):
+    """steps_per_execution 3 runs past batch_num 4 inside one execution: the steps past it are
+    neither binned nor kept, so the record equals the one from one step per execution."""
+    x = images(64, seed=6) * np.linspace(1.0, 3.0, 64, dtype="float32")[:, None, None, None]
+    records = []
+    for spe in (1, 3):
+        model = sequential_model()
+        model.compile(loss="mse", steps_per_execution=spe)
+        path = tmp_path / f"r{spe}.txt"
+        cb = QuantCalibration(path, algorithm="hfmg", batch_num=4)
+        model.evaluate(x, np.zeros((64, 5)), batch_size=8, verbose=0, callbacks=[cb])
+        assert load_stats(sidecar_path(path)).batches == 4
+        records.append(load(path).layers)
+    assert records[0] == records[1]
