@@ -316,7 +316,8 @@ class Instrumentation:
             lo, hi = _clamp(frame, seen[1], low, high), _clamp(frame, seen[2], low, high)
             self.derived += 1  # per trace, for tests
         else:
-            axes = frame.const(list(range(x.shape.rank)), tf.int32)
+            rank = x.shape.rank  # one shared axes constant (None: unknown rank, let TF build it)
+            axes = frame.const(list(range(rank)), tf.int32) if rank is not None else None
             lo, hi = tf.reduce_min(x, axes), tf.reduce_max(x, axes)
         # the tensor itself is kept so a reused id() can never match another tensor
         frame.minmax[id(raw)] = (raw, lo, hi)

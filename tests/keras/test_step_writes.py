@@ -196,3 +196,19 @@ def test_steps_per_execution_past_batch_num_with_histograms(tmp_path):
         assert load_stats(sidecar_path(path)).batches == 4
         records.append(load(path).layers)
     assert records[0] == records[1]
+
+
+@pytest.mark.parametrize("algorithm", ["minmax", "hfmg"])
+def test_run_eagerly_gives_the_compiled_record(tmp_path, algorithm):
+    """run_eagerly=True: the same summaries run op by op, the record is the compiled one's."""
+    x = images(32, seed=8)
+    records = []
+    for eager in (False, True):
+        model = sequential_model()
+        model.compile(loss="mse", run_eagerly=eager)
+        path = tmp_path / f"r{eager}.txt"
+        model.predict(
+            x, batch_size=8, verbose=0, callbacks=[QuantCalibration(path, algorithm=algorithm)]
+        )
+        records.append(load(path).layers)
+    assert records[0] == records[1]
