@@ -22,9 +22,11 @@ shows), or a layer run inside a control-flow branch of the step, gets its own wr
 Histograms are binned onto a per-column *grid* ``[lo, hi]`` that the host sets (the union of
 the ranges seen so far) and summed in-graph, so the host merges one accumulated histogram now
 and then instead of one per batch. A batch not inside the grid (no grid yet, a range that grew,
-past ``batch_num``) gets its own histogram over its ``[min, max]`` in a ring row instead; the
-host then moves the grid (``Session``). Under ``tf.distribute`` strategies the buffers are
-``ON_READ`` variables: each replica writes its own copy and the host reads every replica's rows.
+past ``batch_num``) gets its own histogram over its ``[min, max]``, which goes to a ring row and,
+so that the step needs no mask or ``tf.cond``, into the accumulator too: the host subtracts it
+again (exact, integer counts) and moves the grid (``Session``). Under ``tf.distribute``
+strategies the buffers are ``ON_READ`` variables: each replica writes its own copy and the host
+reads every replica's rows.
 
 :meth:`Instrumentation.remove` deletes the instance attributes again, so the class methods are
 back and nothing of ours stays in the model (no tracked variables, no config change).
@@ -511,33 +513,33 @@ class Instrumentation:
         binned on their own range); :meth:`drain` kept their sum, subtracted here.
         """
         out = []
-        read: dict[
-            tuple[int, int], list
-        ] = {}  # (bins, replica) -> [acc var, counts, grid, changed]
+        counts: dict[tuple[int, int], np.ndarray] = {}  # (bins, replica) -> accumulator
+        changed: set[tuple[int, int]] = set()
         for index in indices:
             if not self.points[index].bins:
                 continue
             group, pos = self._where(index)
-            accs, grids = self._locals(group.vars["acc"]), self._locals(group.vars["grid"])
-            for rep, (acc, grid) in enumerate(zip(accs, grids, strict=True)):
+            for rep, (acc, grid) in enumerate(self._replica_vars(group, "acc", "grid")):
                 key = (group.bins, rep)
-                if key not in read:
-                    read[key] = [acc, acc.numpy(), grid.numpy(), False]
-                entry = read[key]
-                total = entry[1][pos].astype(np.int64).sum(axis=0)
+                if key not in counts:
+                    counts[key] = acc.numpy()
+                total = counts[key][pos].astype(np.int64).sum(axis=0)
                 for col in self._cols[index]:
                     total -= self._junk.pop((rep, col), 0)
                     self._added.pop((rep, col), None)
-                if entry[1][pos].any():  # own histograms only: nothing left, still zeroed
-                    entry[1][pos] = 0
-                    entry[3] = True
+                if counts[key][pos].any():  # zeroed even if only own histograms were there
+                    counts[key][pos] = 0
+                    changed.add(key)
                 if total.any():
-                    lo, hi = entry[2][pos[0]].tolist()
+                    lo, hi = grid.numpy()[pos[0]].tolist()
                     out.append((index, lo, hi, total))
-        for acc, counts, _, changed in read.values():
-            if changed:
-                acc.assign(counts)
+        for bins, rep in changed:
+            self._locals(self._groups[bins].vars["acc"])[rep].assign(counts[(bins, rep)])
         return out
+
+    def _replica_vars(self, group: _Group, *names: str):
+        """Per replica, the group's variables ``names`` (local components)."""
+        return zip(*(self._locals(group.vars[name]) for name in names), strict=True)
 
     def due(self) -> list[int]:
         """Points whose accumulator must be taken before the next read: a bin could
