@@ -2,6 +2,9 @@
 
 import keras
 import numpy as np
+import pytest
+
+from amct_bridge.records import load
 
 FLT_EPS = float(np.finfo(np.float32).eps)
 
@@ -17,6 +20,14 @@ def ref_act_factors(lo, hi, bits=8):
     if scale < FLT_EPS:
         return 1.0, -(2 ** (bits - 1))
     return scale, int(-(2 ** (bits - 1)) - round_half_away(lo / scale))
+
+
+def assert_c1_input_range(record_path, lo, hi):
+    """The record's c1 input factors are AMCT's for the range ``[lo, hi]``."""
+    scale, offset = ref_act_factors(lo, hi)
+    factors = load(record_path).layers["c1"]
+    assert factors.scale_d == pytest.approx(scale, rel=1e-6)
+    assert factors.offset_d == offset
 
 
 def ref_arq(kernel, out_axis=None):

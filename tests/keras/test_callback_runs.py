@@ -4,6 +4,7 @@ import keras
 import numpy as np
 import pytest
 from calib_models import (
+    assert_c1_input_range,
     bn_fold,
     images,
     ref_act_factors,
@@ -16,16 +17,6 @@ from amct_bridge.keras import QuantCalibration
 from amct_bridge.quant.observers import batch_stats, make_observer
 from amct_bridge.records import load, validate
 from amct_bridge.records.calibration import load_stats, sidecar_path
-
-
-def _c1_input_factors(path):
-    return load(path).layers["c1"]
-
-
-def _assert_range(factors, lo, hi):
-    scale, offset = ref_act_factors(lo, hi)
-    assert factors.scale_d == pytest.approx(scale, rel=1e-6)
-    assert factors.offset_d == offset
 
 
 def _compiled(lr=0.0):
@@ -70,7 +61,7 @@ def test_fit_calibrates_training_batches(tmp_path):
     path = tmp_path / "r.txt"
     cb = QuantCalibration(path, algorithm="minmax")
     model.fit(x, np.zeros((32, 5)), batch_size=8, epochs=2, verbose=0, callbacks=[cb])
-    _assert_range(_c1_input_factors(path), x.min(), 3.0)
+    assert_c1_input_range(path, x.min(), 3.0)
     assert load_stats(sidecar_path(path)).batches == 8
 
 
@@ -88,7 +79,7 @@ def test_fit_on_validation_uses_only_validation_batches(tmp_path):
         verbose=0,
         callbacks=[cb],
     )
-    _assert_range(_c1_input_factors(path), val.min(), val.max())
+    assert_c1_input_range(path, val.min(), val.max())
     assert load_stats(sidecar_path(path)).batches == 4  # 2 validation batches x 2 epochs
     assert model.test_function is not None and "call" not in vars(model.get_layer("c1"))
 
@@ -103,7 +94,7 @@ def test_repeated_runs_reset_or_accumulate(tmp_path, accumulate):
         model.evaluate(data, np.zeros((16, 5)), batch_size=8, verbose=0, callbacks=[cb])
     both = np.concatenate([first, second])
     expected = both if accumulate else second
-    _assert_range(_c1_input_factors(path), expected.min(), expected.max())
+    assert_c1_input_range(path, expected.min(), expected.max())
     assert load_stats(sidecar_path(path)).batches == (4 if accumulate else 2)
 
 
@@ -120,7 +111,7 @@ def test_batch_num_stops_collecting_and_restores_step(tmp_path):
         verbose=0,
         callbacks=[QuantCalibration(path, algorithm="minmax", batch_num=2)],
     )
-    _assert_range(_c1_input_factors(path), x[:16].min(), x[:16].max())
+    assert_c1_input_range(path, x[:16].min(), x[:16].max())
     assert load_stats(sidecar_path(path)).batches == 2
     assert model.predict_function is fn
 
@@ -138,7 +129,7 @@ def test_steps_per_execution_reads_every_step(tmp_path):
         verbose=0,
         callbacks=[QuantCalibration(path, algorithm="minmax")],
     )
-    _assert_range(_c1_input_factors(path), -4.0, x.max())
+    assert_c1_input_range(path, -4.0, x.max())
     assert load_stats(sidecar_path(path)).batches == 5
 
 
@@ -269,7 +260,7 @@ def test_config_file_sets_batch_num(tmp_path, data_dir):
     )
     assert cb.batch_num == 1
     model.predict(x, batch_size=8, verbose=0, callbacks=[cb])
-    _assert_range(_c1_input_factors(path), x[:8].min(), x[:8].max())
+    assert_c1_input_range(path, x[:8].min(), x[:8].max())
 
 
 def test_save_every_epoch_writes_during_fit(tmp_path):

@@ -10,7 +10,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from calib_models import images, ref_act_factors, sequential_model
+from calib_models import assert_c1_input_range, images, sequential_model
 
 import amct_bridge.keras.instrument as instrument
 from amct_bridge.errors import CalibrationError
@@ -18,13 +18,6 @@ from amct_bridge.keras import QuantCalibration
 from amct_bridge.quant.observers import batch_stats, make_observer
 from amct_bridge.records import load
 from amct_bridge.records.calibration import load_stats, sidecar_path
-
-
-def _assert_c1_range(path, lo, hi):
-    scale, offset = ref_act_factors(lo, hi)
-    factors = load(path).layers["c1"]
-    assert factors.scale_d == pytest.approx(scale, rel=1e-6)
-    assert factors.offset_d == offset
 
 
 def test_fit_validation_batches_are_not_calibrated(tmp_path):
@@ -37,7 +30,7 @@ def test_fit_validation_batches_are_not_calibrated(tmp_path):
     cb = QuantCalibration(path, algorithm="minmax")
     y = np.zeros((16, 5))
     model.fit(train, y, validation_data=(val, y), batch_size=8, epochs=2, verbose=0, callbacks=[cb])
-    _assert_c1_range(path, train.min(), train.max())
+    assert_c1_input_range(path, train.min(), train.max())
     assert load_stats(sidecar_path(path)).batches == 4  # 2 training batches x 2 epochs
     # the validation step traced during fit runs afterwards without touching our buffers
     before = path.read_text()
@@ -88,7 +81,7 @@ def test_model_called_twice_per_step(tmp_path):
         verbose=0,
         callbacks=[QuantCalibration(path, algorithm="minmax")],
     )
-    _assert_c1_range(path, x.min(), 3.0 * x.max())
+    assert_c1_input_range(path, x.min(), 3.0 * x.max())
     assert load_stats(sidecar_path(path)).batches == 48
 
 
@@ -114,7 +107,7 @@ def test_model_inside_tf_cond(tmp_path, algorithm):
     seen_range = stats.layers["c1"].input
     assert (seen_range.observed_min, seen_range.observed_max) == (lo, hi)
     if algorithm == "minmax":
-        _assert_c1_range(path, lo, hi)
+        assert_c1_input_range(path, lo, hi)
     else:
         obs = make_observer("hfmg")
         for batch in seen:
