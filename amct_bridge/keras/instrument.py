@@ -112,9 +112,19 @@ class _Group:
     bins: int
     cols: list[int]
     vars: dict = field(default_factory=dict)
+    _pos: dict[int, int] = field(default_factory=dict)  # column -> position (filled by add)
+
+    def add(self, cols: list[int]) -> None:
+        for col in cols:
+            self._pos[col] = len(self.cols)
+            self.cols.append(col)
 
     def pos(self, col: int) -> int:
-        return self.cols.index(col)
+        """Position of column ``col`` in this group's buffers."""
+        return self._pos[col]
+
+    def __contains__(self, col: int) -> bool:
+        return col in self._pos
 
 
 @dataclass
@@ -188,7 +198,7 @@ class Instrumentation:
         for index, point in enumerate(self.points):
             if point.bins:
                 group = self._groups.setdefault(point.bins, _Group(point.bins, []))
-                group.cols += self._cols[index]
+                group.add(self._cols[index])
         with self.strategy.scope():
             self._make_vars()
         # ON_READ (distributed) variables have no scatter ops: those get whole-buffer assigns
@@ -396,7 +406,7 @@ class Instrumentation:
         at = tf.reshape(slot, [1, 1])
         self._put(self._mm, at, tf.expand_dims(row, 0))
         for group in self._groups.values():
-            present = [(group.pos(c), entries[c]) for c in cols if c in group.cols]
+            present = [(group.pos(c), entries[c]) for c in cols if c in group]
             if present:
                 self._flush_group(frame, group, present, slot)
         for col in cols:

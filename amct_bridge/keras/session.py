@@ -188,12 +188,12 @@ class Session:
         jit = getattr(self.model, "jit_compile", False)
         hist = any(p.bins for p in points)
         if jit and hist:
-            self.model._jit_compile = False
+            self.model.jit_compile = False
         try:
             getattr(self.model, f"make_{mode}_function")(force=True)
         finally:
             if jit and hist:
-                self.model._jit_compile = jit
+                self.model.jit_compile = jit
 
     def batch_begin(self, mode: str, batch: int) -> None:
         """Note the first step of this execution (steps_per_execution may cover several)."""
