@@ -4,7 +4,9 @@ While a calibration pass is active, the target layers get an instance attribute 
 runs the layer's own ``call`` and then summarises each observed tensor (the layer's input,
 output, or an inner tensor such as SeparableConv2D's depthwise output): ``[min, max, element
 count]``, optional per-channel min and max (DMQ) and, for histogram algorithms, ``bins`` counts
-(``tf.histogram_fixed_width`` semantics, see ``amct_bridge.quant.stats.BatchStats``). The
+(``tf.histogram_fixed_width`` semantics, see ``amct_bridge.quant.stats.BatchStats``; with
+histograms, one native op of :mod:`amct_bridge.keras.native` computes all of it where that op
+could be built, stock TF ops otherwise, with the same results). The
 model's step method (``train_step`` / ``test_step`` / ``predict_step``) is wrapped too: the
 summaries of one step are collected while it is traced and written to ``tf.Variable`` buffers
 in one go when the step returns (a few ops per step instead of a dozen per tensor: every op
@@ -51,6 +53,7 @@ import numpy as np
 import tensorflow as tf
 
 from amct_bridge.errors import CalibrationError
+from amct_bridge.keras import native
 from amct_bridge.keras.layers import clamp_bounds
 from amct_bridge.quant.stats import BatchStats
 
@@ -168,6 +171,8 @@ class Instrumentation:
         points: the tensors to observe.
         steps_per_read: batch ends between two host reads (buffers hold that many steps).
         steps: the model's step methods whose runs are observed (default: all three).
+        native: use the native ops of :mod:`amct_bridge.keras.native` where they could be
+            built (not in a step XLA compiles: it cannot compile them).
 
     Example:
         >>> # see the module docstring
@@ -179,8 +184,10 @@ class Instrumentation:
         points: list[Point],
         steps_per_read: int = 1,
         steps: tuple[str, ...] = STEP_METHODS,
+        native: bool = True,
     ) -> None:
         self.model = model
+        self.native = native
         self.points = list(points)
         self.steps = tuple(steps)
         self.strategy = model.distribute_strategy
@@ -320,28 +327,40 @@ class Instrumentation:
             self._flush(frame)
             free = self._cols[index]
         col = free[0]
-        seen = frame.minmax.get(id(source)) if source is not None else None
         raw = x
         x = tf.cast(x, tf.float32)
-        if seen is not None and seen[0] is source:
+        fused = None
+        if point.bins:
+            rows, lows, highs = self._grid(frame, point.bins)
+            at = self._groups[point.bins].pos(col)
+            # one native op for min, max, count and histogram where it could be built
+            fused = native.summary(x, rows[at], point.bins) if self.native else None
+        seen = frame.minmax.get(id(source)) if source is not None else None
+        size = None
+        if fused is not None:
+            lo, hi, size, inside, hist = fused
+        elif seen is not None and seen[0] is source:
             low, high = _clamp_of(point.layer)
             lo, hi = _clamp(frame, seen[1], low, high), _clamp(frame, seen[2], low, high)
             self.derived += 1  # per trace, for tests
+        elif self.native and (one_pass := native.min_max(x)) is not None:
+            lo, hi, size = one_pass
         else:
             rank = x.shape.rank  # one shared axes constant (None: unknown rank, let TF build it)
             axes = frame.const(list(range(rank)), tf.int32) if rank is not None else None
             lo, hi = tf.reduce_min(x, axes), tf.reduce_max(x, axes)
         # the tensor itself is kept so a reused id() can never match another tensor
         frame.minmax[id(raw)] = (raw, lo, hi)
-        entry = _Entry(lo, hi, tf.size(x, out_type=tf.int64))
-        if point.bins:
-            # Inside the host-set grid (and within batch_num): bin onto the grid. Otherwise
-            # (first batches, a range that grew): the batch's own histogram over [min, max]
-            # (equal min/max: every value into bin 0, the BatchStats contract), which also
-            # goes to the ring. Both are added to the accumulator when the step ends (no
-            # mask, no tf.cond); the host subtracts the own ones again.
-            rows, lows, highs = self._grid(frame, point.bins)
-            at = self._groups[point.bins].pos(col)
+        entry = _Entry(lo, hi, size if size is not None else tf.size(x, out_type=tf.int64))
+        if fused is not None:
+            entry.inside, entry.hist = inside, hist
+        elif point.bins:
+            # The same as the native op with stock TF ops. Inside the host-set grid (and
+            # within batch_num): bin onto the grid. Otherwise (first batches, a range that
+            # grew): the batch's own histogram over [min, max] (equal min/max: every value
+            # into bin 0, the BatchStats contract), which also goes to the ring. Both are
+            # added to the accumulator when the step ends (no mask, no tf.cond); the host
+            # subtracts the own ones again.
             entry.inside = tf.logical_and(lo >= lows[at], hi <= highs[at])
             # NaN or Inf (min/max NaN or infinite, then hi - lo < inf fails): histogram
             # nothing over [0, 1] instead; histogram_fixed_width raises on NaN and bins an
@@ -447,6 +466,8 @@ class Instrumentation:
     def install(self) -> None:
         """Wrap the target layers' ``call`` and the model's step methods (instance
         attributes; the classes are untouched). Re-make the step function afterwards."""
+        if self.native:
+            native.load()  # build or load the native ops now, not in the middle of a trace
         by_layer: dict[int, list[int]] = {}
         layers: dict[int, object] = {}
         for i, point in enumerate(self.points):

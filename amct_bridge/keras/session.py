@@ -173,7 +173,14 @@ class Session:
         spe = int(getattr(self.model, "steps_per_execution", 1) or 1)
         per_read = sum(4 * p.bins * max(1, p.calls) * spe for p in points)
         every = max(1, min(_READ_EVERY, _HIST_BUDGET // max(1, per_read)))
-        self._inst = Instrumentation(self.model, points, every, steps=(f"{mode}_step",))
+        # XLA has no histogram op: a histogram pass's step runs without it (the user's
+        # compiled step comes back when the pass ends); an XLA step cannot run our native ops
+        jit_setting = getattr(self.model, "jit_compile", False)
+        jit = bool(jit_setting)
+        hist = any(p.bins for p in points)
+        self._inst = Instrumentation(
+            self.model, points, every, steps=(f"{mode}_step",), native=hist or not jit
+        )
         if self.batch_num is not None:
             self._inst.set_limit(self.batch_num - self.batches)
         for index, (lo, hi) in self._spans.items():  # accumulate=True: earlier passes' ranges
@@ -183,17 +190,13 @@ class Session:
         self._mode, self._pass_base = mode, self.batches
         self._pass_batches = self._pass_seen = self._ends = 0
         self._saved_fn = getattr(self.model, f"{mode}_function")
-        # XLA has no histogram op: this pass's step runs without it (the user's compiled
-        # step comes back when the pass ends)
-        jit = getattr(self.model, "jit_compile", False)
-        hist = any(p.bins for p in points)
         if jit and hist:
             self.model.jit_compile = False
         try:
             getattr(self.model, f"make_{mode}_function")(force=True)
         finally:
             if jit and hist:
-                self.model.jit_compile = jit
+                self.model.jit_compile = jit_setting
 
     def batch_begin(self, mode: str, batch: int) -> None:
         """Note the first step of this execution (steps_per_execution may cover several)."""
