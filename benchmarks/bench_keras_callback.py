@@ -8,6 +8,10 @@ second of an ``evaluate``-based calibration (re-trace of the instrumented step a
 clip search included) next to a plain ``evaluate``. Three models: ``light`` (depthwise blocks:
 many activations per FLOP, the worst case), ``conv`` (plain 3x3 convolutions) and ``mobilenet``
 (keras.applications MobileNetV2, alpha 0.35, 96x96: a real network).
+
+``--stock-ops`` adds a column: the same calibrated fit with the native summary op turned off
+(``AMCT_BRIDGE_NATIVE_OPS=0``: stock TF reductions and ``tf.histogram_fixed_width``), so the
+op's gain is measured against a baseline in the same run.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from amct_bridge.keras import QuantCalibration  # noqa: E402
+from amct_bridge.keras import QuantCalibration, native  # noqa: E402
 
 ALGORITHMS = ("minmax", "ema", "percentile", "hfmg", "ifmr")
 TARGETS = {"minmax": 1.10, "ema": 1.10, "hfmg": 1.30, "ifmr": 1.30}
@@ -84,6 +88,15 @@ def timed_fit(kind: str, x, y, epochs: int, callbacks: list) -> tuple[float, flo
     return time.perf_counter() - start, epochs_cb.times[-1]
 
 
+def stock_ops(on: bool) -> None:
+    """Turn the native summary op off (stock TF ops) or back on for the next runs."""
+    if on:
+        os.environ["AMCT_BRIDGE_NATIVE_OPS"] = "0"
+    else:
+        os.environ.pop("AMCT_BRIDGE_NATIVE_OPS", None)
+    native.reset()
+
+
 def timed_evaluate(kind: str, x, y, callbacks: list) -> float:
     model = make_model(kind)
     model.evaluate(x[:32], y[:32], verbose=0)  # build + trace the plain step once
@@ -104,6 +117,11 @@ def main() -> None:
         type=int,
         help="epochs per fit (default 3); longer fits amortise tracing and the search",
     )
+    parser.add_argument(
+        "--stock-ops",
+        action="store_true",
+        help="also time each calibrated fit with the native summary op turned off",
+    )
     args = parser.parse_args()
     n, epochs = (640, 2) if args.quick else (1280, 3)
     n, epochs = args.samples or n, args.epochs or epochs
@@ -112,6 +130,7 @@ def main() -> None:
     out = tempfile.mkdtemp()
     algorithms = args.algorithms.split(",")
     print(f"fit: {n} samples x {epochs} epochs, batch 32; evaluate: {n} samples (after a warm-up)")
+    print(f"native summary op: {'built' if native.load() is not None else 'NOT available'}")
     for kind in args.models.split(","):
         size = SIZES[kind]
         x = rng.uniform(0, 1, (n, size, size, 3)).astype("float32")
@@ -120,16 +139,21 @@ def main() -> None:
         print(f"\nmodel {kind!r}: plain evaluate {n / base_eval:.0f} samples/s")
         print(
             f"{'algorithm':<11} {'fit ratio':>9} {'last epoch':>10} {'target':>7} "
-            f"{'calibrating evaluate':>21}"
+            f"{'calibrating evaluate':>21}" + ("  stock-op fit ratio" if args.stock_ops else "")
         )
         for algo in algorithms:
             # plain and calibrated fits back to back (so load changes hit both alike), best of
             # --repeat runs each: the machine may be shared
-            base, calib = [], []
+            base, calib, stock = [], [], []
             for _ in range(args.repeat):
                 base.append(timed_fit(kind, x, y, epochs, []))
                 cb = QuantCalibration(os.path.join(out, f"{algo}.txt"), algorithm=algo)
                 calib.append(timed_fit(kind, x, y, epochs, [cb]))
+                if args.stock_ops:
+                    stock_ops(True)
+                    cb = QuantCalibration(os.path.join(out, f"{algo}-stock.txt"), algorithm=algo)
+                    stock.append(timed_fit(kind, x, y, epochs, [cb]))
+                    stock_ops(False)
             base_total, base_epoch = min(t for t, _ in base), min(e for _, e in base)
             total, epoch = min(t for t, _ in calib), min(e for _, e in calib)
             cb = QuantCalibration(os.path.join(out, f"{algo}-eval.txt"), algorithm=algo)
@@ -138,7 +162,8 @@ def main() -> None:
             mark = "" if target is None else ("ok" if ratio <= target else "over")
             print(
                 f"{algo:<11} {ratio:>9.3f} {epoch / base_epoch:>10.3f} {target or '-':>7} "
-                f"{rate:>12.0f} samples/s {mark}"
+                f"{rate:>12.0f} samples/s {mark:<4}"
+                + (f" {min(t for t, _ in stock) / base_total:>9.3f}" if stock else "")
             )
 
 
