@@ -9,6 +9,13 @@ clip search included) next to a plain ``evaluate``. Three models: ``light`` (dep
 many activations per FLOP, the worst case), ``conv`` (plain 3x3 convolutions) and ``mobilenet``
 (keras.applications MobileNetV2, alpha 0.35, 96x96: a real network).
 
+Fits and evaluations read a ``tf.data`` pipeline built once with tf.data's autotuning off. With
+NumPy input, Keras makes a new autotuned iterator every epoch, and dropping it can block the
+main thread for ~1.2 s until the autotune thread's current wait ends (seen with gdb: the wait is
+in ``RootDataset::Iterator``'s destructor). Whether that happens depends on the epoch's length:
+a plain fit of ``conv`` with an 8 ms sleep per batch stalled in 2 of 6 runs, and calibrated
+epochs of ~1.3 s were hit often; one stall in a 3-epoch fit of ~3.5 s moves its ratio by 0.35.
+
 ``--stock-ops`` adds a column: the same calibrated fit with the native summary op turned off
 (``AMCT_BRIDGE_NATIVE_OPS=0``: stock TF reductions and ``tf.histogram_fixed_width``), so the
 op's gain is measured against a baseline in the same run.
@@ -25,6 +32,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 from amct_bridge.keras import QuantCalibration, native  # noqa: E402
 
@@ -79,12 +87,20 @@ class EpochTimes(keras.callbacks.Callback):
         self.times = [*getattr(self, "times", []), time.perf_counter() - self.start]
 
 
+def batches(x, y) -> tf.data.Dataset:
+    """Batches of 32 without tf.data autotuning (see the module docstring)."""
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(32).with_options(options)
+
+
 def timed_fit(kind: str, x, y, epochs: int, callbacks: list) -> tuple[float, float]:
     """(whole fit incl. tracing and the callback's end-of-run work, last epoch) in seconds."""
     model = make_model(kind)
     epochs_cb = EpochTimes()
+    data = batches(x, y)
     start = time.perf_counter()
-    model.fit(x, y, batch_size=32, epochs=epochs, verbose=0, callbacks=[epochs_cb, *callbacks])
+    model.fit(data, epochs=epochs, verbose=0, callbacks=[epochs_cb, *callbacks])
     return time.perf_counter() - start, epochs_cb.times[-1]
 
 
@@ -99,9 +115,10 @@ def stock_ops(on: bool) -> None:
 
 def timed_evaluate(kind: str, x, y, callbacks: list) -> float:
     model = make_model(kind)
-    model.evaluate(x[:32], y[:32], verbose=0)  # build + trace the plain step once
+    model.evaluate(batches(x[:32], y[:32]), verbose=0)  # build + trace the plain step once
+    data = batches(x, y)
     start = time.perf_counter()
-    model.evaluate(x, y, batch_size=32, verbose=0, callbacks=callbacks)
+    model.evaluate(data, verbose=0, callbacks=callbacks)
     return time.perf_counter() - start
 
 

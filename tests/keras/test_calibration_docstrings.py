@@ -11,6 +11,7 @@ MODULES = [
     "amct_bridge.keras.freeze",
     "amct_bridge.keras.instrument",
     "amct_bridge.keras.layers",
+    "amct_bridge.keras.native",
     "amct_bridge.keras.plan",
     "amct_bridge.keras.quant_calibration",
     "amct_bridge.keras.session",
