@@ -127,7 +127,9 @@ MinMax(const float* __restrict x, int64_t m, float* __restrict mn, float* __rest
 }
 
 // Counts into kCopies interleaved sub-histograms (value i into copy i % kCopies), so that
-// repeated bins do not serialise on one counter either.
+// repeated bins inside the range do not serialise on one counter either: one copy is a little
+// faster when only the edge bins are hot, but 1.5x slower when ReLU zeros fall inside the grid
+// (its low end below 0), measured on a 0.5 M-value activation.
 class Counter {
  public:
   explicit Counter(int nbins)
