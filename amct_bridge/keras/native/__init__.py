@@ -141,6 +141,11 @@ def _load():
         return None
 
 
+def _op_for(values: tf.Tensor):
+    """The op module if it is loaded and takes ``values`` (float32 only)."""
+    return load() if values.dtype == tf.float32 else None
+
+
 def summary(values: tf.Tensor, grid: tf.Tensor, nbins: int) -> tuple[tf.Tensor, ...] | None:
     """``(min, max, count, inside, histogram)`` of float32 ``values`` by the native op, or
     ``None`` when it is not available (the caller then uses stock TF ops).
@@ -154,10 +159,8 @@ def summary(values: tf.Tensor, grid: tf.Tensor, nbins: int) -> tuple[tf.Tensor, 
         >>> bool(out[3]), out[4].numpy().tolist()
         (False, [1, 0, 0, 1])
     """
-    op = load()
-    if op is None or values.dtype != tf.float32:
-        return None
-    return tuple(op.amct_summary(values, grid, nbins=int(nbins)))
+    op = _op_for(values)
+    return None if op is None else tuple(op.amct_summary(values, grid, nbins=int(nbins)))
 
 
 def min_max(values: tf.Tensor) -> tuple[tf.Tensor, ...] | None:
@@ -169,7 +172,5 @@ def min_max(values: tf.Tensor) -> tuple[tf.Tensor, ...] | None:
         >>> [float(v) for v in min_max(tf.constant([[3.0, -2.0], [0.5, 7.0]]))]
         [-2.0, 7.0, 4.0]
     """
-    op = load()
-    if op is None or values.dtype != tf.float32:
-        return None
-    return tuple(op.amct_min_max(values))
+    op = _op_for(values)
+    return None if op is None else tuple(op.amct_min_max(values))

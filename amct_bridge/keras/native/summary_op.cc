@@ -136,29 +136,21 @@ class Counter {
       : nbins_(nbins), width_(nbins + 2 * kSpread), sub_(static_cast<size_t>(kCopies) * width_) {}
 
   void Add(const int32_t* idx, int64_t m) {
-    int32_t* s0 = sub_.data();
-    int32_t* s1 = s0 + width_;
-    int32_t* s2 = s1 + width_;
-    int32_t* s3 = s2 + width_;
+    int32_t* s = sub_.data();
     int64_t i = 0;
-    for (; i + kCopies <= m; i += kCopies) {
-      ++s0[idx[i]];
-      ++s1[idx[i + 1]];
-      ++s2[idx[i + 2]];
-      ++s3[idx[i + 3]];
-    }
-    for (; i < m; ++i) ++s0[idx[i]];
+    for (; i + kCopies <= m; i += kCopies)
+      for (int c = 0; c < kCopies; ++c) ++s[c * width_ + idx[i + c]];
+    for (; i < m; ++i) ++s[idx[i]];
   }
 
   void Sum(int32_t* out) const {
-    const int32_t* s = sub_.data();
-    for (int b = 0; b < nbins_; ++b)
-      out[b] = s[b] + s[width_ + b] + s[2 * width_ + b] + s[3 * width_ + b];
+    std::fill(out, out + nbins_, 0);
     for (int c = 0; c < kCopies; ++c) {
-      const int32_t* spread = s + c * width_ + nbins_;
+      const int32_t* s = sub_.data() + c * width_;
+      for (int b = 0; b < nbins_; ++b) out[b] += s[b];
       for (int k = 0; k < kSpread; ++k) {
-        out[0] += spread[k];
-        out[nbins_ - 1] += spread[kSpread + k];
+        out[0] += s[nbins_ + k];
+        out[nbins_ - 1] += s[nbins_ + kSpread + k];
       }
     }
   }
@@ -170,6 +162,21 @@ class Counter {
   int width_;
   std::vector<int32_t> sub_;
 };
+
+// Outputs 0-2 of both ops: min, max and the element count. lo and hi become NaN (in place,
+// for the caller too) if a value was NaN, as reduce_min/max give.
+::tensorflow::Status SetMinMax(OpKernelContext* ctx, float& lo, float& hi, int64_t nans,
+                               int64_t n) {
+  if (nans > 0) lo = hi = std::numeric_limits<float>::quiet_NaN();
+  Tensor *lo_t, *hi_t, *count_t;
+  TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({}), &lo_t));
+  TF_RETURN_IF_ERROR(ctx->allocate_output(1, TensorShape({}), &hi_t));
+  TF_RETURN_IF_ERROR(ctx->allocate_output(2, TensorShape({}), &count_t));
+  lo_t->scalar<float>()() = lo;
+  hi_t->scalar<float>()() = hi;
+  count_t->scalar<int64_t>()() = n;
+  return absl::OkStatus();
+}
 
 class SummaryOp : public OpKernel {
  public:
@@ -185,15 +192,8 @@ class SummaryOp : public OpKernel {
                                                       grid_t.shape().DebugString()));
     const float g0 = grid_t.flat<float>()(0);
     const float g1 = grid_t.flat<float>()(1);
-    Tensor *lo_t, *hi_t, *count_t, *inside_t, *hist_t;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &lo_t));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &hi_t));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({}), &count_t));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({}), &inside_t));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({nbins_}), &hist_t));
     const float* x = values.data();
     const int64_t n = values.size();
-    int32_t* hist = hist_t->flat<int32_t>().data();
 
     // Pass 1: min/max, and (the usual case once the host has set a grid) the counts on the
     // grid, speculatively: they are kept if the batch turns out to lie inside it.
@@ -212,12 +212,13 @@ class SummaryOp : public OpKernel {
         counter.Add(idx, m);
       }
     }
-    if (nans > 0) lo = hi = std::numeric_limits<float>::quiet_NaN();
+    OP_REQUIRES_OK(ctx, SetMinMax(ctx, lo, hi, nans, n));
     const bool inside = lo >= g0 && hi <= g1;
-    lo_t->scalar<float>()() = lo;
-    hi_t->scalar<float>()() = hi;
-    count_t->scalar<int64_t>()() = n;
+    Tensor *inside_t, *hist_t;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({}), &inside_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({nbins_}), &hist_t));
     inside_t->scalar<bool>()() = inside;
+    int32_t* hist = hist_t->flat<int32_t>().data();
 
     if (!(hi - lo < std::numeric_limits<float>::infinity())) {  // NaN or Inf: no histogram
       std::fill(hist, hist + nbins_, 0);
@@ -254,20 +255,13 @@ class MinMaxOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     const auto values = ctx->input(0).flat<float>();
-    Tensor *lo_t, *hi_t, *count_t;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &lo_t));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &hi_t));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({}), &count_t));
     float lo = std::numeric_limits<float>::infinity();
     float hi = -std::numeric_limits<float>::infinity();
     const int64_t n = values.size();
     int64_t nans = 0;
     for (int64_t start = 0; start < n; start += kChunk)
       nans += MinMax(values.data() + start, std::min(kChunk, n - start), &lo, &hi);
-    if (nans > 0) lo = hi = std::numeric_limits<float>::quiet_NaN();
-    lo_t->scalar<float>()() = lo;
-    hi_t->scalar<float>()() = hi;
-    count_t->scalar<int64_t>()() = n;
+    OP_REQUIRES_OK(ctx, SetMinMax(ctx, lo, hi, nans, n));
   }
 };
 
