@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from amct_bridge.errors import ExportError
-from amct_bridge.records.atomic import atomic_write_bytes
+from amct_bridge.records.atomic import atomic_write_bytes, current_umask
 
 
 def npy_bytes(arr: np.ndarray) -> bytes:
@@ -76,16 +76,14 @@ def write_directory(
             f"{out_dir.parent}: cannot create a directory here: {err.strerror}"
         ) from None
     old: Path | None = None
-    umask = os.umask(0)
-    os.umask(umask)
+    umask = current_umask()
     try:
         for name, data in files.items():
             target = tmp / name
             if target.resolve().parent != tmp.resolve():
                 raise ExportError(f"refusing to write {name!r} outside {out_dir}")
-            atomic_write_bytes(target, data)
-            os.chmod(target, 0o666 & ~umask)  # temp files are created 0600
-        os.chmod(tmp, 0o777 & ~umask)
+            atomic_write_bytes(target, data)  # a new file: 0o666 & ~umask
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it 0700
         if out_dir.exists():
             old = Path(
                 tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".old", dir=out_dir.parent)

@@ -1,6 +1,9 @@
 """Atomic file writes: a temp file in the same directory, fsync, then rename.
 
-A crash or an error mid-write leaves the old file (or nothing), never half a file.
+A crash or an error mid-write leaves the old file (or nothing), never half a file. The file gets
+the mode an ordinary ``open(path, "w")`` would give it: an existing file keeps its mode, a new one
+gets ``0o666`` less the process umask (``mkstemp`` alone would make every output 0600, unreadable
+to another user or a container running under another uid).
 
 Example:
     >>> import tempfile, pathlib
@@ -13,15 +16,45 @@ Example:
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
 
 from amct_bridge.errors import AmctBridgeError
 
 
+def current_umask() -> int:
+    """The process umask, read without changing it where the OS allows.
+
+    ``os.umask`` can only be read by setting it, which races with other threads creating files;
+    Linux reports it in ``/proc/self/status``.
+
+    Example:
+        >>> 0 <= current_umask() <= 0o777
+        True
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the whole new one."""
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one.
+
+    An existing file keeps its permission bits; a new file gets ``0o666 & ~umask``.
+    """
     path = Path(path)
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        mode = 0o666 & ~current_umask()
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
     except OSError as err:
@@ -30,6 +63,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
+            os.fchmod(handle.fileno(), mode)
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
