@@ -1,4 +1,4 @@
-"""Records, sidecars and exports get the mode an ordinary write would give them (issue 14, bug 2)."""
+"""Outputs get the mode an ordinary write would give them (issue 14, bug 2)."""
 
 import os
 import stat
