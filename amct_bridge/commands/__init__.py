@@ -14,4 +14,5 @@ COMMAND_MODULES = (
     "amct_bridge.commands.calibrate",
     "amct_bridge.commands.prune_groups",
     "amct_bridge.commands.export_espdl",
+    "amct_bridge.commands.espdl_convert",
 )

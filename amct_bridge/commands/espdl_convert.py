@@ -1,0 +1,69 @@
+"""``amct-bridge espdl-convert``: a drop-in replacement for ESP-DL v1.1's ``convert.py``.
+
+Same flags as the tool (``-t/--target_chip -i/--input_root [-j/--json_file_name] -n/--name
+-o/--output_root [-q/--quant 0|1]``), same ``NAME.cpp`` / ``NAME.hpp`` text, byte for byte, on
+any Python this package supports (the tool's binary needs CPython 3.6-3.9 and exits 0 with a
+message elsewhere). Unlike the tool, it refuses names that are not C identifiers, NaN/integer
+arrays and missing files with an error and exit code 2.
+
+Example:
+    amct-bridge espdl-convert -t esp32s3 -i model_espdl -n model_coefficient -o main/model -q 0
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from amct_bridge.espdl.spec import TARGETS
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``espdl-convert`` subcommand.
+
+    Example:
+        >>> p = argparse.ArgumentParser(); register(p.add_subparsers())
+        >>> a = p.parse_args(["espdl-convert", "-t", "esp32s3", "-i", "d", "-n", "m", "-o", "o"])
+        >>> a.target_chip, a.quant, a.json_file_name
+        ('esp32s3', 0, 'config.json')
+    """
+    parser = subparsers.add_parser(
+        "espdl-convert",
+        help="write ESP-DL v1 coefficient NAME.cpp/.hpp from config.json + npy (like convert.py)",
+        description="Quantize a convert.py input directory (config.json + npy) into the C++ "
+        "coefficient files ESP-DL v1.1's tools/convert_tool/convert.py writes, byte for byte.",
+    )
+    parser.add_argument("-t", "--target_chip", required=True, choices=TARGETS, help="chip")
+    parser.add_argument(
+        "-i", "--input_root", required=True, help="directory of config.json and the npy files"
+    )
+    parser.add_argument(
+        "-j", "--json_file_name", default="config.json", help="config file name in input_root"
+    )
+    parser.add_argument("-n", "--name", required=True, help="name of the output files/namespace")
+    parser.add_argument("-o", "--output_root", required=True, help="directory of the outputs")
+    parser.add_argument(
+        "-q",
+        "--quant",
+        type=int,
+        choices=(0, 1),
+        default=0,
+        help="0 per-tensor (default), 1 per-channel (s8 only)",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Convert; returns the exit code."""
+    from amct_bridge.espdl.cpp_coefficients import convert_set
+
+    written = convert_set(
+        args.input_root,
+        args.name,
+        args.output_root,
+        target=args.target_chip,
+        per_channel=args.quant == 1,
+        config_name=args.json_file_name,
+    )
+    for path in written:
+        print(f"wrote {path}")
+    return 0
