@@ -12,6 +12,12 @@ computes on quantized -> dequantized values, as the deployed integer model will:
   scale_w was computed on it, and the BN layer is kept (the kernel is divided back by the BN
   factor), so the copy keeps the original's structure and layer names.
 
+DMQ records (``tensor_balance_factor``, one factor ``f_c`` per input channel) run as AMCT runs
+them: the layer input is divided by ``f`` per channel before it is quantized with scale_d /
+offset_d (which were computed on the divided input), and the kernel is multiplied by ``f`` per
+input channel (after BN fusion) before ARQ quantization with scale_w. The copy's kernel keeps that
+balanced form, so the layer computes ``conv(fq(x / f), fq(W * f))`` exactly as deployed.
+
 Layers without a record entry stay float. Biases stay float (the deployed int32 bias has an error
 far below one activation step). Record keys are Keras layer names ("outer/inner" inside nested
 models); a SeparableConv2D ``sep`` has two entries, ``sep/depthwise`` (input + depthwise kernel)
@@ -40,6 +46,7 @@ import numpy as np
 
 from amct_bridge.errors import RecordError
 from amct_bridge.keras.fake_quant import (
+    divide_exact,
     fake_quant,
     finish,
     layer_spec,
@@ -54,7 +61,7 @@ from amct_bridge.keras.rewrite import (
 )
 from amct_bridge.quant.arq import fake_quantize_weights
 from amct_bridge.quant.factors import bits_of, quant_limits
-from amct_bridge.quant.layouts import out_channel_shape
+from amct_bridge.quant.layouts import get_layout, out_channel_shape
 from amct_bridge.records.model import LayerFactors, Record
 
 
@@ -66,6 +73,9 @@ class SimulatedQuant(keras.layers.Wrapper):
         layer: the wrapped layer (its kernels hold dequantized integer values).
         input_quant: ``[scale, offset, bits]`` for the input, or None (input stays float).
         mid_quant: ``[scale, offset, bits]`` for a SeparableConv2D's depthwise output, or None.
+        input_balance: DMQ ``tensor_balance_factor`` of the input (one per channel): the input is
+            divided by it before ``input_quant``; None: no balancing.
+        mid_balance: the same for the depthwise output (``mid_quant``).
 
     Example:
         >>> import keras
@@ -74,10 +84,20 @@ class SimulatedQuant(keras.layers.Wrapper):
         [0.1, 0, 8]
     """
 
-    def __init__(self, layer, input_quant=None, mid_quant=None, **kwargs):
+    def __init__(
+        self,
+        layer,
+        input_quant=None,
+        mid_quant=None,
+        input_balance=None,
+        mid_balance=None,
+        **kwargs,
+    ):
         super().__init__(layer, **kwargs)
         self.input_quant = None if input_quant is None else list(input_quant)
         self.mid_quant = None if mid_quant is None else list(mid_quant)
+        self.input_balance = None if input_balance is None else [float(v) for v in input_balance]
+        self.mid_balance = None if mid_balance is None else [float(v) for v in mid_balance]
 
     def build(self, input_shape=None):
         super().build(input_shape)
@@ -96,14 +116,35 @@ class SimulatedQuant(keras.layers.Wrapper):
                     )
                     for what, value in (("scale", quant[0]), ("offset", quant[1]))
                 ] + [int(quant[2])]
+        self._balance = {}
+        for name, factors in (("input", self.input_balance), ("mid", self.mid_balance)):
+            if factors is not None:
+                self._balance[name] = self.add_weight(
+                    name=f"{name}_balance",
+                    shape=(len(factors),),
+                    initializer=keras.initializers.Constant(factors),
+                    trainable=False,
+                    autocast=False,
+                )
+
+    def _quant(self, x, name: str):
+        """DMQ division (if any), then fake quantization (if any) of input/mid tensor ``x``."""
+        factors = self._balance.get(name)
+        if factors is not None:
+            dtype = x.dtype
+            shape = [1] * len(x.shape)
+            first = getattr(self.layer, "data_format", "channels_last") == "channels_first"
+            shape[1 if first and len(shape) > 2 else -1] = -1
+            x = keras.ops.cast(divide_exact(x, keras.ops.reshape(factors, shape)), dtype)
+        return x if name not in self._factors else fake_quant(x, *self._factors[name])
 
     def call(self, inputs):
-        x = inputs if self.input_quant is None else fake_quant(inputs, *self._factors["input"])
-        if self.mid_quant is None:
+        x = self._quant(inputs, "input")
+        if self.mid_quant is None and self.mid_balance is None:
             return self.layer(x)
         spec = layer_spec(self.layer)
         kernels = {attr: getattr(self.layer, attr) for attr, _ in spec.kernels}
-        mid = lambda y: fake_quant(y, *self._factors["mid"])  # noqa: E731
+        mid = lambda y: self._quant(y, "mid")  # noqa: E731
         return finish(self.layer, spec.op(self.layer, x, kernels, mid))
 
     def compute_output_shape(self, input_shape):
@@ -114,6 +155,8 @@ class SimulatedQuant(keras.layers.Wrapper):
             **super().get_config(),
             "input_quant": self.input_quant,
             "mid_quant": self.mid_quant,
+            "input_balance": self.input_balance,
+            "mid_balance": self.mid_balance,
         }
 
 
@@ -139,6 +182,7 @@ def simulate(model: keras.Model, record: Record | str | os.PathLike) -> keras.Mo
         from amct_bridge.records import load
 
         record = load(record)
+    _require_factors(record)
     parts = _record_parts(model, record)
     fused = batchnorm_after(model)
 
@@ -154,6 +198,8 @@ def simulate(model: keras.Model, record: Record | str | os.PathLike) -> keras.Mo
             new,
             input_quant=_input_quant(first, key) if first is not None else None,
             mid_quant=_input_quant(last, key) if last is not None else None,
+            input_balance=_balance(first),
+            mid_balance=_balance(last),
             name=layer.name,
         )
 
@@ -188,6 +234,24 @@ def _record_parts(model: keras.Model, record: Record) -> dict[str, dict[str, Lay
         parts.setdefault(key, {a: None for a, _ in layer_spec(layers[key]).kernels} or {"": None})
         parts[key][attr] = factors
     return parts
+
+
+def _require_factors(record: Record) -> None:
+    """A record with nothing to simulate (e.g. prune-only) is a mistake, not a float copy."""
+    if any(f.scale_d is not None or f.scale_w for f in record.layers.values()):
+        return
+    what = (
+        f"{len(record.layers)} layer entries without scale_d/scale_w"
+        if record.layers
+        else "no layer entries"
+    )
+    if record.prune_records:
+        what += f" and {len(record.prune_records)} prune record(s)"
+    source = f"record {record.source}" if record.source else "the record"
+    raise RecordError(
+        f"{source} has no quantization factors ({what}); simulate() needs scale_d/scale_w "
+        "from a calibration or QAT record"
+    )
 
 
 def _by_keras_keys(model: keras.Model, entries: dict) -> dict[str, LayerFactors]:
@@ -247,7 +311,20 @@ def _check_factors(key: str, layer, attr: str, f: LayerFactors) -> None:
     if not attr:
         if f.scale_w:
             raise RecordError(f"{where}: average pooling has no weights, but scale_w is set")
+        if f.tensor_balance_factor:
+            raise RecordError(f"{where}: tensor_balance_factor is not allowed on average pooling")
         return
+    if f.tensor_balance_factor:
+        shape = tuple(getattr(layer, attr).shape)
+        layout = dict(layer_spec(layer).kernels)[attr]
+        cin = int(shape[get_layout(np.empty(shape), layout, key).in_axis])
+        if len(f.tensor_balance_factor) != cin:
+            raise RecordError(
+                f"{where}: tensor_balance_factor's length {len(f.tensor_balance_factor)} should "
+                f"be equal to the channel length of inputs of layer {key}: {cin} (Cin)"
+            )
+        if not all(np.isfinite(v) and v > 0 for v in f.tensor_balance_factor):
+            raise RecordError(f"{where}: every tensor_balance_factor must be finite and > 0")
     if not f.scale_w:
         return
     channels = _out_channels(getattr(layer, attr).shape, layer_spec(layer), attr)
@@ -269,6 +346,13 @@ def _input_quant(f: LayerFactors, key: str) -> list | None:
     return [float(np.float32(f.scale_d)), int(f.offset_d), _bits(f, "act_type")]
 
 
+def _balance(f: LayerFactors | None) -> list[float] | None:
+    """The DMQ factors of a part, as float32 values (the record's precision), or None."""
+    if f is None or not f.tensor_balance_factor:
+        return None
+    return [float(v) for v in np.float32(f.tensor_balance_factor)]
+
+
 def _out_channels(kernel_shape, spec, attr) -> int:
     layout = dict(spec.kernels)[attr]
     return int(np.prod(out_channel_shape(np.empty(tuple(kernel_shape)), layout)))
@@ -279,7 +363,7 @@ def _quantize_kernels(layer, parts: dict, bn, key: str) -> None:
     spec = layer_spec(layer)
     for attr, layout in spec.kernels:
         f = parts.get(attr)
-        if f is None or not f.scale_w:
+        if f is None or not (f.scale_w or f.tensor_balance_factor):
             continue
         var = getattr(layer, attr)
         w = np.asarray(var, dtype=np.float32)
@@ -287,10 +371,18 @@ def _quantize_kernels(layer, parts: dict, bn, key: str) -> None:
         # BN folds into the last kernel only (the pointwise one of a separable conv).
         fold = bn is not None and not f.skip_fusion and attr == spec.kernels[-1][0]
         k = bn_scale(bn).reshape(shape) if fold else np.ones(shape)
-        wq = fake_quantize_weights(
-            w * k, layout, f.scale_w, num_bits=_bits(f, "wts_type"), name=key
+        # DMQ: AMCT multiplies the BN-fused kernel per input channel before ARQ; the simulated
+        # input is divided by the same factors, so the copy's kernel stays balanced.
+        in_shape = [1] * w.ndim
+        in_shape[get_layout(w, layout, key).in_axis] = -1
+        balance = np.float32(f.tensor_balance_factor or 1.0).reshape(in_shape)
+        fused = (w * k).astype(np.float32) * balance
+        wq = (
+            fake_quantize_weights(fused, layout, f.scale_w, num_bits=_bits(f, "wts_type"), name=key)
+            if f.scale_w
+            else fused
         )
         # Divide the BN factor back out: the kept BN multiplies it in again. A zero factor
         # makes the kernel irrelevant, so keep the float one there.
-        wq = np.where(k == 0, w, wq / np.where(k == 0, 1.0, k))
+        wq = np.where(k == 0, w * balance, wq / np.where(k == 0, 1.0, k))
         var.assign(wq.astype(var.dtype))
