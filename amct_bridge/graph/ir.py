@@ -11,17 +11,26 @@ Node fields (what other modules may rely on):
   deterministic name ``"<snake_kind>_op<k>"`` (k counts that kind in topological order, per model).
 - ``layer``: the record key of the layer (or raw op) this node calls: equal to ``name`` except for
   repeated calls of a shared layer, where every call has the same ``layer``. Use it as record key.
-- ``kind``: framework class name (``"Conv2D"``, ``"BatchNormalization"``, ``"Add"``,
-  ``"Concatenate"``...). A raw op and its layer twin share the kind (``x + y`` is ``"Add"``).
+- ``kind``: the layer kind in the core's vocabulary, which is Keras' class names
+  (``"Conv2D"``, ``"BatchNormalization"``, ``"Add"``, ``"Concatenate"``...). A raw op and its
+  layer twin share the kind (``x + y`` is ``"Add"``). Other adapters map their classes onto it
+  (MindSpore ``nn.Conv2d`` is ``"Conv2D"``, ``ops.concat`` is ``"Concatenate"``) and keep the
+  framework's own class in ``params["framework_class"]``; a class they do not know keeps a
+  name no rule table holds, so it stops propagation.
 - ``op_type``: the TF op type AMCT-TF writes for it (``"Conv2D"``, ``"MatMul"``,
   ``"FusedBatchNormV3"``, ``"DepthwiseConv2dNative"``, ``"Conv2DBackpropInput"``, ``"Relu"``,
   ``"AddV2"``, ``"ConcatV2"``...); ``""`` when there is no obvious twin.
-- ``inputs`` / ``outputs``: tensor ids (strings), in call order; shapes are in ``Graph.tensors``.
+- ``inputs`` / ``outputs``: tensor ids (strings), in call order; shapes are in ``Graph.tensors``,
+  each with its ``channel_axis`` (-1 for NHWC / NC tensors, the default; -3 for NCHW).
 - ``params``: the attributes that matter downstream (only keys that apply are present):
-  ``channel_axis`` (int, negative = from the end), ``filters``/``units`` (output channels),
-  ``in_channels``, ``groups``, ``depth_multiplier``, ``kernel_shape`` (tuple),
+  ``channel_axis`` (int, negative = from the end; must equal the channel axis of the tensors
+  the node reads, else the node stops propagation with UNSUPPORTED_LAYOUT),
+  ``filters``/``units`` (output channels), ``in_channels``, ``groups``, ``depth_multiplier``,
+  ``kernel_shape`` (tuple),
   ``kernel_layout`` (``"HWIO"`` Conv2D, ``"HWIM"`` depthwise, ``"IO"`` Dense, ``"HWOI"``
-  Conv2DTranspose), ``pointwise_kernel_shape`` (SeparableConv2D), ``use_bias``, ``scale`` /
+  Conv2DTranspose; MindSpore: ``"OIHW"`` Conv2d, depthwise included (C·m, 1, kH, kW),
+  ``"OI"`` Dense (out, in), ``"IOHW"`` Conv2dTranspose), ``pointwise_kernel_shape``
+  (SeparableConv2D), ``use_bias``, ``scale`` /
   ``center`` (BatchNormalization), ``activation`` (name of the fused activation, ``"linear"`` if
   none), ``axis`` (concat/split/normalization axis, normalized to be negative), ``split_sizes``,
   ``axes`` (transpose), ``target_shape`` (reshape), ``data_format``, ``strides``, ``padding``,
@@ -50,20 +59,28 @@ from amct_bridge.errors import GraphError
 
 @dataclass(frozen=True)
 class TensorInfo:
-    """Static facts about one tensor: its shape (``None`` for unknown dims) and dtype name.
+    """Static facts about one tensor: shape (``None`` for unknown dims), dtype, channel axis.
+
+    ``channel_axis`` is negative (from the end): -1 for NHWC / NC tensors (Keras), -3 for an
+    NCHW map (MindSpore); the adapter sets it.
 
     Example:
         >>> TensorInfo((None, 8, 8, 16)).channels
+        16
+        >>> TensorInfo((1, 16, 8, 8), channel_axis=-3).channels
         16
     """
 
     shape: tuple[int | None, ...]
     dtype: str = "float32"
+    channel_axis: int = -1
 
     @property
     def channels(self) -> int | None:
-        """Size of the last axis (the channel axis of NHWC / NC tensors), None if unknown."""
-        return self.shape[-1] if self.shape else None
+        """Size of the channel axis, None if unknown."""
+        if not self.shape or -self.channel_axis > len(self.shape):
+            return None
+        return self.shape[self.channel_axis]
 
 
 @dataclass
@@ -152,12 +169,16 @@ class Graph:
             seen.setdefault(id(node), node)
         return list(seen.values())
 
+    def channel_axis(self, tensor: str) -> int:
+        """Channel axis of ``tensor`` (negative, from the end)."""
+        return self.tensors[tensor].channel_axis
+
     def is_output(self, tensor: str) -> bool:
         """True when ``tensor`` is a model output."""
         return tensor in self.outputs
 
     def channels(self, tensor: str) -> int | None:
-        """Last-axis size of ``tensor`` (None if unknown)."""
+        """Channel-axis size of ``tensor`` (None if unknown)."""
         return self.tensors[tensor].channels
 
     def layer_nodes(self, layer: str) -> list[Node]:

@@ -10,8 +10,9 @@ Roles:
     ELEMENTWISE  two or more tensors combined position by position (Add, Multiply...).
     CONCAT     concatenation (channel axis: offsets; other axis: like ELEMENTWISE).
     SPLIT      split on the channel axis: per-branch slices (other axis: PASS per output).
-    RESHAPE    Flatten/Reshape: identity if channels stay last, tiled for a flatten, else stop.
-    TRANSPOSE  identity if the channel axis stays last, else stop.
+    RESHAPE    Flatten/Reshape: identity if the channel axis survives, tiled (NHWC) or blocked
+               (NCHW) for a flatten, else stop.
+    TRANSPOSE  identity if the channel axis lands on the output's channel axis, else stop.
     STOP       channels cannot be followed (the reason says why); nothing is guessed.
 
 Example:
@@ -140,15 +141,26 @@ MIXING_ACTIVATIONS = frozenset({"softmax", "log_softmax"})
 _CHANNEL_AXIS_KINDS = frozenset({"Concatenate", "Split"})
 
 
-def classify(node: Node) -> tuple[str, Reason | None]:
+def classify(node: Node, channel_axis: int = -1) -> tuple[str, Reason | None]:
     """Role of ``node`` (module docstring) and, for STOP, the reason.
+
+    ``channel_axis`` is the channel axis of the tensor the node reads (negative): -1 for NHWC /
+    NC, -3 for NCHW. A node whose own ``channel_axis`` param disagrees with it, or a Keras
+    ``channels_first`` layer reading a channels-last tensor, stops with UNSUPPORTED_LAYOUT.
 
     Example:
         >>> classify(Node("m", "m", "MyCustomLayer", "", ["a"], ["b"]))
         ('STOP', <Reason.UNKNOWN_OP: 'UNKNOWN_OP'>)
+        >>> classify(Node("bn", "bn", "BatchNormalization", "", ["a"], ["b"], {"channel_axis": -3}))
+        ('STOP', <Reason.UNSUPPORTED_LAYOUT: 'UNSUPPORTED_LAYOUT'>)
+        >>> classify(Node("bn", "bn", "BatchNormalization", "", ["a"], ["b"], {"channel_axis": -3}),
+        ...          channel_axis=-3)
+        ('PASS', None)
     """
     kind, params = node.kind, node.params
-    if params.get("data_format") == "channels_first" or params.get("channel_axis", -1) != -1:
+    if params.get("channel_axis", channel_axis) != channel_axis or (
+        params.get("data_format") == "channels_first" and channel_axis == -1
+    ):
         return "STOP", Reason.UNSUPPORTED_LAYOUT
     if params.get("const_operands") or params.get("per_channel_constant"):
         return "STOP", Reason.CONSTANT_OPERAND
@@ -159,7 +171,7 @@ def classify(node: Node) -> tuple[str, Reason | None]:
     if kind in DEPTHWISE_KINDS:
         return "DEPTHWISE", None
     if kind == "Activation" or kind == "Softmax":
-        return _activation_role(node)
+        return _activation_role(node, channel_axis)
     if kind in PASS_KINDS:
         return "PASS", None
     if kind in ELEMENTWISE_KINDS:
@@ -184,11 +196,11 @@ def _conv_role(node: Node) -> tuple[str, Reason | None]:
     return "STOP", Reason.GROUPED_CONV
 
 
-def _activation_role(node: Node) -> tuple[str, Reason | None]:
+def _activation_role(node: Node, channel_axis: int) -> tuple[str, Reason | None]:
     if node.kind == "Softmax":
         axes = node.params.get("axis", -1)
         axes = axes if isinstance(axes, tuple) else (axes,)
-        return ("STOP", Reason.CHANNEL_MIXING) if -1 in axes else ("PASS", None)
+        return ("STOP", Reason.CHANNEL_MIXING) if channel_axis in axes else ("PASS", None)
     if node.params.get("activation") in MIXING_ACTIVATIONS:
         return "STOP", Reason.CHANNEL_MIXING
     return "PASS", None

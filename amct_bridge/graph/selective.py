@@ -5,6 +5,8 @@ channel) the 2 weights with the largest |w| are kept (ties: lower index first). 
 ``r < 4`` channels keeps ``min(r, 2)``. The input axis follows the kernel layout: HWIO (Conv2D)
 axis 2, IO (Dense) axis 0, HWOI (Conv2DTranspose) axis 3.
 
+MindSpore layouts: OIHW (Conv2d) axis 1, OI (Dense) axis 1, IOHW (Conv2dTranspose) axis 0.
+
 ``selective_mask`` packing (as AMCT): ``np.packbits`` of the flattened C-order mask (1 = kept,
 most significant bit first), zero-padded to a multiple of 8 bytes, read as little-endian int64.
 
@@ -27,7 +29,7 @@ from amct_bridge.records.model import Attr, PruneNode, PruneRecord
 
 #: Layer kinds that can take a 2:4 mask, with the kernel layout they use.
 ELIGIBLE_KINDS = {"Conv2D": "HWIO", "Dense": "IO", "Conv2DTranspose": "HWOI"}
-_INPUT_AXIS = {"HWIO": 2, "IO": 0, "HWOI": 3}
+_INPUT_AXIS = {"HWIO": 2, "IO": 0, "HWOI": 3, "OIHW": 1, "OI": 1, "IOHW": 0}
 _SELECTIVE_CANDIDATES = frozenset(
     {
         "Conv1D",
@@ -51,6 +53,16 @@ def input_axis(layout: str) -> int:
         return _INPUT_AXIS[layout]
     except KeyError:
         raise GraphError(f"no 2:4 input axis for kernel layout {layout!r}") from None
+
+
+def node_layout(node: Node) -> str:
+    """Kernel layout of an eligible node: its ``kernel_layout`` param, else the Keras default.
+
+    Example:
+        >>> node_layout(Node("c", "c", "Conv2D", "Conv2D", [], [], {"kernel_layout": "OIHW"}))
+        'OIHW'
+    """
+    return node.params.get("kernel_layout") or ELIGIBLE_KINDS[node.kind]
 
 
 def selective_candidates(graph: Graph) -> tuple[list[Node], list[Refusal]]:

@@ -110,6 +110,9 @@ class _Tracer:
     def width(self, tid: str) -> int | None:
         return self.graph.channels(tid)
 
+    def axis(self, tid: str) -> int:
+        return self.graph.channel_axis(tid)
+
     def taint(self, pieces: list[Piece], reason: Reason, at: str | None = None) -> None:
         where = at if at is not None else self.node.name
         for p in pieces:
@@ -141,9 +144,15 @@ class _Tracer:
     # ---- dispatch --------------------------------------------------------------------------
     def visit(self, node: Node) -> None:
         inputs = [self.maps.get(tid, []) for tid in node.inputs]
-        role, reason = classify(node)
+        role, reason = classify(node, self.axis(node.inputs[0]) if node.inputs else -1)
         if any(self.width(t) is None for t in node.inputs + node.outputs) and role != "STOP":
             role, reason = "STOP", Reason.UNKNOWN_SHAPE
+        if (
+            role in ("PASS", "ELEMENTWISE")
+            and node.inputs
+            and any(self.width(t) != max(self.width(i) for i in node.inputs) for t in node.outputs)
+        ):
+            role, reason = "STOP", Reason.CHANNEL_MIXING  # channel count changed: not channel-wise
         if role == "STOP":
             self.stop(node, inputs, reason)
             return
@@ -190,7 +199,7 @@ class _Tracer:
         return [pieces]
 
     def on_concatenate(self, node: Node, inputs: list[list[Piece]]) -> list[list[Piece]]:
-        if node.params.get("axis", -1) != -1:
+        if node.params.get("axis", -1) != self.axis(node.inputs[0]):
             return self.on_elementwise(node, inputs)
         out, offset = [], 0
         for tid, pieces in zip(node.inputs, inputs, strict=True):
@@ -200,7 +209,7 @@ class _Tracer:
         return [out]
 
     def on_split(self, node: Node, inputs: list[list[Piece]]) -> list[list[Piece]]:
-        if node.params.get("axis", -1) != -1:
+        if node.params.get("axis", -1) != self.axis(node.inputs[0]):
             return self.on_pass(node, inputs)
         outputs, start = [], 0
         for branch, tid in enumerate(node.outputs):
@@ -224,12 +233,22 @@ class _Tracer:
         src = self.graph.tensors[node.inputs[0]].shape[1:]
         dst = self.graph.tensors[node.outputs[0]].shape[1:]
         pieces = inputs[0]
-        if dst and src and dst[-1] == src[-1] and not any(p.tiles > 1 for p in pieces):
+        # channel positions among the non-batch dims
+        p, q = len(src) + self.axis(node.inputs[0]), len(dst) + self.axis(node.outputs[0])
+        if (
+            dst
+            and src
+            and dst[q] == src[p]
+            and ((p, q) == (len(src) - 1, len(dst) - 1) or _prod(src[:p]) == _prod(dst[:q]))
+            and not any(x.tiles > 1 for x in pieces)
+        ):
             return self.on_pass(node, inputs)
         if len(dst) == 1 and None not in src and dst[0] == math.prod(src):
-            spatial = math.prod(src[:-1])
+            # channel c of a (outer, C, inner) map lands on rows (o * C + c) * inner + i:
+            # NHWC (inner 1) tiles every C rows, NCHW (outer 1) is a block of inner rows.
+            outer, inner = math.prod(src[:p]), math.prod(src[p + 1 :])
             try:
-                out = [p.tiled(spatial, src[-1]) for p in pieces]
+                out = [x.repeated(inner).tiled(outer, src[p] * inner) for x in pieces]
             except Misaligned:
                 self.stop(node, inputs, Reason.MAPPING_MISMATCH)
                 return [[]]
@@ -240,7 +259,8 @@ class _Tracer:
 
     def on_transpose(self, node: Node, inputs: list[list[Piece]]) -> list[list[Piece]]:
         axes = node.params.get("axes")
-        if axes is not None and axes[-1] == len(axes) - 1:
+        src_axis = len(axes) + self.axis(node.inputs[0]) if axes is not None else None
+        if axes is not None and axes[self.axis(node.outputs[0])] == src_axis:
             return self.on_pass(node, inputs)
         self.stop(node, inputs, Reason.CHANNEL_MIXING)
         return [[]]
@@ -297,6 +317,10 @@ class _Tracer:
         for ps in active[1:]:
             self.trace.couplings.extend(zip(active[0], ps, strict=True))
         return active[0]
+
+
+def _prod(dims: tuple[int | None, ...]) -> int | None:
+    return None if None in dims else math.prod(dims)
 
 
 def _find(pieces: list[Piece], starts: list[int], x: int) -> Piece | None:
