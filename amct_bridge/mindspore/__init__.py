@@ -1,0 +1,35 @@
+"""MindSpore adapter: translates MindSpore networks into the core's types.
+
+Importing this package is cheap: MindSpore is imported only when one of the names below is
+first used.
+
+- ``extract_graph(net, sample_input)``: the graph IR (:mod:`amct_bridge.mindspore.graph`);
+- ``prune_discovery(net, sample_input)``, ``prune_record(net, sample_input, ...)``,
+  ``selective_masks``, ``apply_selective_masks`` (:mod:`amct_bridge.mindspore.prune`).
+
+Example:
+    >>> import amct_bridge.mindspore as ams
+    >>> callable(ams.prune_discovery)
+    True
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "extract_graph": "amct_bridge.mindspore.graph",
+    "prune_discovery": "amct_bridge.mindspore.prune",
+    "prune_record": "amct_bridge.mindspore.prune",
+    "selective_masks": "amct_bridge.mindspore.prune",
+    "apply_selective_masks": "amct_bridge.mindspore.prune",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'amct_bridge.mindspore' has no attribute {name!r}")

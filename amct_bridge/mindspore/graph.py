@@ -1,0 +1,364 @@
+"""MindSpore network -> framework-free :class:`amct_bridge.graph.Graph` through MindIR.
+
+``extract_graph(net, sample_input)`` exports the network to MindIR (in a temp dir; see
+:mod:`amct_bridge.mindspore.mindir`), so it does not depend on how ``construct`` is written
+(loops, ``if``, list comprehensions, functional ops all work), and maps the primitives back to
+``cells_and_names()`` names. MindIR needs an input: give a shape such as ``(1, 3, 16, 16)``,
+an array or a Tensor (a list for several inputs). The network is not run and not modified.
+
+How primitives become nodes:
+
+- A primitive belongs to a cell call when its scope names a known cell (``nn.Conv2d``,
+  ``nn.Dense``, ``nn.BatchNorm2d``, activations, pools, ``nn.Flatten``...; the outermost known
+  cell of the scope, so a Dense's activation belongs to the Dense) or a custom cell without
+  children. Its connected primitives form one call: one node named by the cell
+  (``layer1.0.conv1``), kind mapped onto the core's vocabulary (``"Conv2D"``, ``"Dense"``,
+  ``"BatchNormalization"``...), params from the cell object (``groups``, ``kernel_shape`` OIHW,
+  ...). The 2nd, 3rd... call of a cell is ``"<cell>@1"``, ``"<cell>@2"`` (same ``layer``).
+- Any other primitive (functional ``x + y``, ``ops.add``, ``ops.concat``, ``ops.relu``,
+  ``ops.flatten``, ``ops.mean``... in a container's ``construct``) is a node of its own,
+  ``is_layer=False``, kind ``"Add"`` / ``"Concatenate"`` / ``"Relu"``... Its name is
+  ``"<owner>.<prim>_op<k>"`` (``layer1.0.add_op0``; ``add_op0`` at the top): ``<prim>`` is the
+  primitive's name in lower case, ``k`` counts that primitive per owner in topological order,
+  and the owner is the deepest cell holding both the latest node producing one of its inputs
+  and the first node reading its output (MindIR scopes of functional ops are not reliable:
+  every ``x + y`` of a network may carry the first block's scope). An op whose output is a
+  model output, or that reads only model inputs, belongs to the top cell.
+- Unknown primitives and cells get a kind no rule knows (``"mindspore:<name>"``): discovery
+  stops there with UNKNOWN_OP. Tensors are NCHW (``TensorInfo.channel_axis`` = 1 - rank).
+
+Example:
+    >>> from mindspore import nn
+    >>> net = nn.SequentialCell([nn.Conv2d(3, 4, 3), nn.ReLU()])
+    >>> [(n.name, n.kind, n.op_type) for n in extract_graph(net, (1, 3, 8, 8))]
+    [('0', 'Conv2D', 'Conv2D'), ('1', 'ReLU', 'Relu')]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mindspore as ms
+import numpy as np
+
+from amct_bridge.errors import GraphError
+from amct_bridge.graph.ir import Graph, Node, TensorInfo
+from amct_bridge.mindspore.graph_cells import (
+    CELL_PRIMS,
+    cell_kind,
+    cell_op_type,
+    cell_params,
+    ir_cell_kind,
+    prim_kind,
+    prim_op_type,
+    unknown_kind,
+)
+from amct_bridge.mindspore.mindir import Prim, export_primitives
+
+
+def extract_graph(net: ms.nn.Cell, sample_input: Any) -> Graph:
+    """Translate ``net`` into the graph IR (nodes in topological order, NCHW tensors).
+
+    Args:
+        net: the network (any ``construct``; it must compile in GRAPH_MODE).
+        sample_input: input shape (``(1, 3, 16, 16)``), numpy array, Tensor, or a list of
+            arrays/Tensors for a network with several inputs.
+
+    Example:
+        >>> from mindspore import nn
+        >>> g = extract_graph(nn.Dense(4, 2), (1, 4))
+        >>> g.node("").params["kernel_layout"], g.tensors[g.outputs[0]].shape
+        ('OI', (1, 2))
+    """
+    cells = dict(net.cells_and_names())
+    prims, input_shapes, outputs = export_primitives(net, sample_input)
+    return _Builder(net, cells, prims).build(input_shapes, outputs)
+
+
+def tensor_info(shape: tuple[int, ...]) -> TensorInfo:
+    """A MindSpore tensor's facts: channel axis 1 (NCHW / NC), -1 for rank 0-1."""
+    rank = len(shape)
+    return TensorInfo(tuple(shape), channel_axis=1 - rank if rank >= 2 else -1)
+
+
+class _Builder:
+    def __init__(self, net: ms.nn.Cell, cells: dict[str, Any], prims: list[Prim]) -> None:
+        self.net, self.cells, self.prims = net, cells, prims
+        self.graph = Graph()
+        self.group_of: list[int] = []  # prim index -> call index
+        self.calls: list[list[int]] = []  # call -> prim indices
+        self.owner: list[str | None] = []  # call -> cell name (None: functional op)
+
+    # ---- which cell a primitive belongs to ------------------------------------------------
+    def prim_cell(self, prim: Prim) -> str | None:
+        path = prim.cell_path
+        while path and path not in self.cells:
+            path = path.rsplit(".", 1)[0] if "." in path else ""
+        if path not in self.cells:
+            return None
+        owner, probe = None, path
+        while True:  # the outermost known cell of the scope
+            if cell_kind(self.cells[probe]) is not None:
+                owner = probe
+            if not probe:
+                break
+            probe = probe.rsplit(".", 1)[0] if "." in probe else ""
+        if owner is not None:
+            return owner
+        cell = self.cells[path]
+        if path and not list(cell.name_cells()):  # a custom leaf cell: one opaque call
+            return path
+        return None
+
+    def group_calls(self) -> None:
+        """Union connected primitives of one cell; every other primitive is its own call."""
+        n = len(self.prims)
+        parent = list(range(n))
+        owners = [self.prim_cell(p) for p in self.prims]
+
+        def find(a: int) -> int:
+            while parent[a] != a:
+                parent[a] = parent[parent[a]]
+                a = parent[a]
+            return a
+
+        for p in self.prims:
+            if owners[p.index] is None:
+                continue
+            for v in _node_values(p.inputs):
+                if owners[v[1]] == owners[p.index]:
+                    ra, rb = find(v[1]), find(p.index)
+                    parent[max(ra, rb)] = min(ra, rb)
+        roots: dict[int, int] = {}
+        for i in range(n):
+            root = find(i)
+            if root not in roots:
+                roots[root] = len(self.calls)
+                self.calls.append([])
+                self.owner.append(owners[i])
+            self.calls[roots[root]].append(i)
+        self.group_of = [roots[find(i)] for i in range(n)]
+
+    # ---- building --------------------------------------------------------------------------
+    def build(self, input_shapes: list[tuple[int, ...]], outputs: list[tuple]) -> Graph:
+        for k, shape in enumerate(input_shapes):
+            tid = f"input{k}"
+            self.graph.tensors[tid] = tensor_info(shape)
+            self.graph.inputs.append(tid)
+        self.group_calls()
+        call_outputs = self.call_outputs(outputs)
+        order = self.topo_order()
+        self.tensor_ids: dict[tuple[int, int], str] = {}
+        self.sites: dict[int, list[str]] = {}
+        self.names_taken: dict[str, int] = {}
+        self.first = self.first_consumers(order, outputs)
+        for c in order:
+            self.add_call(c, call_outputs[c], self.first.get(c))
+        self.graph.outputs = [self.resolve(v) for v in outputs if v[0] in ("node", "input")]
+        by_layer: dict[str, int] = {}
+        for node in self.graph.nodes:
+            by_layer[node.layer] = by_layer.get(node.layer, 0) + 1
+        for node in self.graph.nodes:
+            node.shared = by_layer[node.layer] > 1
+        return self.graph
+
+    def call_outputs(self, outputs: list[tuple]) -> list[list[tuple[int, int]]]:
+        """(prim, output index) pairs each call exposes, in first-use order."""
+        used: list[list[tuple[int, int]]] = [[] for _ in self.calls]
+        for p in self.prims:
+            for v in _node_values(p.inputs):
+                key = (v[1], v[2])
+                call = self.group_of[v[1]]
+                if call != self.group_of[p.index] and key not in used[call]:
+                    used[call].append(key)
+        for v in outputs:
+            if v[0] == "node" and (v[1], v[2]) not in used[self.group_of[v[1]]]:
+                used[self.group_of[v[1]]].append((v[1], v[2]))
+        return used
+
+    def call_inputs(self, c: int) -> list[tuple]:
+        """Tensor values a call reads from outside; a functional op keeps repeats (concat x, x)."""
+        if self.owner[c] is None:
+            return _tensor_values(self.prims[self.calls[c][0]].inputs)
+        ins: list[tuple] = []
+        for i in self.calls[c]:
+            for v in _tensor_values(self.prims[i].inputs):
+                if v[0] == "node" and self.group_of[v[1]] == c:
+                    continue
+                if v not in ins:
+                    ins.append(v)
+        return ins
+
+    def topo_order(self) -> list[int]:
+        deps = [
+            {self.group_of[v[1]] for v in self.call_inputs(c) if v[0] == "node"}
+            for c in range(len(self.calls))
+        ]
+        done: set[int] = set()
+        order: list[int] = []
+        pending = list(range(len(self.calls)))  # calls are numbered by their first primitive
+        while pending:
+            ready = next((c for c in pending if deps[c] <= done), None)
+            if ready is None:
+                names = [self.owner[c] or self.prims[self.calls[c][0]].op for c in pending[:3]]
+                raise GraphError(f"cannot order the calls of {names}: cyclic cell calls")
+            pending.remove(ready)
+            done.add(ready)
+            order.append(ready)
+        return order
+
+    def first_consumers(self, order: list[int], outputs: list[tuple]) -> dict[int, int | None]:
+        """call -> the first call (in ``order``) reading one of its outputs; None: model output."""
+        position = {c: k for k, c in enumerate(order)}
+        first: dict[int, int | None] = {}
+        for c in order:
+            for v in self.call_inputs(c):
+                if v[0] == "node":
+                    src = self.group_of[v[1]]
+                    if src not in first or position[c] < position.get(first[src], 1 << 30):
+                        first[src] = c
+        for v in outputs:
+            if v[0] == "node":
+                first[self.group_of[v[1]]] = None  # reaching the output: the top cell owns it
+        return first
+
+    def resolve(self, v: tuple) -> str:
+        if v[0] == "input":
+            return self.graph.inputs[v[1]]
+        return self.tensor_ids[(v[1], v[2])]
+
+    def add_call(self, c: int, outs: list[tuple[int, int]], consumer: int | None) -> None:
+        prims = [self.prims[i] for i in self.calls[c]]
+        tensor_ins = [v for v in self.call_inputs(c) if v[0] in ("node", "input")]
+        inputs = [self.resolve(v) for v in tensor_ins]
+        in_rank = len(self.graph.tensors[inputs[0]].shape) if inputs else 0
+        cell_name = self.owner[c]
+        if cell_name is not None:
+            layer, is_layer = cell_name, True
+            kind, op_type, params = self.cell_node(cell_name, prims, in_rank)
+            self.sites[c] = cell_name.split(".") if cell_name else []
+        else:
+            prim = prims[0]
+            owner = self.functional_owner(tensor_ins, consumer)
+            self.sites[c] = [*owner, f"#{c}"]
+            count = self.names_taken.get(".".join([*owner, prim.op.lower()]), 0)
+            self.names_taken[".".join([*owner, prim.op.lower()])] = count + 1
+            layer = ".".join([*owner, f"{prim.op.lower()}_op{count}"])
+            kind, op_type, params = self.prim_node(prim, in_rank)
+            is_layer = False
+        call_index = sum(1 for n in self.graph.nodes if n.layer == layer)
+        name = layer if call_index == 0 else f"{layer}@{call_index}"
+        out_ids = []
+        for k, (pi, oi) in enumerate(outs):
+            tid = f"{name}:{k}"
+            shapes = self.prims[pi].shapes
+            self.graph.tensors[tid] = tensor_info(shapes[oi] if oi < len(shapes) else ())
+            self.tensor_ids[(pi, oi)] = tid
+            out_ids.append(tid)
+        if not out_ids:  # a call nobody reads still gets its (first) output tensor
+            tid = f"{name}:0"
+            self.graph.tensors[tid] = tensor_info(prims[-1].shapes[0] if prims[-1].shapes else ())
+            out_ids.append(tid)
+        node = Node(name, layer, kind, op_type, inputs, out_ids, params, is_layer, False)
+        node.call_index = call_index
+        self.graph.add_node(node)
+
+    def cell_node(self, cell_name: str, prims: list[Prim], in_rank: int) -> tuple:
+        cell = self.cells[cell_name]
+        kind = cell_kind(cell)
+        ops = [p.op for p in prims]
+        allowed = CELL_PRIMS.get(kind or "", ())
+        if kind is None or allowed[0] not in ops and kind not in ("Identity", "Dropout"):
+            kind = None
+        elif any(op not in allowed for op in ops):
+            kind = None  # e.g. a subclass whose construct does more than its base class
+        if kind is None:
+            return unknown_kind(type(cell).__name__), "", {"framework_class": type(cell).__name__}
+        params = cell_params(cell, kind, in_rank, ops)
+        return ir_cell_kind(kind), cell_op_type(kind, params), params
+
+    def prim_node(self, prim: Prim, in_rank: int) -> tuple:
+        consts = [v[1] for v in prim.inputs if v[0] == "const"]
+        channel_axis = 1 - in_rank if in_rank >= 2 else -1
+        axes = _axes(consts, in_rank) if prim.op.startswith(("Reduce", "Mean")) else None
+        kind = prim_kind(prim.op, axes, channel_axis)
+        params: dict[str, Any] = {"primitive": prim.op}
+        params["const_operands"] = sum(
+            1 for v in prim.inputs if v[0] == "param" or (v[0] == "const" and np.ndim(v[1]) > 0)
+        )
+        if kind == "Concatenate":
+            params["const_operands"] = 0
+            rank = len(prim.shapes[0]) if prim.shapes else in_rank
+            params["axis"] = _neg(_first_int(consts, 0), rank)
+        elif kind in ("Transpose",):
+            params["const_operands"] = 0
+            params["axes"] = next((tuple(c) for c in consts if isinstance(c, tuple)), None)
+        elif kind in ("Reshape", "Flatten") or axes is not None:
+            params["const_operands"] = 0
+            if axes is not None:
+                params["axis"] = axes
+        elif kind == "Softmax":
+            params["const_operands"] = 0
+            params["axis"] = _axes(consts, in_rank) or (-1,)
+        elif kind == "Split":
+            params["const_operands"] = 0
+            params["axis"] = _neg(_first_int(consts, 0), in_rank)
+            params["split_sizes"] = [s[params["axis"]] for s in prim.shapes]
+        return kind, prim_op_type(prim.op, kind), params
+
+    def functional_owner(self, tensor_ins: list[tuple], consumer: int | None) -> list[str]:
+        producers = [self.group_of[v[1]] for v in tensor_ins if v[0] == "node"]
+        if not producers or consumer is None:
+            return []
+        placed = {c: k for k, c in enumerate(self.sites)}
+        latest = max(producers, key=placed.__getitem__)
+        a, b = self.sites[latest], self.consumer_site(consumer)
+        common: list[str] = []
+        for x, y in zip(a, b, strict=False):
+            if x != y:
+                break
+            common.append(x)
+        # the op sits strictly inside a container: never inside a leaf cell call itself
+        while common and (common == a or common == b) and not common[-1].startswith("#"):
+            common.pop()
+        return [p for p in common if not p.startswith("#")]
+
+    def consumer_site(self, c: int | None) -> list[str]:
+        seen = set()
+        while c is not None and self.owner[c] is None and c not in seen:
+            seen.add(c)  # a functional consumer is not placed yet: follow it downstream
+            c = self.first.get(c)
+        if c is None or self.owner[c] is None:
+            return []
+        return self.owner[c].split(".") if self.owner[c] else []
+
+
+def _node_values(values: list[tuple]) -> list[tuple]:
+    return [v for v in _tensor_values(values) if v[0] == "node"]
+
+
+def _tensor_values(values: list[tuple]) -> list[tuple]:
+    out = []
+    for v in values:
+        if v[0] == "tuple":
+            out.extend(_tensor_values(v[1]))
+        elif v[0] in ("node", "input"):
+            out.append(v)
+    return out
+
+
+def _neg(axis: int, rank: int) -> int:
+    return axis - rank if axis >= 0 else axis
+
+
+def _first_int(consts: list[Any], default: int) -> int:
+    return next((int(c) for c in consts if isinstance(c, int) and not isinstance(c, bool)), default)
+
+
+def _axes(consts: list[Any], rank: int) -> tuple[int, ...] | None:
+    for c in consts:
+        if isinstance(c, tuple) and all(isinstance(a, int) for a in c):
+            return tuple(_neg(int(a), rank) for a in c)
+        if isinstance(c, int) and not isinstance(c, bool):
+            return (_neg(int(c), rank),)
+    return None
