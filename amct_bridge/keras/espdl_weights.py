@@ -209,7 +209,13 @@ def source_layers(model: keras.Model) -> list[SourceLayer]:
     """
     graph = extract_graph(model)
     result = [
-        SourceLayer(_input_name(graph, tid), "input", kind="InputLayer") for tid in graph.inputs
+        SourceLayer(  # shape without the batch axis: the C++ app's input tensor
+            _input_name(graph, tid),
+            "input",
+            kind="InputLayer",
+            attrs={"shape": graph.tensors[tid].shape[1:]},
+        )
+        for tid in graph.inputs
     ]
     for node in graph:
         layer = find_layer(model, node.layer) if node.is_layer else None
