@@ -34,6 +34,7 @@ from amct_bridge.espdl import spec
 from amct_bridge.espdl.coefficients import Coefficients, chain_coefficients
 from amct_bridge.espdl.consistency import check_scale_w
 from amct_bridge.espdl.cpp import constructor
+from amct_bridge.espdl.cpp_app import cpp_outputs
 from amct_bridge.espdl.exponents import ExponentFinder
 from amct_bridge.espdl.naming import c_identifiers
 from amct_bridge.espdl.plan import Chain, Problem, plan_chains
@@ -268,6 +269,7 @@ def export_layers(
     target: str = "esp32",
     skip_unsupported: bool = False,
     overwrite: bool = False,
+    cpp: str | None = None,
 ) -> ExportResult:
     """Export framework-free ``layers`` (execution order) to ``out_dir`` (None = dry run).
 
@@ -281,6 +283,8 @@ def export_layers(
         target: chip, used for the preview layout and the convert.py command in export.json.
         skip_unsupported: leave refused layers out (listed in export.json) instead of failing.
         overwrite: replace an existing non-empty ``out_dir``.
+        cpp: also write convert.py's ``<cpp>.cpp``/``.hpp``, the model class and an
+            ``app_main.cpp`` (:func:`amct_bridge.espdl.cpp_app.cpp_outputs`).
 
     Example:
         >>> lstm = SourceLayer("x", "unsupported", kind="LSTM", attrs={"reason": "RNN"})
@@ -330,8 +334,12 @@ def export_layers(
         loose,
         runtime,
     )
+    extra: dict[str, bytes] = {}
+    if cpp is not None:
+        extra, notes = cpp_outputs(layers, result, cpp)
+        result.notes += notes
     if out_dir is not None:
-        write_directory(out_dir, _files(result), overwrite=overwrite)
+        write_directory(out_dir, {**_files(result), **extra}, overwrite=overwrite)
     return result
 
 
