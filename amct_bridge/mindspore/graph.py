@@ -267,10 +267,10 @@ class _Builder:
         cell = self.cells[cell_name]
         kind = cell_kind(cell)
         ops = [p.op for p in prims]
-        allowed = CELL_PRIMS.get(kind or "", ())
-        if kind is None or allowed[0] not in ops and kind not in ("Identity", "Dropout"):
+        required, optional = CELL_PRIMS.get(kind or "", ((), ()))
+        if kind is None or (required and not any(op in required for op in ops)):
             kind = None
-        elif any(op not in allowed for op in ops):
+        elif any(op not in required and op not in optional for op in ops):
             kind = None  # e.g. a subclass whose construct does more than its base class
         if kind is None:
             return unknown_kind(type(cell).__name__), "", {"framework_class": type(cell).__name__}

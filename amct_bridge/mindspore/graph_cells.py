@@ -81,22 +81,28 @@ ACTIVATION_PRIMS = {
     "Round": "Round",
 }
 _PLAIN = {"Cast", "Reshape", "Mul", "Muls", "Maximum", "Minimum", "Add", "Sub"}
-#: Primitives a call of each kind may contain (the first one listed must be present).
-CELL_PRIMS: dict[str, tuple[str, ...]] = {
-    "Conv2D": ("Conv2D", "BiasAdd", "Pad", "Cast"),
-    "Conv2DTranspose": ("Conv2DTranspose", "Conv2DBackpropInput", "BiasAdd", "Pad", "Cast"),
-    "Dense": ("MatMul", "BiasAdd", "Reshape", "Cast", *ACTIVATION_PRIMS),
-    "BatchNormalization": ("BatchNorm", "Cast", "Reshape"),
-    "ReLU": ("ReLU",),
-    "ReLU6": ("ReLU6",),
-    "LeakyReLU": ("LeakyReLU", "Maximum", "Mul", "Muls", "Select", "GreaterEqual"),
-    "Activation": tuple(ACTIVATION_PRIMS) + tuple(_PLAIN),
-    "Softmax": ("Softmax",),
-    "MaxPooling2D": ("MaxPool", "AdaptiveMaxPool2D", "MaxPoolWithArgmax", "Pad"),
-    "AveragePooling2D": ("AvgPool", "AdaptiveAvgPool2D", "Pad", "ReduceMean"),
-    "Flatten": ("Flatten", "Reshape"),
-    "Dropout": ("Dropout", "DropoutExt"),
-    "Identity": ("Identity",),
+#: Primitives a call of each kind must contain (one of them) and the others it may contain.
+CELL_PRIMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "Conv2D": (("Conv2D",), ("BiasAdd", "Pad", "Cast")),
+    "Conv2DTranspose": (
+        ("Conv2DTranspose", "Conv2DBackpropInput"),
+        ("BiasAdd", "Pad", "Cast"),
+    ),
+    "Dense": (("MatMul",), ("BiasAdd", "Reshape", "Cast", *ACTIVATION_PRIMS)),
+    "BatchNormalization": (("BatchNorm",), ("Cast", "Reshape")),
+    "ReLU": (("ReLU",), ()),
+    "ReLU6": (("ReLU6",), ()),
+    "LeakyReLU": (
+        ("LeakyReLU", "Maximum"),
+        ("Mul", "Muls", "Select", "GreaterEqual", "Greater"),
+    ),
+    "Activation": (tuple(ACTIVATION_PRIMS), tuple(_PLAIN)),
+    "Softmax": (("Softmax",), ()),
+    "MaxPooling2D": (("MaxPool", "AdaptiveMaxPool2D", "MaxPoolWithArgmax"), ("Pad",)),
+    "AveragePooling2D": (("AvgPool", "AdaptiveAvgPool2D", "ReduceMean"), ("Pad",)),
+    "Flatten": (("Flatten", "Reshape"), ()),
+    "Dropout": ((), ("Dropout", "DropoutExt")),
+    "Identity": ((), ("Identity",)),
 }
 #: Functional primitives -> IR kind (channel behaviour comes from the core's rules).
 PRIM_KINDS: dict[str, str] = {

@@ -158,12 +158,15 @@ def cell_path_of(scope: str) -> str:
 
 def _attr_value(attr: Any) -> Any:
     kind = attr.DESCRIPTOR.fields_by_name["type"].enum_type.values_by_number[attr.type].name
+    # a scalar stands alone in i/f/d, or inside a tuple as the single element of ints/floats
     if kind in ("INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"):
-        return int(attr.i)
+        return int(attr.ints[0]) if len(attr.ints) else int(attr.i)
     if kind == "BOOL":
-        return bool(attr.i)
-    if kind in ("FLOAT", "DOUBLE"):
-        return float(attr.f if kind == "FLOAT" else attr.d)
+        return bool(attr.ints[0]) if len(attr.ints) else bool(attr.i)
+    if kind == "FLOAT":
+        return float(attr.floats[0]) if len(attr.floats) else float(attr.f)
+    if kind == "DOUBLE":
+        return float(attr.doubles[0]) if len(attr.doubles) else float(attr.d)
     if kind == "STRING":
         return attr.s.decode() if isinstance(attr.s, bytes) else attr.s
     if kind in ("TUPLE", "LIST"):

@@ -1,0 +1,233 @@
+"""Tiny MindSpore test networks (factories returning a fresh Cell; NCHW, a few channels).
+
+Every factory takes no required argument, so ``tests.mindspore.nets:<name>`` works as the CLI's
+``--mindspore module:factory``. ``INPUT_SHAPES`` gives each one's input shape.
+"""
+
+from __future__ import annotations
+
+import mindspore as ms
+import numpy as np
+from mindspore import nn, ops
+
+
+def _seed() -> None:
+    ms.set_seed(0)
+    np.random.seed(0)
+
+
+class BasicBlock(nn.Cell):
+    """ResNet basic block: conv-bn-relu-conv-bn, + identity or a 1x1 conv-bn downsample."""
+
+    def __init__(self, cin: int, cout: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU()
+        self.conv2 = nn.Conv2d(cout, cout, 3)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.down = None
+        if stride != 1 or cin != cout:
+            self.down = nn.SequentialCell(
+                [nn.Conv2d(cin, cout, 1, stride=stride), nn.BatchNorm2d(cout)]
+            )
+
+    def construct(self, x):
+        identity = x
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        if self.down is not None:
+            identity = self.down(x)
+        return self.relu(out + identity)  # self.relu is called twice per block
+
+
+class ResNetTiny(nn.Cell):
+    """Stem, layer1 (2 identity blocks, 8 ch), layer2 (downsample block to 16 ch + identity)."""
+
+    def __init__(self, num_classes: int = 3) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, has_bias=False)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.relu = nn.ReLU()
+        self.layer1 = nn.SequentialCell([BasicBlock(8, 8), BasicBlock(8, 8)])
+        self.layer2 = nn.SequentialCell([BasicBlock(8, 16, 2), BasicBlock(16, 16)])
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.flatten = nn.Flatten()
+        self.fc = nn.Dense(16, num_classes)
+
+    def construct(self, x):
+        x = self.relu(self.bn1(self.conv1(x)))
+        x = self.layer2(self.layer1(x))
+        return self.fc(self.flatten(self.pool(x)))
+
+
+def resnet_tiny() -> nn.Cell:
+    """ResNet-style network, input (1, 3, 16, 16)."""
+    _seed()
+    return ResNetTiny()
+
+
+class ConcatNet(nn.Cell):
+    """Two branches (4 + 6 ch) concatenated, then nested with a third (2 ch): offsets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(3, 4, 1)
+        self.b = nn.Conv2d(3, 6, 3)
+        self.bn_b = nn.BatchNorm2d(6)
+        self.c = nn.Conv2d(3, 2, 1)
+        self.head = nn.Conv2d(12, 5, 1)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+
+    def construct(self, x):
+        ab = ops.concat((self.a(x), self.bn_b(self.b(x))), axis=1)
+        abc = ops.concat((ab, self.c(x)), 1)
+        return self.pool(self.head(abc))
+
+
+def concat_net() -> nn.Cell:
+    """Nested channel concat, input (1, 3, 8, 8)."""
+    _seed()
+    return ConcatNet()
+
+
+def depthwise_net() -> nn.Cell:
+    """conv 3->8, depthwise group=8 with multiplier 2 (8->16), BN, ReLU6, conv 16->4."""
+    _seed()
+    return nn.SequentialCell(
+        [
+            nn.Conv2d(3, 8, 3),
+            nn.Conv2d(8, 16, 3, group=8),
+            nn.BatchNorm2d(16),
+            nn.ReLU6(),
+            nn.Conv2d(16, 4, 1),
+        ]
+    )
+
+
+def group_conv_net() -> nn.Cell:
+    """conv 3->8, group conv group=4 (8->16, weight (16, 2, 3, 3)), conv 16->4."""
+    _seed()
+    return nn.SequentialCell(
+        [nn.Conv2d(3, 8, 3), nn.Conv2d(8, 16, 3, group=4), nn.Conv2d(16, 4, 1)]
+    )
+
+
+class FlattenDense(nn.Cell):
+    """conv 3->4 (valid, 6x6 -> 4x4), max pool 2 -> 2x2, Flatten, Dense 16 -> 8, Dense 8 -> 2."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, pad_mode="valid")
+        self.pool = nn.MaxPool2d(2, 2)
+        self.flatten = nn.Flatten()
+        self.fc1 = nn.Dense(16, 8, activation="relu")
+        self.fc2 = nn.Dense(8, 2)
+
+    def construct(self, x):
+        return self.fc2(self.fc1(self.flatten(self.pool(self.conv(x)))))
+
+
+def flatten_dense() -> nn.Cell:
+    """Flatten of an NCHW map into a Dense, input (1, 3, 6, 6)."""
+    _seed()
+    return FlattenDense()
+
+
+def sequential_net() -> nn.Cell:
+    """A plain SequentialCell: conv-bn-relu-pool-conv-gap-flatten-dense, input (1, 3, 8, 8)."""
+    _seed()
+    return nn.SequentialCell(
+        [
+            nn.Conv2d(3, 6, 3),
+            nn.BatchNorm2d(6),
+            nn.ReLU(),
+            nn.MaxPool2d(2, 2),
+            nn.Conv2d(6, 4, 3),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Dense(4, 2),
+        ]
+    )
+
+
+class CalledTwice(nn.Cell):
+    """``shared`` conv called on two branches (couples a and b), ``act`` ReLU called twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(3, 4, 1)
+        self.b = nn.Conv2d(3, 4, 3)
+        self.shared = nn.Conv2d(4, 6, 1)
+        self.act = nn.ReLU()
+        self.out = nn.Conv2d(6, 2, 1)
+
+    def construct(self, x):
+        y = self.shared(self.act(self.a(x))) + self.shared(self.act(self.b(x)))
+        return self.out(y)
+
+
+def called_twice() -> nn.Cell:
+    """A conv and a ReLU each called at two sites, input (1, 3, 8, 8)."""
+    _seed()
+    return CalledTwice()
+
+
+class Functional(nn.Cell):
+    """Functional ops: ``x + y``, ``ops.add``, ``ops.concat``, ``ops.relu`` between cells."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(3, 4, 1)
+        self.b = nn.Conv2d(3, 4, 1)
+        self.c = nn.Conv2d(3, 4, 1)
+        self.d = nn.Conv2d(3, 2, 1)
+        self.head = nn.Conv2d(6, 2, 1)
+
+    def construct(self, x):
+        s = self.a(x) + self.b(x)
+        s = ops.relu(ops.add(s, self.c(x)))
+        return self.head(ops.concat((s, self.d(x)), 1))
+
+
+def functional_net() -> nn.Cell:
+    """Functional add/concat, input (1, 3, 8, 8)."""
+    _seed()
+    return Functional()
+
+
+class LoopNet(nn.Cell):
+    """``construct`` loops over a CellList and builds a list (rewrite loses this data flow)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 4, 1)
+        self.blocks = nn.CellList([nn.Conv2d(4, 4, 3) for _ in range(3)])
+        self.head = nn.Conv2d(4, 2, 1)
+
+    def construct(self, x):
+        x = self.stem(x)
+        feats = []
+        for blk in self.blocks:
+            x = blk(x)
+            feats.append(x)
+        return self.head(feats[-1] + feats[0])
+
+
+def loop_net() -> nn.Cell:
+    """A ``for`` loop in ``construct``, input (1, 3, 8, 8)."""
+    _seed()
+    return LoopNet()
+
+
+INPUT_SHAPES = {
+    "resnet_tiny": (1, 3, 16, 16),
+    "concat_net": (1, 3, 8, 8),
+    "depthwise_net": (1, 3, 8, 8),
+    "group_conv_net": (1, 3, 8, 8),
+    "flatten_dense": (1, 3, 6, 6),
+    "sequential_net": (1, 3, 8, 8),
+    "called_twice": (1, 3, 8, 8),
+    "functional_net": (1, 3, 8, 8),
+    "loop_net": (1, 3, 8, 8),
+}

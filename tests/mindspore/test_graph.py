@@ -1,0 +1,319 @@
+"""MindSpore network -> graph IR -> pruning groups, against hand-worked expectations.
+
+Real MindSpore 2.10 on CPU; the networks are only exported to MindIR (never trained).
+"""
+
+from __future__ import annotations
+
+import os
+
+import mindspore as ms
+import nets
+import numpy as np
+import pytest
+from mindspore import nn, ops
+
+from amct_bridge.errors import GraphError
+from amct_bridge.graph import discover_groups
+from amct_bridge.mindspore import extract_graph, prune_discovery
+
+
+@pytest.fixture(autouse=True)
+def graph_mode():
+    ms.set_context(mode=ms.GRAPH_MODE)
+    yield
+    ms.set_context(mode=ms.GRAPH_MODE)
+
+
+def run(name: str):
+    net = getattr(nets, name)()
+    return net, extract_graph(net, nets.INPUT_SHAPES[name])
+
+
+def summary(discovery):
+    """{producers: {(consumer, begin, end, attrs)}} and {(layer, begin, end): reason}."""
+    groups = {
+        tuple((m.name, m.begin, m.end) for m in g.producers): {
+            (m.name, m.begin, m.end, m.attrs) for m in g.consumers
+        }
+        for g in discovery.groups
+    }
+    refused = {(r.layer, r.begin, r.end): r.reason.value for r in discovery.refusals}
+    return groups, refused
+
+
+def chain(*names, width, attrs=()):
+    return {(n, 0, width, attrs) for n in names}
+
+
+def test_resnet_blocks_with_downsample_share_one_group_per_add_chain():
+    net, graph = run("resnet_tiny")
+    groups, refused = summary(discover_groups(graph))
+    stem = (("conv1", 0, 8), ("layer1.0.conv2", 0, 8), ("layer1.1.conv2", 0, 8))
+    stage2 = (("layer2.0.conv2", 0, 16), ("layer2.0.down.0", 0, 16), ("layer2.1.conv2", 0, 16))
+    assert groups[stem] == chain(
+        "bn1",
+        "relu",
+        "layer1.0.conv1",
+        "layer1.0.bn2",
+        "layer1.0.add_op0",
+        "layer1.0.relu",
+        "layer1.1.conv1",
+        "layer1.1.bn2",
+        "layer1.1.add_op0",
+        "layer1.1.relu",
+        "layer2.0.conv1",
+        "layer2.0.down.0",
+        width=8,
+    )
+    assert groups[stage2] == chain(
+        "layer2.0.bn2",
+        "layer2.0.down.1",
+        "layer2.0.add_op0",
+        "layer2.0.relu",
+        "layer2.1.conv1",
+        "layer2.1.bn2",
+        "layer2.1.add_op0",
+        "layer2.1.relu",
+        "pool",
+        "flatten",
+        "fc",
+        width=16,
+    )
+    for block, width in (("layer1.0", 8), ("layer1.1", 8), ("layer2.0", 16), ("layer2.1", 16)):
+        inner = ((f"{block}.conv1", 0, width),)
+        assert groups[inner] == chain(
+            f"{block}.bn1", f"{block}.relu", f"{block}.conv2", width=width
+        )
+    assert len(groups) == 6
+    assert refused == {("fc", 0, 3): "REACHES_OUTPUT"}
+    # every weighted cell of the network is accounted for, under its cells_and_names() name
+    weighted = {n for n, c in net.cells_and_names() if isinstance(c, (nn.Conv2d, nn.Dense))}
+    seen = {m[0] for p in groups for m in p} | {n for n, *_ in refused}
+    assert weighted == seen
+
+
+def test_resnet_nodes_follow_mindspore_facts():
+    net, graph = run("resnet_tiny")
+    cells = dict(net.cells_and_names())
+    conv = graph.node("layer2.0.conv1")
+    assert conv.kind == "Conv2D" and conv.params["kernel_layout"] == "OIHW"
+    assert (
+        conv.params["kernel_shape"] == tuple(cells["layer2.0.conv1"].weight.shape) == (16, 8, 3, 3)
+    )
+    assert graph.tensors[conv.outputs[0]].shape == (1, 16, 8, 8)  # NCHW, stride 2
+    assert graph.tensors[conv.outputs[0]].channel_axis == -3
+    assert graph.node("fc").params["kernel_layout"] == "OI"
+    assert graph.node("fc").params["kernel_shape"] == (3, 16)
+    bn = graph.node("layer1.0.bn1")
+    assert (bn.kind, bn.op_type, bn.params["epsilon"]) == (
+        "BatchNormalization",
+        "FusedBatchNormV3",
+        1e-5,
+    )
+    # the block's relu is called twice: same layer key, second call "@1"
+    relu2 = graph.node("layer1.0.relu@1")
+    assert relu2.layer == "layer1.0.relu" and relu2.shared and relu2.call_index == 1
+    adds = [n for n in graph if n.kind == "Add"]
+    assert [n.name for n in adds] == [f"layer{i}.{j}.add_op0" for i in (1, 2) for j in (0, 1)]
+    assert not any(n.is_layer for n in adds)
+    # names are deterministic: a second extraction of a fresh network gives the same graph
+    _, again = run("resnet_tiny")
+    assert [(n.name, n.inputs, n.outputs) for n in again] == [
+        (n.name, n.inputs, n.outputs) for n in graph
+    ]
+
+
+def test_nested_concat_offsets():
+    _, graph = run("concat_net")
+    groups, refused = summary(discover_groups(graph))
+    assert groups[(("a", 0, 4),)] == {
+        ("concat_op0", 0, 4, ()),
+        ("concat_op1", 0, 4, ()),
+        ("head", 0, 4, ()),
+    }
+    assert groups[(("b", 0, 6),)] == {
+        ("bn_b", 0, 6, ()),
+        ("concat_op0", 4, 10, ()),
+        ("concat_op1", 4, 10, ()),
+        ("head", 4, 10, ()),
+    }
+    assert groups[(("c", 0, 2),)] == {("concat_op1", 10, 12, ()), ("head", 10, 12, ())}
+    assert refused == {("head", 0, 5): "REACHES_OUTPUT"}
+    assert graph.node("concat_op0").params["axis"] == -3
+
+
+def test_depthwise_passes_the_range_with_its_multiplier():
+    net, graph = run("depthwise_net")
+    dw = graph.node("1")
+    assert dw.op_type == "DepthwiseConv2dNative" and dw.params["kernel_shape"] == (16, 1, 3, 3)
+    assert tuple(net[1].weight.shape) == (16, 1, 3, 3)
+    groups, refused = summary(discover_groups(graph))
+    m2 = (("multiplier", 2),)
+    assert groups == {
+        (("0", 0, 8),): {
+            ("1", 0, 8, (("depth_multiplier", 2),)),
+            ("2", 0, 16, m2),
+            ("3", 0, 16, m2),
+            ("4", 0, 16, m2),
+        }
+    }
+    assert graph.node("3").op_type == "Relu6"
+    assert refused == {("4", 0, 4): "REACHES_OUTPUT"}
+
+
+def test_group_conv_is_refused_with_a_reason():
+    net, graph = run("group_conv_net")
+    assert tuple(net[1].weight.shape) == (16, 2, 3, 3)
+    groups, refused = summary(discover_groups(graph))
+    assert groups == {}
+    assert refused == {
+        ("0", 0, 8): "GROUPED_CONV",
+        ("1", 0, 16): "GROUPED_CONV",
+        ("2", 0, 4): "REACHES_OUTPUT",
+    }
+
+
+def test_flatten_to_dense_maps_each_channel_to_a_block_of_rows():
+    net, graph = run("flatten_dense")
+    groups, _ = summary(discover_groups(graph))
+    # conv 4 channels of 2x2 after the pool: channel c -> rows [4c, 4c + 4) of fc1 (NCHW)
+    assert groups[(("conv", 0, 4),)] == {
+        ("pool", 0, 4, ()),
+        ("flatten", 0, 16, (("multiplier", 4),)),
+        ("fc1", 0, 16, (("multiplier", 4),)),
+    }
+    assert groups[(("fc1", 0, 8),)] == {("fc2", 0, 8, ())}
+    assert graph.node("fc1").params["activation"] == "relu"
+    # independent check (the conv has no bias): zeroing conv channel c changes rows 4c..4c+3
+    x = ms.Tensor(np.random.default_rng(0).normal(size=(1, 3, 6, 6)).astype(np.float32))
+    flat = net.flatten(net.pool(net.conv(x))).asnumpy()[0]
+    w = net.conv.weight.asnumpy().copy()
+    for c in range(4):
+        pruned = w.copy()
+        pruned[c] = 0
+        net.conv.weight.set_data(ms.Tensor(pruned))
+        changed = np.flatnonzero(net.flatten(net.pool(net.conv(x))).asnumpy()[0] != flat)
+        assert changed.tolist() == list(range(4 * c, 4 * c + 4))
+    net.conv.weight.set_data(ms.Tensor(w))
+
+
+def test_sequential_cell_children_are_named_by_index():
+    _, graph = run("sequential_net")
+    assert [n.name for n in graph] == [str(i) for i in range(8)]
+    groups, refused = summary(discover_groups(graph))
+    assert groups == {
+        (("0", 0, 6),): chain("1", "2", "3", "4", width=6),
+        (("4", 0, 4),): chain("5", "6", "7", width=4),
+    }
+    assert refused == {("7", 0, 2): "REACHES_OUTPUT"}
+
+
+def test_a_cell_called_twice_couples_its_inputs():
+    _, graph = run("called_twice")
+    assert [n.name for n in graph if n.layer == "shared"] == ["shared", "shared@1"]
+    groups, _ = summary(discover_groups(graph))
+    # the shared conv reads a's and b's channels with the same weights: one mask for both
+    assert groups[(("a", 0, 4), ("b", 0, 4))] == chain("act", "shared", width=4)
+    assert groups[(("shared", 0, 6),)] == chain("add_op0", "out", width=6)
+
+
+def test_functional_add_and_concat_are_nodes():
+    _, graph = run("functional_net")
+    kinds = [(n.name, n.kind, n.op_type) for n in graph if not n.is_layer]
+    assert kinds == [
+        ("add_op0", "Add", "AddV2"),  # x + y
+        ("add_op1", "Add", "AddV2"),  # ops.add
+        ("relu_op0", "Relu", "Relu"),  # ops.relu
+        ("concat_op0", "Concatenate", "ConcatV2"),  # ops.concat
+    ]
+    groups, _ = summary(discover_groups(graph))
+    assert groups[(("a", 0, 4), ("b", 0, 4), ("c", 0, 4))] == chain(
+        "add_op0", "add_op1", "relu_op0", "concat_op0", "head", width=4
+    )
+    assert groups[(("d", 0, 2),)] == {("concat_op0", 4, 6, ()), ("head", 4, 6, ())}
+
+
+def test_a_for_loop_in_construct_is_still_extracted():
+    _, graph = run("loop_net")
+    assert [n.name for n in graph] == [
+        "stem",
+        "blocks.0",
+        "blocks.1",
+        "blocks.2",
+        "add_op0",
+        "head",
+    ]
+    assert graph.node("add_op0").inputs == ["blocks.2:0", "blocks.0:0"]
+    groups, _ = summary(discover_groups(graph))
+    assert groups[(("blocks.0", 0, 4), ("blocks.2", 0, 4))] == chain(
+        "blocks.1", "add_op0", "head", width=4
+    )
+
+
+class Swish(nn.Cell):
+    def construct(self, x):
+        return x * ops.sigmoid(x)
+
+
+class Unknowns(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 4, 1)
+        self.act = Swish()
+        self.b = nn.Conv2d(4, 4, 1)
+        self.c = nn.Conv2d(4, 2, 1)
+
+    def construct(self, x):
+        y = self.b(self.act(self.a(x)))
+        return self.c(ops.transpose(y, (0, 1, 3, 2)) + ops.softmax(y, 1))
+
+
+def test_unknown_cells_and_channel_mixing_ops_stop_with_reasons():
+    graph = extract_graph(Unknowns(), (1, 3, 4, 4))
+    assert graph.node("act").kind == "mindspore:Swish"
+    transpose = next(n for n in graph if n.params.get("primitive") == "Transpose")
+    assert transpose.params["axes"] == (0, 1, 3, 2)
+    groups, refused = summary(discover_groups(graph))
+    assert refused[("a", 0, 4)] == "UNKNOWN_OP"
+    # a transpose of H and W keeps channels; softmax over the channel axis mixes them
+    assert refused[("b", 0, 4)] == "CHANNEL_MIXING"
+    assert groups == {}
+
+
+def test_pynative_mode_gives_the_same_graph_and_leaves_no_files(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    net = nets.resnet_tiny()
+    net.set_train(True)
+    before = {n: p.asnumpy().copy() for n, p in net.parameters_and_names()}
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    graph = extract_graph(net, np.zeros((1, 3, 16, 16), np.float32))
+    ms.set_context(mode=ms.GRAPH_MODE)
+    _, graph_mode = run("resnet_tiny")
+    assert [(n.name, n.kind) for n in graph] == [(n.name, n.kind) for n in graph_mode]
+    assert os.listdir(tmp_path) == []
+    assert net.training  # restored
+    after = dict(net.parameters_and_names())
+    assert before.keys() == after.keys()
+    for name, value in before.items():
+        np.testing.assert_array_equal(after[name].asnumpy(), value)
+
+
+class Broken(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Dense(4, 2)
+
+    def construct(self, x):
+        return self.fc(x)
+
+
+def test_bad_input_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(GraphError, match="sample_input: expected a shape tuple"):
+        extract_graph(Broken(), "1,4")
+    with pytest.raises(GraphError, match="Broken: MindIR export failed"):
+        extract_graph(Broken(), (1, 5))  # Dense(4, 2) cannot take 5 features
+    assert os.listdir(tmp_path) == []  # no rank_0/ left behind
+    with pytest.raises(GraphError, match="give sample_input"):
+        prune_discovery(Broken())
