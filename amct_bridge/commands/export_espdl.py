@@ -60,6 +60,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     parser.add_argument(
+        "--cpp",
+        metavar="NAME",
+        help="also write convert.py's NAME.cpp/NAME.hpp, the model class and app_main.cpp",
+    )
+    parser.add_argument(
         "--preview",
         action="store_true",
         help="print per layer the exponents and the share of saturated values; write nothing",
@@ -106,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
         target=args.target,
         skip_unsupported=args.skip_unsupported,
         overwrite=args.overwrite,
+        cpp=args.cpp,
     )
     if args.preview:
         print(format_preview(result))

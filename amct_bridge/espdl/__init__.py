@@ -97,6 +97,7 @@ def export(
     target: str = "esp32",
     skip_unsupported: bool = False,
     overwrite: bool = False,
+    cpp: str | None = None,
 ) -> ExportResult:
     """Export a model as ESP-DL v1 convert.py input in ``out_dir`` (None: compute only).
 
@@ -106,8 +107,9 @@ def export(
         out_dir: directory to create (built beside it, then renamed: never half-written).
         stats: calibration sidecar (object or path). Default: ``<record>.calib.json`` when
             ``record`` is a path and that file exists.
-        feature_type, granularity, target, skip_unsupported, overwrite: see
-            :func:`amct_bridge.espdl.export.export_layers`.
+        feature_type, granularity, target, skip_unsupported, overwrite, cpp: see
+            :func:`amct_bridge.espdl.export.export_layers` (``cpp="NAME"`` also writes the C++
+            coefficient files, model class and app_main.cpp).
 
     Example:
         >>> export(None, "model.keras", None)  # doctest: +ELLIPSIS
@@ -126,4 +128,5 @@ def export(
         target=target,
         skip_unsupported=skip_unsupported,
         overwrite=overwrite,
+        cpp=cpp,
     )
