@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 from espdl_stats import layer_activations, sidecar_from
 
+from amct_bridge.espdl import export
 from amct_bridge.espdl.cpp_coefficients import convert_set
 from amct_bridge.espdl.cpp_model import model_names
-from amct_bridge.espdl.export import export_layers
 from amct_bridge.keras.espdl_weights import source_layers
 from amct_bridge.quant.espdl import quantize_pow2
 
@@ -90,12 +90,6 @@ def all_kinds():
     model = _all_kinds_model()
     data = np.random.default_rng(0).uniform(-1, 1, (4, 12, 12, 3)).astype("float32")
     return model, sidecar_from(layer_activations(model, data))
-
-
-def export(record, model, out, **kw):
-    """The Keras export with ``cpp=`` (the core entry point; record-free: sidecar only)."""
-    assert record is None
-    return export_layers(source_layers(model), out, **kw)
 
 
 def _gxx(workdir: Path, source: str) -> subprocess.CompletedProcess:
@@ -376,3 +370,27 @@ def test_bad_cpp_names_are_refused_before_writing(tmp_path, name, message):
     with pytest.raises(Exception, match=message):
         export(None, model, tmp_path / "e", stats=_stats(model), cpp=name)
     assert not (tmp_path / "e").exists()
+
+
+def test_public_api_and_cli_write_the_same_cpp_files(all_kinds, tmp_path, capsys):
+    from amct_bridge.cli import main
+    from amct_bridge.records.calibration import save_stats
+
+    model, stats = all_kinds
+    api = tmp_path / "api"
+    export(None, model, api, stats=stats, target="esp32s3", cpp="net_coefficient")
+    model.save(tmp_path / "m.keras")
+    save_stats(stats, tmp_path / "s.json")
+    argv = [
+        "export-espdl",
+        "--model",
+        str(tmp_path / "m.keras"),
+        "--stats",
+        str(tmp_path / "s.json"),
+    ]
+    argv += ["--out", str(tmp_path / "cli"), "--target", "esp32s3", "--cpp", "net_coefficient"]
+    assert main(argv) == 0, capsys.readouterr().err
+    names = ["net_coefficient.cpp", "net_coefficient.hpp", "net_model.hpp", "app_main.cpp"]
+    for name in names:
+        assert (api / name).read_bytes() == (tmp_path / "cli" / name).read_bytes(), name
+    _compiles(tmp_path / "cli", "app_main.cpp")
