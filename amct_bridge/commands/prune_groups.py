@@ -4,6 +4,7 @@ Example:
     amct-bridge prune-groups model.keras                       # table of groups and refusals
     amct-bridge prune-groups model.keras --json                # the same as JSON
     amct-bridge prune-groups model.keras --selective --record prune.txt --with-mask
+    amct-bridge prune-groups --mindspore my_nets:resnet --input-shape 1,3,224,224 [--ckpt F]
 """
 
 from __future__ import annotations
@@ -30,7 +31,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(producers and every consumer with its channel range), each refused layer with a "
         "reason code, and optionally the layers eligible for 2:4 selective pruning.",
     )
-    parser.add_argument("model", help="Keras model file (.keras / .h5)")
+    parser.add_argument("model", nargs="?", help="Keras model file (.keras / .h5)")
+    parser.add_argument(
+        "--mindspore",
+        metavar="MODULE:FACTORY",
+        help="a MindSpore network instead: a callable returning the nn.Cell",
+    )
+    parser.add_argument("--ckpt", help="with --mindspore: checkpoint to load into the network")
+    parser.add_argument(
+        "--input-shape", help="with --mindspore: input shape for the MindIR export, e.g. 1,3,16,16"
+    )
     parser.add_argument("--record", help="write the PruneRecords to this AMCT record file")
     parser.add_argument(
         "--selective", action="store_true", help="add 2:4 selective pruning (mask_shape) records"
@@ -56,6 +66,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.with_mask and not args.selective:
         raise GraphError("--with-mask needs --selective")
+    if args.mindspore:
+        return _run_mindspore(args)
+    if not args.model:
+        raise GraphError("give a Keras model file or --mindspore module:factory")
     model = load_keras_model(args.model)
     graph = extract_graph(model)
     discovery = Discovery() if args.no_channel else discover_groups(graph)
@@ -68,6 +82,38 @@ def run(args: argparse.Namespace) -> int:
         masks = selective_masks(model, graph) if args.with_mask else None
         record = prune_record(
             model, channel=not args.no_channel, selective=args.selective, masks=masks
+        )
+        save(record, args.record)
+    return 0
+
+
+def _run_mindspore(args: argparse.Namespace) -> int:
+    """The same report and record for a MindSpore network (graph through MindIR)."""
+    from amct_bridge.commands.mindspore_net import load_mindspore_net, parse_input_shape
+    from amct_bridge.graph.groups import Discovery, discover_groups
+    from amct_bridge.graph.report import format_table, to_json
+    from amct_bridge.graph.selective import selective_candidates
+    from amct_bridge.mindspore.graph import extract_graph
+    from amct_bridge.mindspore.prune import prune_record, selective_masks
+    from amct_bridge.records import save
+
+    if args.model:
+        raise GraphError("give either a Keras model file or --mindspore, not both")
+    if not args.input_shape:
+        raise GraphError("--mindspore needs --input-shape (e.g. 1,3,16,16) for the MindIR export")
+    net = load_mindspore_net(args.mindspore, args.ckpt)
+    graph = extract_graph(net, parse_input_shape(args.input_shape))
+    discovery = Discovery() if args.no_channel else discover_groups(graph)
+    selective = selective_candidates(graph) if args.selective else None
+    print(
+        json.dumps(to_json(discovery, selective), indent=2)
+        if args.json
+        else format_table(discovery, selective)
+    )
+    if args.record:
+        masks = selective_masks(net, graph=graph) if args.with_mask else None
+        record = prune_record(
+            net, channel=not args.no_channel, selective=args.selective, masks=masks, graph=graph
         )
         save(record, args.record)
     return 0

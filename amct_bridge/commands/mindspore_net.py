@@ -1,0 +1,132 @@
+"""CLI helpers for MindSpore networks: ``--mindspore module:factory [--ckpt FILE]``.
+
+A MindSpore network is Python code, so the CLI takes a factory: ``package.module:function``
+(imported with the working directory on ``sys.path``, as ``python -m`` does) or
+``path/to/file.py:function``; the callable takes no argument and returns the ``nn.Cell``.
+``--ckpt`` loads a checkpoint into it; every parameter must fit (name and shape).
+
+Example:
+    >>> parse_input_shape("1,3,16,16")
+    (1, 3, 16, 16)
+    >>> load_mindspore_net("x")
+    Traceback (most recent call last):
+    ...
+    amct_bridge.errors.AmctBridgeError: --mindspore x: expected module:factory (e.g. my_nets:resnet)
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from amct_bridge.errors import AmctBridgeError
+
+
+def parse_input_shape(text: str) -> tuple[int, ...]:
+    """``"1,3,16,16"`` -> ``(1, 3, 16, 16)`` (AmctBridgeError naming the bad value)."""
+    try:
+        shape = tuple(int(d) for d in text.replace("x", ",").split(",") if d.strip())
+    except ValueError:
+        shape = ()
+    if not shape or any(d <= 0 for d in shape):
+        raise AmctBridgeError(
+            f"--input-shape {text!r}: expected positive integers such as 1,3,16,16"
+        )
+    return shape
+
+
+def _import(module: str, spec: str) -> Any:
+    if module.endswith(".py") or os.sep in module:
+        path = Path(module)
+        if not path.is_file():
+            raise AmctBridgeError(f"--mindspore {spec}: file {module} not found")
+        mod_spec = importlib.util.spec_from_file_location(path.stem, path)
+        mod = importlib.util.module_from_spec(mod_spec)
+        mod_spec.loader.exec_module(mod)
+        return mod
+    added = os.getcwd() not in sys.path
+    if added:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise AmctBridgeError(f"--mindspore {spec}: cannot import {module!r}: {err}") from None
+    finally:
+        if added:
+            sys.path.remove(os.getcwd())
+
+
+def load_mindspore_net(spec: str, ckpt: str | None = None) -> Any:
+    """Import ``module:factory``, call the factory, load ``ckpt`` into the network.
+
+    Args:
+        spec: ``package.module:factory`` or ``path/file.py:factory``.
+        ckpt: a MindSpore checkpoint (.ckpt) whose parameters must match the network's
+            ``parameters_and_names()`` in names and shapes; None keeps the factory's weights.
+
+    Returns:
+        The ``mindspore.nn.Cell``. Errors are AmctBridgeError naming the spec, the file and the
+        parameters that do not fit.
+
+    Example:
+        >>> net = load_mindspore_net("mindspore.nn:Identity")
+        >>> type(net).__name__
+        'Identity'
+    """
+    module, sep, factory = spec.rpartition(":")
+    if not sep or not module or not factory:
+        raise AmctBridgeError(f"--mindspore {spec}: expected module:factory (e.g. my_nets:resnet)")
+    fn = getattr(_import(module, spec), factory, None)
+    if not callable(fn):
+        raise AmctBridgeError(f"--mindspore {spec}: {module} has no callable {factory!r}")
+    import mindspore as ms  # heavy: only when a command needs a network
+
+    net = fn()
+    if not isinstance(net, ms.nn.Cell):
+        raise AmctBridgeError(
+            f"--mindspore {spec}: the factory returned {type(net).__name__}, not an nn.Cell"
+        )
+    if ckpt is not None:
+        load_checkpoint(net, ckpt)
+    return net
+
+
+def load_checkpoint(net: Any, ckpt: str) -> None:
+    """Load ``ckpt`` into ``net`` after checking every parameter fits (names and shapes).
+
+    Example:
+        >>> from mindspore import nn
+        >>> load_checkpoint(nn.Dense(2, 3), "missing.ckpt")
+        Traceback (most recent call last):
+        ...
+        amct_bridge.errors.AmctBridgeError: missing.ckpt: checkpoint file not found
+    """
+    if not Path(ckpt).is_file():
+        raise AmctBridgeError(f"{ckpt}: checkpoint file not found")
+    import mindspore as ms
+
+    try:
+        saved = ms.load_checkpoint(ckpt)
+    except Exception as err:  # MindSpore raises ValueError/RuntimeError for a bad file
+        raise AmctBridgeError(f"{ckpt}: cannot read checkpoint: {err}") from None
+    own = {p.name: tuple(p.shape) for _, p in net.parameters_and_names()}
+    problems = [f"{name} missing from the checkpoint" for name in own if name not in saved]
+    problems += [
+        f"{name} {tuple(saved[name].shape)} in the checkpoint, {shape} in the network"
+        for name, shape in own.items()
+        if name in saved and tuple(saved[name].shape) != shape
+    ]
+    problems += [f"{name} is not a parameter of the network" for name in saved if name not in own]
+    if problems:
+        shown = "; ".join(problems[:8]) + (
+            f"; ... {len(problems) - 8} more" if len(problems) > 8 else ""
+        )
+        raise AmctBridgeError(
+            f"{ckpt}: checkpoint does not fit {type(net).__name__} ({len(problems)} "
+            f"parameter(s)): {shown}"
+        )
+    ms.load_param_into_net(net, saved, strict_load=True)
