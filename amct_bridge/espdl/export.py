@@ -31,6 +31,7 @@ from pathlib import Path
 
 from amct_bridge.errors import ExportError
 from amct_bridge.espdl import spec
+from amct_bridge.espdl.chip_graph import chip_graph
 from amct_bridge.espdl.coefficients import Coefficients, chain_coefficients
 from amct_bridge.espdl.consistency import check_scale_w
 from amct_bridge.espdl.cpp import constructor
@@ -85,6 +86,8 @@ class ExportResult:
     skipped: list[Problem]
     notes: list[str] = field(default_factory=list)
     runtime: list[RuntimeLayer] = field(default_factory=list)
+    graph: dict | None = None  # the chip graph (amct_bridge.espdl.network), None if unavailable
+    graph_error: str | None = None
 
     @property
     def warnings(self) -> list[str]:
@@ -334,6 +337,10 @@ def export_layers(
         loose,
         runtime,
     )
+    try:
+        result.graph = chip_graph(layers, result)
+    except ExportError as err:  # the export stays usable; the simulator says why it cannot run
+        result.graph_error = str(err)
     extra: dict[str, bytes] = {}
     if cpp is not None:
         extra, notes = cpp_outputs(layers, result, cpp)
@@ -372,6 +379,8 @@ def _report(result: ExportResult) -> dict:
         "runtime_layers": [item.to_json() for item in result.runtime],
         "skipped": [{"layer": p.layer, "kind": p.kind, "reason": p.reason} for p in result.skipped],
         "warnings": result.warnings,
+        "graph": result.graph,
+        **({"graph_error": result.graph_error} if result.graph is None else {}),
     }
 
 

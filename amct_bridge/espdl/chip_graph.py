@@ -1,0 +1,236 @@
+"""The chip graph (``export.json["graph"]``, :mod:`amct_bridge.espdl.network`) of an export.
+
+Walks the model's :class:`~amct_bridge.espdl.source.SourceLayer` list in execution order and
+emits one chip layer per ``dl::layer`` member the C++ model class needs:
+
+- an exported chain -> Conv2D / DepthwiseConv2D / FullyConnected (its config.json entry; the
+  layers fused into it produce its output);
+- a runtime layer of the export (Add2D, pools, Concat) with its exponent from export.json;
+- ``Flatten`` / ``Reshape`` / ``ZeroPadding2D`` (-> ``Pad``) / ``Maximum`` / ``Minimum``;
+- a standalone ReLU / LeakyReLU (alpha quantized like convert.py quantizes a fused one);
+- Dropout & co. and a linear ``Activation`` compute nothing: their readers read their input.
+
+Anything else (a skipped layer, a second model input, a layer without an exponent) makes the
+graph unavailable: :func:`chip_graph` raises ExportError naming the layer (the export records
+the reason in ``export.json["graph_error"]``).
+
+Example:
+    >>> import numpy as np
+    >>> from amct_bridge.espdl.export import export_layers
+    >>> from amct_bridge.espdl.source import SourceLayer
+    >>> from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange
+    >>> layers = [SourceLayer("in", "input", attrs={"shape": (4,)}),
+    ...           SourceLayer("fc", "dense", ["in"], "Dense",
+    ...                       {"kernel": np.full((4, 2), 0.5, np.float32)}, {"input_rank": 2})]
+    >>> stats = CalibrationStats(layers={"fc": LayerStats("Dense", TensorRange(0, 1),
+    ...                                                   TensorRange(-2, 2))})
+    >>> g = chip_graph(layers, export_layers(layers, None, stats=stats))
+    >>> g["input"], [(x["name"], x["class"], x["inputs"]) for x in g["layers"]]
+    ... # doctest: +NORMALIZE_WHITESPACE
+    ({'name': 'input', 'source': 'in', 'exponent': -6, 'shape': [4]},
+     [('fc', 'FullyConnected', ['input'])])
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import TYPE_CHECKING
+
+from amct_bridge.errors import ExportError
+from amct_bridge.espdl import spec
+from amct_bridge.espdl.naming import c_identifier
+from amct_bridge.espdl.network import GRAPH_FORMAT, INPUT, WEIGHTED
+from amct_bridge.espdl.source import SourceLayer
+from amct_bridge.quant.espdl import auto_exponent, quantize_pow2
+
+if TYPE_CHECKING:
+    from amct_bridge.espdl.export import ExportResult
+
+_CLASS_OF_OP = {v: k for k, v in WEIGHTED.items()}
+_PADDING = {"valid": "VALID", "same": "SAME_END"}
+#: Keras layers that compute nothing at inference.
+PASS_THROUGH = ("Dropout", "SpatialDropout2D", "GaussianNoise", "GaussianDropout", "Identity")
+_KEEPING_RUNTIME = {"Flatten": "Flatten", "Maximum": "Max2D", "Minimum": "Min2D"}
+
+
+def _pair(value: object, default: tuple[int, int]) -> list[int]:
+    if value is None:
+        return list(default)
+    if isinstance(value, int):
+        return [value, value]
+    return [int(v) for v in value]  # type: ignore[union-attr]
+
+
+def _conv_attrs(head: SourceLayer, operation: str) -> dict:
+    if operation == "fully_connected":
+        return {"flatten": int(head.attrs.get("input_rank", 2)) <= 2}
+    padding = _PADDING.get(str(head.attrs.get("padding", "valid")).lower())
+    if padding is None:
+        raise ExportError(f"layer {head.describe()}: padding {head.attrs.get('padding')!r}")
+    return {"padding": padding, "strides": _pair(head.attrs.get("strides"), (1, 1))}
+
+
+def _pool_attrs(layer: SourceLayer) -> dict:
+    padding = _PADDING.get(str(layer.attrs.get("padding", "valid")).lower())
+    if padding is None or "pool_size" not in layer.attrs:
+        raise ExportError(f"layer {layer.describe()}: pool size / padding unknown")
+    pool = _pair(layer.attrs["pool_size"], (1, 1))
+    return {"pool": pool, "padding": padding, "strides": _pair(layer.attrs.get("strides"), pool)}
+
+
+def _zero_padding(layer: SourceLayer) -> list[int]:
+    """ZeroPadding2D ``padding`` (int, pair, pair of pairs, or its str) -> [t, b, l, r]."""
+    value = layer.attrs.get("padding", 1)
+    if isinstance(value, str):
+        value = ast.literal_eval(value)
+    if isinstance(value, int):
+        return [value] * 4
+    rows, cols = value
+    rows = (rows, rows) if isinstance(rows, int) else rows
+    cols = (cols, cols) if isinstance(cols, int) else cols
+    return [int(rows[0]), int(rows[1]), int(cols[0]), int(cols[1])]
+
+
+def _leaky(alpha: float, bits: int) -> dict:
+    exp = auto_exponent([alpha], bits)  # the rule convert.py applies to a fused alpha
+    return {"alpha": int(quantize_pow2([alpha], exp, bits)[0]), "alpha_exponent": int(exp)}
+
+
+class _Walk:
+    def __init__(self, result: ExportResult) -> None:
+        self.result = result
+        self.bits = spec.FEATURE_BITS[result.feature_type]
+        self.chains = {layer.source: layer for layer in result.layers}
+        self.runtime = {item.source: item for item in result.runtime}
+        self.skipped = {p.layer: p for p in result.skipped}
+        self.taken = {x.name for x in result.layers} | {x.name for x in result.runtime} | {INPUT}
+        self.producer: dict[str, str] = {}
+        self.nodes: list[dict] = []
+        self.outputs: list[str] = []
+        self.input: dict = {}
+        self.from_input = {INPUT}  # chip tensors carrying the input's exponent (ReLU, Pad...)
+
+    def new_name(self, source: str) -> str:
+        base = c_identifier(source)
+        name, k = base, 1
+        while name in self.taken:
+            k += 1
+            name = f"{base}_{k}"
+        self.taken.add(name)
+        return name
+
+    def inputs_of(self, layer: SourceLayer) -> list[str]:
+        try:
+            return [self.producer[s] for s in layer.inputs]
+        except KeyError as err:
+            raise ExportError(
+                f"layer {layer.describe()}: its input {err.args[0]!r} is not computed on the chip"
+            ) from None
+
+    def emit(self, layer: SourceLayer, name: str, cls: str, exp: int | None, **extra) -> None:
+        node = {"name": name, "class": cls, "source": layer.name, "inputs": self.inputs_of(layer)}
+        node["output_exponent"] = exp
+        node.update(extra)
+        self.nodes.append(node)
+        for member in extra.get("fused") or [layer.name]:
+            self.producer[member] = name
+
+    def visit(self, layer: SourceLayer) -> None:
+        if layer.name in self.producer:  # fused into a chain already emitted
+            return
+        if layer.name in self.skipped:
+            raise ExportError(f"layer {layer.describe()} was skipped: {self.skipped[layer.name]}")
+        if layer.op == "input":
+            if self.input:
+                raise ExportError(f"layer {layer.describe()}: a second model input")
+            shape = layer.attrs.get("shape")
+            self.input = {"name": INPUT, "source": layer.name, "exponent": None}
+            self.input["shape"] = None if shape is None else [int(s) for s in shape]
+            self.producer[layer.name] = INPUT
+        elif layer.name in self.chains:
+            self.chain(layer)
+        elif layer.name in self.runtime:
+            self.runtime_layer(layer)
+        else:
+            self.other(layer)
+        if layer.attrs.get("model_output"):
+            out = self.producer[layer.name]
+            if out == INPUT:
+                raise ExportError(f"layer {layer.describe()}: the model output is its input")
+            if out not in self.outputs:
+                self.outputs.append(out)
+
+    def chain(self, layer: SourceLayer) -> None:
+        ex = self.chains[layer.name]
+        attrs = _conv_attrs(layer, ex.operation)
+        cls = _CLASS_OF_OP[ex.operation]
+        exp = ex.entry["output_exponent"]
+        self.emit(layer, ex.name, cls, exp, attrs=attrs, coefficients=ex.name, fused=ex.fused)
+        if self.input and self.input["exponent"] is None and self.reads_input():
+            self.input["exponent"] = ex.entry.get("input_exponent")
+
+    def reads_input(self) -> bool:
+        """True when the last emitted layer reads the model input (maybe through ReLU/Pad...)."""
+        return self.nodes[-1]["inputs"][0] in self.from_input
+
+    def runtime_layer(self, layer: SourceLayer) -> None:
+        item = self.runtime[layer.name]
+        cls, attrs = item.espdl_class, {}
+        if cls in ("AvgPool2D", "MaxPool2D"):
+            attrs = _pool_attrs(layer)
+        elif cls == "Concat":
+            attrs = {"axis": int(layer.attrs.get("axis", -1))}
+        if item.output_exponent is None and cls not in ("MaxPool2D", "GlobalMaxPool2D"):
+            raise ExportError(f"layer {layer.describe()} ({cls}): no output exponent")
+        extra = {"attrs": attrs}
+        act = getattr(item, "activation", None)  # an Add2D may carry a fused activation
+        if act:
+            extra["activation"] = act
+        self.emit(layer, item.name, cls, item.output_exponent, **extra)
+        reading = [s in self.from_input for s in self.nodes[-1]["inputs"]]
+        if self.input and self.input["exponent"] is None and any(reading):
+            self.input["exponent"] = item.input_exponents[reading.index(True)]
+
+    def other(self, layer: SourceLayer) -> None:
+        if layer.op in ("relu", "leaky_relu"):
+            cls = "ReLU" if layer.op == "relu" else "LeakyReLU"
+            attrs = {} if cls == "ReLU" else _leaky(float(layer.attrs["alpha"]), self.bits)
+        elif layer.op == "runtime" and layer.kind in _KEEPING_RUNTIME:
+            cls, attrs = _KEEPING_RUNTIME[layer.kind], {}
+        elif layer.op == "runtime" and layer.kind == "Reshape":
+            shape = layer.attrs.get("target_shape", layer.attrs.get("shape"))
+            if shape is None:
+                raise ExportError(f"layer {layer.describe()}: target shape unknown")
+            cls, attrs = "Reshape", {"shape": [int(s) for s in shape]}
+        elif layer.op == "runtime" and layer.kind == "ZeroPadding2D":
+            cls, attrs = "Pad", {"paddings": _zero_padding(layer), "constant": 0}
+        elif layer.op == "runtime" and (layer.kind in PASS_THROUGH or layer.kind == "Activation"):
+            self.producer[layer.name] = self.inputs_of(layer)[0]
+            return
+        else:
+            raise ExportError(f"layer {layer.describe()}: no ESP-DL v1 chip layer for it")
+        self.emit(layer, self.new_name(layer.name), cls, None, attrs=attrs)
+        if all(s in self.from_input for s in self.nodes[-1]["inputs"]):
+            self.from_input.add(self.nodes[-1]["name"])
+
+
+def chip_graph(layers: list[SourceLayer], result: ExportResult) -> dict:
+    """The chip graph of ``result`` (the export of ``layers``), JSON-ready.
+
+    Example:
+        >>> chip_graph.__name__
+        'chip_graph'
+    """
+    walk = _Walk(result)
+    for layer in layers:
+        walk.visit(layer)
+    if not walk.nodes:
+        raise ExportError("the model has no layer ESP-DL v1 computes")
+    return {
+        "format": GRAPH_FORMAT,
+        "feature_type": result.feature_type,
+        "granularity": result.granularity,
+        "input": walk.input or {"name": INPUT, "source": INPUT, "exponent": None, "shape": None},
+        "layers": walk.nodes,
+        "outputs": walk.outputs or [walk.nodes[-1]["name"]],
+    }

@@ -1,0 +1,217 @@
+"""Integer kernels of the ESP-DL v1 chip simulator (numpy, vectorised, batch axis first).
+
+Every function takes and returns int64 arrays shaped ``(N, *chip_shape)`` (HWC tensors:
+``(N, H, W, C)``). The arithmetic follows docs/espdl-export.md, "Chip simulator":
+``floor_shift`` is an arithmetic shift (floor, never rounded); dot products are exact
+integers (BLAS in float32/float64 only when every partial sum provably fits the mantissa,
+else an int64 ``einsum``).
+
+Example:
+    >>> import numpy as np
+    >>> floor_shift(np.array([-3, 3, 5]), 1).tolist(), floor_shift(np.array([3]), -2).tolist()
+    ([-2, 1, 2], [12])
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from amct_bridge.errors import ExportError
+
+
+def floor_shift(v: np.ndarray, s: int | np.ndarray) -> np.ndarray:
+    """⌊v / 2^s⌋ for s > 0 (arithmetic right shift), ``v · 2^-s`` for s <= 0; ``s`` may be
+    per channel (broadcast on the last axis).
+
+    Example:
+        >>> floor_shift(np.array([[-5, 5]]), np.array([1, -1])).tolist()
+        [[-3, 10]]
+    """
+    v = np.asarray(v, dtype=np.int64)
+    s = np.asarray(s, dtype=np.int64)
+    if s.ndim == 0:
+        k = int(s)
+        return v >> k if k > 0 else v << -k
+    return (v >> np.maximum(s, 0)) << np.maximum(-s, 0)
+
+
+def saturate(v: np.ndarray, bits: int) -> np.ndarray:
+    """Clip to the signed ``bits``-bit range.
+
+    Example:
+        >>> saturate(np.array([200, -200, 5]), 8).tolist()
+        [127, -128, 5]
+    """
+    return np.clip(v, -(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+
+
+def same_pads(size: int, k: int, stride: int, begin: bool) -> tuple[int, int, int]:
+    """(out, before, after) of TF "same" padding (SAME_END: extra pixel after; SAME_BEGIN:
+    before).
+
+    Example:
+        >>> same_pads(13, 3, 2, False), same_pads(4, 2, 2, False), same_pads(6, 3, 2, True)
+        ((7, 1, 1), (2, 0, 0), (3, 1, 0))
+    """
+    out = -(-size // stride)
+    total = max((out - 1) * stride + k - size, 0)
+    small = total // 2
+    return (out, total - small, small) if begin else (out, small, total - small)
+
+
+def pads_of(shape: tuple[int, int], kernel: tuple[int, int], attrs: dict, what: str) -> list[int]:
+    """[top, bottom, left, right] zero pads of a window op on an (H, W) input.
+
+    Example:
+        >>> pads_of((13, 13), (3, 3), {"padding": "SAME_END", "strides": [2, 2]}, "c")
+        [1, 1, 1, 1]
+    """
+    padding = attrs.get("padding", "VALID")
+    sy, sx = attrs.get("strides", (1, 1))
+    if padding == "VALID":
+        pads = [0, 0, 0, 0]
+    elif padding in ("SAME_END", "SAME_BEGIN"):
+        begin = padding == "SAME_BEGIN"
+        _, t, b = same_pads(shape[0], kernel[0], int(sy), begin)
+        _, left, r = same_pads(shape[1], kernel[1], int(sx), begin)
+        pads = [t, b, left, r]
+    else:
+        pads = [int(p) for p in attrs.get("pads", ())]
+        if len(pads) != 4:
+            raise ExportError(f"chip layer {what}: PADDING_NOT_SET needs pads [t, b, l, r]")
+    h, w = shape[0] + pads[0] + pads[1], shape[1] + pads[2] + pads[3]
+    if h < kernel[0] or w < kernel[1]:
+        raise ExportError(f"chip layer {what}: input {shape} smaller than the window {kernel}")
+    return pads
+
+
+def _pad_hw(x: np.ndarray, pads: list[int], value: int = 0) -> np.ndarray:
+    if not any(pads):
+        return x
+    t, b, left, r = pads
+    return np.pad(x, ((0, 0), (t, b), (left, r), (0, 0)), constant_values=value)
+
+
+def _windows(x: np.ndarray, k: tuple[int, int], strides: tuple[int, int]) -> np.ndarray:
+    """(N, Ho, Wo, C, kh, kw) strided view of the (already padded) input."""
+    win = sliding_window_view(x, k, axis=(1, 2))
+    return win[:, :: strides[0], :: strides[1]]
+
+
+def exact_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b`` on integers, exact: float32/float64 BLAS when ``K·max|a|·max|b|`` fits the
+    mantissa (every partial sum is then an exactly representable integer), else int64.
+
+    Example:
+        >>> exact_matmul(np.array([[2**30, 1]]), np.array([[2**30], [1]])).tolist()
+        [[1152921504606846977]]
+    """
+    bound = a.shape[-1] * float(np.abs(a).max(initial=0)) * float(np.abs(b).max(initial=0))
+    if bound < 2.0**24:
+        return (a.astype(np.float32) @ b.astype(np.float32)).astype(np.int64)
+    if bound < 2.0**53:
+        return (a.astype(np.float64) @ b.astype(np.float64)).astype(np.int64)
+    return np.einsum("...k,kn->...n", a.astype(np.int64), b.astype(np.int64))
+
+
+def conv2d_acc(x: np.ndarray, w: np.ndarray, attrs: dict, what: str) -> np.ndarray:
+    """Σ x·w of a Conv2D: ``x`` (N, H, W, C), ``w`` HWCN -> (N, Ho, Wo, N_out) int64.
+
+    Example:
+        >>> x = np.arange(4).reshape(1, 2, 2, 1); w = np.ones((2, 2, 1, 1), np.int64)
+        >>> conv2d_acc(x, w, {}, "c").ravel().tolist()
+        [6]
+    """
+    kh, kw, c, n = w.shape
+    if x.shape[-1] != c:
+        raise ExportError(f"chip layer {what}: input has {x.shape[-1]} channels, filter {c}")
+    strides = tuple(int(s) for s in attrs.get("strides", (1, 1)))
+    pads = pads_of(x.shape[1:3], (kh, kw), attrs, what)
+    xp = _pad_hw(x, pads)
+    if (kh, kw) == (1, 1):
+        cols = xp[:, :: strides[0], :: strides[1], :]
+        return exact_matmul(cols, w.reshape(c, n))
+    win = _windows(xp, (kh, kw), strides)  # (N, Ho, Wo, C, kh, kw)
+    cols = win.reshape(win.shape[:3] + (c * kh * kw,))
+    return exact_matmul(cols, w.transpose(2, 0, 1, 3).reshape(c * kh * kw, n))
+
+
+def depthwise_acc(x: np.ndarray, w: np.ndarray, attrs: dict, what: str) -> np.ndarray:
+    """Σ x·w of a DepthwiseConv2D (multiplier 1): ``w`` (H, W, C, 1) -> (N, Ho, Wo, C).
+
+    Example:
+        >>> x = np.ones((1, 3, 3, 2), np.int64); w = np.ones((3, 3, 2, 1), np.int64)
+        >>> depthwise_acc(x, w, {"padding": "SAME_END"}, "d")[0, 0, 0].tolist()
+        [4, 4]
+    """
+    kh, kw, c, _ = w.shape
+    if x.shape[-1] != c:
+        raise ExportError(f"chip layer {what}: input has {x.shape[-1]} channels, filter {c}")
+    sy, sx = (int(s) for s in attrs.get("strides", (1, 1)))
+    pads = pads_of(x.shape[1:3], (kh, kw), attrs, what)
+    xp = _pad_hw(x, pads)
+    ho = (xp.shape[1] - kh) // sy + 1
+    wo = (xp.shape[2] - kw) // sx + 1
+    acc = np.zeros((x.shape[0], ho, wo, c), dtype=np.int64)
+    for i in range(kh):  # a loop over the kernel taps, each a whole-tensor multiply-add
+        for j in range(kw):
+            tap = xp[:, i : i + (ho - 1) * sy + 1 : sy, j : j + (wo - 1) * sx + 1 : sx, :]
+            acc += tap * w[i, j, :, 0]
+    return acc
+
+
+def fully_connected_acc(x: np.ndarray, w: np.ndarray, flatten: bool, what: str) -> np.ndarray:
+    """Σ x·w of a FullyConnected, ``w`` (1, 1, in, out); flatten: any input of size ``in``.
+
+    Example:
+        >>> fully_connected_acc(np.ones((1, 2, 2)), np.ones((1, 1, 4, 3), np.int64), True,
+        ...                     "f").tolist()
+        [[4, 4, 4]]
+    """
+    n_in, n_out = w.shape[2], w.shape[3]
+    a = x.reshape(x.shape[0], -1) if flatten else x
+    if a.shape[-1] != n_in:
+        raise ExportError(f"chip layer {what}: input {x.shape[1:]} does not give {n_in} inputs")
+    return exact_matmul(a.astype(np.int64), w.reshape(n_in, n_out))
+
+
+def pool_windows(x: np.ndarray, attrs: dict, what: str, pad_value: int) -> np.ndarray:
+    """(N, Ho, Wo, C, kh, kw) windows of a pooling layer (``pool`` [h, w]; pads ``pad_value``).
+
+    Example:
+        >>> pool_windows(np.ones((1, 4, 4, 1)), {"pool": [2, 2], "strides": [2, 2]}, "p",
+        ...              0).shape
+        (1, 2, 2, 1, 2, 2)
+    """
+    kh, kw = (int(k) for k in attrs["pool"])
+    strides = tuple(int(s) for s in attrs.get("strides", (kh, kw)))
+    pads = pads_of(x.shape[1:3], (kh, kw), {**attrs, "strides": strides}, what)
+    return _windows(_pad_hw(x, pads, pad_value), (kh, kw), strides)
+
+
+def calculate_exponent(n: int, max_value: int) -> int:
+    """Largest k with ⌊2^k / n⌋ < max_value (ESP-DL ``dl::tool::calculate_exponent``).
+
+    Example:
+        >>> calculate_exponent(9, 16384), calculate_exponent(1, 64)
+        (17, 5)
+    """
+    k = 0
+    while (2 ** (k + 1)) // n < max_value:
+        k += 1
+    return k
+
+
+def average(total: np.ndarray, n: int, e_in: int, e_out: int, bits: int) -> np.ndarray:
+    """Sum of ``n`` elements -> their mean at ``e_out``: ``Σx·⌊2^k/n⌋`` floor-shifted by
+    ``e_out − e_in + k`` (k from :func:`calculate_exponent`, max 16384 s16 / 64 s8), saturated.
+    APPROXIMATE: this is ESP-DL v3's esp32s3 rule; v1's is not published.
+
+    Example:
+        >>> average(np.array([40]), 4, 0, 0, 16).tolist()
+        [10]
+    """
+    k = calculate_exponent(n, 16384 if bits == 16 else 64)
+    inv = (2**k) // n
+    return saturate(floor_shift(total * inv, e_out - e_in + k), bits)
