@@ -53,7 +53,10 @@ _EXPLAIN = {
     Reason.GROUPED_CONV: "a grouped convolution (1 < groups < channels) would need equal pruning",
     Reason.MAPPING_MISMATCH: "channel index mappings that cannot be aligned (multiplier/tiling)",
     Reason.CONSTANT_OPERAND: "a raw op with a per-channel constant operand",
-    Reason.UNSUPPORTED_LAYOUT: "channels_first data format",
+    Reason.UNSUPPORTED_LAYOUT: (
+        "the layer's channel axis is not the tensor's (channels_first in a channels-last "
+        "model, or a Dense over the last axis of an NCHW map)"
+    ),
     Reason.UNKNOWN_SHAPE: "the channel dimension is unknown",
     Reason.NO_CLOSING_CONSUMER: "no consumer with weights closes the group",
     Reason.INPUT_NOT_PRUNABLE: "its input channels come from a model input or a refused group",

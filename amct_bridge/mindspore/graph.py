@@ -252,7 +252,10 @@ class _Builder:
         for k, (pi, oi) in enumerate(outs):
             tid = f"{name}:{k}"
             shapes = self.prims[pi].shapes
-            self.graph.tensors[tid] = tensor_info(shapes[oi] if oi < len(shapes) else ())
+            info = tensor_info(shapes[oi] if oi < len(shapes) else ())
+            if "channel_axis" in params and info.shape:  # e.g. a Dense on a map: last axis
+                info = TensorInfo(info.shape, channel_axis=params["channel_axis"])
+            self.graph.tensors[tid] = info
             self.tensor_ids[(pi, oi)] = tid
             out_ids.append(tid)
         if not out_ids:  # a call nobody reads still gets its (first) output tensor
@@ -283,6 +286,8 @@ class _Builder:
         axes = _axes(consts, in_rank) if prim.op.startswith(("Reduce", "Mean")) else None
         kind = prim_kind(prim.op, axes, channel_axis)
         params: dict[str, Any] = {"primitive": prim.op}
+        if kind.startswith("mindspore:"):
+            return kind, "", params  # unknown: stops as UNKNOWN_OP whatever its operands
         params["const_operands"] = sum(
             1 for v in prim.inputs if v[0] == "param" or (v[0] == "const" and np.ndim(v[1]) > 0)
         )

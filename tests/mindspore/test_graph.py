@@ -317,3 +317,51 @@ def test_bad_input_is_a_clear_error(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == []  # no rank_0/ left behind
     with pytest.raises(GraphError, match="give sample_input"):
         prune_discovery(Broken())
+
+
+class MixedOps(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 1)
+        self.b1 = nn.Conv2d(2, 2, 1)
+        self.b2 = nn.Conv2d(6, 2, 1)
+        self.b3 = nn.Conv2d(3, 2, 1)
+        self.up = nn.Conv2dTranspose(8, 4, 2, stride=2)
+        self.fc = nn.Dense(4, 2)
+        self.fc_w = nn.Dense(8, 3)
+
+    def construct(self, x):
+        p, q = ops.split(self.a(x), (2, 6), axis=1)  # StridedSlice in MindIR: not followed
+        y = self.b1(p) + self.b2(q)
+        m = ops.mean(self.b3(x) * y, (2, 3))  # spatial mean: channel-wise
+        return self.fc(ops.concat((m, m), 1)), self.fc_w(self.up(self.a(x)))
+
+
+def test_spatial_mean_concat_twice_transpose_conv_and_dense_on_a_map():
+    graph = extract_graph(MixedOps(), (1, 3, 4, 4))
+    up = graph.node("up")
+    assert (up.kind, up.op_type, up.params["kernel_layout"]) == (
+        "Conv2DTranspose",
+        "Conv2DBackpropInput",
+        "IOHW",
+    )
+    assert up.params["kernel_shape"] == (8, 4, 2, 2)
+    mean = graph.node("reducemean_op0")
+    assert mean.kind == "GlobalAveragePooling2D" and mean.params["axis"] == (-2, -1)
+    assert graph.node("concat_op0").inputs == ["reducemean_op0:0", "reducemean_op0:0"]
+    groups, refused = summary(discover_groups(graph))
+    # concat([m, m]) puts the same channels at [0, 2) and [2, 4)
+    assert groups == {
+        (("b3", 0, 2), ("b1", 0, 2), ("b2", 0, 2)): {
+            ("add_op0", 0, 2, ()),
+            ("mul_op0", 0, 2, ()),
+            ("reducemean_op0", 0, 2, ()),
+            ("concat_op0", 0, 2, ()),
+            ("concat_op0", 2, 4, ()),
+            ("fc", 0, 2, ()),
+            ("fc", 2, 4, ()),
+        }
+    }
+    assert refused[("a", 0, 8)] == "UNKNOWN_OP"  # the slices of ops.split
+    # nn.Dense on an NCHW map mixes the last axis (W), not channels
+    assert refused[("up", 0, 4)] == refused[("fc_w", 0, 3)] == "UNSUPPORTED_LAYOUT"
