@@ -76,7 +76,16 @@ INPUT = "input"
 
 @dataclass
 class ChipLayer:
-    """One member of the model class: C++ type, constructor arguments, producers it reads."""
+    """One member of the model class: C++ type, constructor arguments, producers it reads.
+
+    ``inputs`` are member names, or ``"input"`` for the model input; ``fused`` the model layers
+    whose output this member produces (a chain's conv, BN and activation).
+
+    Example:
+        >>> ChipLayer("mp", "MaxPool2D", "int8_t", '{2, 2}, dl::PADDING_VALID, {}, 2, 2, "mp"',
+        ...           ["c1"], "mp").inputs
+        ['c1']
+    """
 
     member: str
     espdl_class: str
@@ -90,7 +99,15 @@ class ChipLayer:
 
 @dataclass
 class ModelClass:
-    """A generated model class: header text and what an app needs to use it."""
+    """A generated model class: header text and what an app needs to use it.
+
+    ``outputs`` are the public members (model outputs, execution order); ``input_exponent``
+    the exponent the input tensor must carry (None when no calibration gave it).
+
+    Example:
+        >>> ModelClass("NetModel", "net_model.hpp", "net", "s8", [], ["fc"], -7).outputs
+        ['fc']
+    """
 
     class_name: str
     header_name: str

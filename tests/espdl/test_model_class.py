@@ -394,3 +394,18 @@ def test_public_api_and_cli_write_the_same_cpp_files(all_kinds, tmp_path, capsys
     for name in names:
         assert (api / name).read_bytes() == (tmp_path / "cli" / name).read_bytes(), name
     _compiles(tmp_path / "cli", "app_main.cpp")
+
+
+def test_concat_axis_counts_without_the_batch_axis(tmp_path):
+    # Keras axis 3 of (N, H, W, C) is the channel axis: ESP-DL tensors are HWC (no batch axis),
+    # so a positive Keras axis would be off by one; the graph gives it counted from the end
+    def tail(a):
+        b = L.Conv2D(4, 1, name="b")(a)
+        return L.Concatenate(axis=3, name="cat")([a, b])
+
+    model = _small(tail)
+    out = tmp_path / "e"
+    export(None, model, out, stats=_stats(model), cpp="m")
+    text = (out / "m_model.hpp").read_text()
+    assert 'cat(-1, "cat")' in text
+    _compiles(out, "app_main.cpp")
