@@ -65,12 +65,13 @@ class LayerQuantConfig:
         algorithm: activation algorithm ("ifmr", "hfmg", "minmax", "percentile", "ema").
         options: that algorithm's options (AMCT names), e.g. ``{"num_of_bins": 4096}``.
         channel_wise: per-output-channel weight scales (ARQ) where the layer type allows it.
-        act_type: "INT8" or "INT16" activations.
+        act_type: "INT8" or "INT16" activations, in any case ("int8" is stored as "INT8", as
+            AMCT's data type names are matched); anything else is a CalibrationError.
         migration_strength: DMQ balancer strength, or None when DMQ is off.
 
     Example:
-        >>> LayerQuantConfig().algorithm, LayerQuantConfig().act_type
-        ('ifmr', 'INT8')
+        >>> LayerQuantConfig().algorithm, LayerQuantConfig(act_type="int16").act_type
+        ('ifmr', 'INT16')
     """
 
     algorithm: str = "ifmr"
@@ -78,6 +79,16 @@ class LayerQuantConfig:
     channel_wise: bool = True
     act_type: str = "INT8"
     migration_strength: float | None = None
+
+    def __post_init__(self) -> None:
+        # Normalized here so that every way in (constructor, replace, config file, callback
+        # argument) gives the record's spelling; a lower-case "int8" must not reach a record.
+        name = str(self.act_type).upper()
+        if name not in ACT_TYPES:
+            raise CalibrationError(
+                f"act_type must be {' or '.join(ACT_TYPES)} (any case), got {self.act_type!r}"
+            )
+        object.__setattr__(self, "act_type", name)
 
 
 @dataclass
@@ -321,9 +332,7 @@ def resolve_config(
     if channel_wise is not None:
         common = replace(common, channel_wise=bool(channel_wise))
     if act_type is not None:
-        if str(act_type).upper() not in ACT_TYPES:
-            raise CalibrationError(f"act_type must be INT8 or INT16, got {act_type!r}")
-        common = replace(common, act_type=str(act_type).upper())
+        common = replace(common, act_type=act_type)  # checked and normalized by the class
     if migration_strength is not None:
         check_migration_strength(float(migration_strength))
         common = replace(common, migration_strength=float(migration_strength))

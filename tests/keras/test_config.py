@@ -107,3 +107,24 @@ def test_explicit_arguments_override_file_common_settings(data_dir):
 def test_resolve_refuses_unknown_algorithm():
     with pytest.raises(CalibrationError, match="algorithm must be one of"):
         resolve_config(algorithm="kl")
+
+
+@pytest.mark.parametrize("given, stored", [("int8", "INT8"), ("Int16", "INT16"), ("INT8", "INT8")])
+def test_act_type_is_case_insensitive_and_stored_upper(given, stored):
+    """Issue 14: a lower-case act_type was kept as given and reached records as "int8"."""
+    from amct_bridge.config import LayerQuantConfig, QuantConfig
+
+    assert LayerQuantConfig(act_type=given).act_type == stored
+    assert resolve_config(act_type=given)[0].common.act_type == stored
+    assert (
+        resolve_config(QuantConfig(common=LayerQuantConfig(act_type=given)))[0].common.act_type
+        == stored
+    )
+
+
+@pytest.mark.parametrize("bad", ["int4", "INT32", "", None])
+def test_other_act_types_are_refused(bad):
+    from amct_bridge.config import LayerQuantConfig
+
+    with pytest.raises(CalibrationError, match=f"act_type must be INT8 or INT16 .*got {bad!r}"):
+        LayerQuantConfig(act_type=bad)
