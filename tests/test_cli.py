@@ -26,7 +26,7 @@ def test_inspect_mobilenet_table():
     result = run("inspect", MOBILENET)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].endswith("'tf' record, 54 layers")
+    assert lines[0].endswith("a 'tf' record (also valid as 'inner'), 54 layers")
     assert lines[1].split() == [
         "layer",
         "scale_d",
@@ -57,7 +57,7 @@ def test_inspect_prune_summary():
 
 def test_validate_ok_and_problems(tmp_path):
     ok = run("validate", MOBILENET)
-    assert ok.returncode == 0 and "ok ('tf' record, 54 layers" in ok.stdout
+    assert ok.returncode == 0 and "ok (a 'tf' record, 54 layers" in ok.stdout
     bad = tmp_path / "bad.txt"
     bad.write_text(
         'record {\n  key: "c"\n  value {\n    scale_d: 0.5\n    offset_d: 200\n'

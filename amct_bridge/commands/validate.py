@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from amct_bridge.records import load, validate
-from amct_bridge.records.flavors import FLAVORS
+from amct_bridge.records.flavors import FLAVORS, a_record
 
 
 def register(subparsers) -> None:
@@ -44,10 +44,10 @@ def run(args: argparse.Namespace) -> int:
         print(problem)
     flavor = args.flavor or record.flavor
     if problems:
-        print(f"{args.file}: {len(problems)} problem(s) as a {flavor!r} record")
+        print(f"{args.file}: {len(problems)} problem(s) as {a_record(flavor)}")
         return 1
     print(
-        f"{args.file}: ok ({flavor!r} record, {len(record.layers)} layers, "
+        f"{args.file}: ok ({a_record(flavor)}, {len(record.layers)} layers, "
         f"{len(record.prune_records)} prune records)"
     )
     return 0

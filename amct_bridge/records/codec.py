@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import fields
 
 from amct_bridge.errors import RecordError
-from amct_bridge.records.flavors import FLAVORS, WIDEST_FIRST, get_flavor
+from amct_bridge.records.flavors import FLAVORS, WIDEST_FIRST, a_record, get_flavor
 from amct_bridge.records.model import ATTR_TYPES, Attr, LayerFactors, PruneNode, PruneRecord, Record
 from amct_bridge.records.source_map import SourceMap
 
@@ -153,7 +153,7 @@ def to_proto(record: Record, flavor: str | None = None):
         for name in used_fields(factors):
             if name not in flav.fields:
                 raise RecordError(
-                    f"layer {key!r}: field {name!r} cannot be written in a {flav.name!r} record "
+                    f"layer {key!r}: field {name!r} cannot be written in {a_record(flav.name)} "
                     f"(its schema has no such field); convert the record to {flav.name!r} first"
                 )
             value = getattr(factors, name)
@@ -162,7 +162,7 @@ def to_proto(record: Record, flavor: str | None = None):
             else:
                 getattr(entry.value, name).extend(value)
     if record.prune_records and not flav.has_prune_records:
-        raise RecordError(f"a {flav.name!r} record cannot hold prune_record entries")
+        raise RecordError(f"{a_record(flav.name)} cannot hold prune_record entries")
     for prune in record.prune_records:
         out = message.prune_record.add()
         for node in prune.producers:

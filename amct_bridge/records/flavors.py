@@ -68,6 +68,17 @@ UNSUPPORTED_FIELDS: dict[str, frozenset[str]] = {
 }
 
 
+def a_record(flavor: str) -> str:
+    """``flavor`` as a noun phrase with its article: "an 'inner' record", "a 'tf' record".
+
+    Example:
+        >>> a_record("inner"), a_record("mindspore")
+        ("an 'inner' record", "a 'mindspore' record")
+    """
+    article = "an" if str(flavor)[:1].lower() in "aeiou" else "a"
+    return f"{article} {flavor!r} record"
+
+
 def get_flavor(name: str) -> Flavor:
     """The :class:`Flavor` called ``name``, or a RecordError listing the valid names.
 

@@ -32,8 +32,9 @@ from google.protobuf.message import DecodeError
 from amct_bridge.errors import RecordError
 from amct_bridge.records.atomic import atomic_write_bytes
 from amct_bridge.records.codec import detect_flavor, from_proto, to_proto
-from amct_bridge.records.flavors import Flavor, get_flavor
+from amct_bridge.records.flavors import Flavor, a_record, get_flavor
 from amct_bridge.records.model import Record
+from amct_bridge.records.sniff import describe_bytes
 from amct_bridge.records.source_map import SourceMap
 
 
@@ -73,7 +74,7 @@ def _parse_error_message(err: text_format.ParseError, text: str, source: str, fl
     lines = text.splitlines()
     snippet = f" (text: {lines[line - 1].strip()!r})" if line and line <= len(lines) else ""
     return (
-        f"{where}: {reason}{snippet}; the record cannot be parsed as a {flav.name!r} record "
+        f"{where}: {reason}{snippet}; the record cannot be parsed as {a_record(flav.name)} "
         f"({flav.message.DESCRIPTOR.full_name})"
     )
 
@@ -159,6 +160,13 @@ def load(
         data = path.read_bytes()
     except OSError as err:
         raise RecordError(f"{path}: cannot read record file: {err.strerror}") from None
+    kind = describe_bytes(data)
+    if kind is not None:  # a wrong file: say what it is rather than a protobuf parse error
+        full_name = get_flavor(flavor or "inner").message.DESCRIPTOR.full_name
+        raise RecordError(
+            f"{path}: not a record file: it looks like {kind}; expected an AMCT record "
+            f"(protobuf text or binary {full_name})"
+        )
     if not _looks_binary(data):
         return loads(data.decode("utf-8"), flavor, source=str(path), on_duplicate=on_duplicate)
     flav = get_flavor(flavor or "inner")
@@ -167,7 +175,7 @@ def load(
         message.ParseFromString(data)
     except DecodeError as err:
         raise RecordError(
-            f"{path}: not a {flav.name!r} record: neither protobuf text nor binary "
+            f"{path}: not {a_record(flav.name)}: neither protobuf text nor binary "
             f"{flav.message.DESCRIPTOR.full_name} ({err})"
         ) from None
     record = from_proto(message, flav.name, source=str(path), on_duplicate=on_duplicate)

@@ -11,7 +11,29 @@ Example:
 
 from __future__ import annotations
 
+from amct_bridge.records.codec import detect_flavor
+from amct_bridge.records.flavors import WIDEST_FIRST, a_record
 from amct_bridge.records.model import PruneNode, Record
+
+
+def flavor_phrase(record: Record) -> str:
+    """The record's flavor as every command prints it: the narrowest flavor whose schema holds
+    everything it uses (what ``load`` detects), and the wider ones that read it too.
+
+    ``inspect`` and the writers (``calibrate``) use this one phrase, so a file written with
+    ``--flavor inner`` that holds only convert_model's fields reads the same in both.
+
+    Example:
+        >>> from amct_bridge.records import LayerFactors
+        >>> flavor_phrase(Record({"conv": LayerFactors(scale_d=0.5, offset_d=0)}))
+        "a 'tf' record (also valid as 'inner')"
+        >>> flavor_phrase(Record({"c": LayerFactors(scale_d=0.5, offset_d=0, dst_type="INT4")}))
+        "an 'inner' record"
+    """
+    flavor = detect_flavor(record)
+    wider = WIDEST_FIRST[: WIDEST_FIRST.index(flavor)][::-1]
+    also = f" (also valid as {' and '.join(repr(w) for w in wider)})" if wider else ""
+    return a_record(flavor) + also
 
 
 def _g(value: float) -> str:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from amct_bridge.records.codec import used_fields
-from amct_bridge.records.flavors import FLAVORS, UNSUPPORTED_FIELDS, get_flavor
+from amct_bridge.records.flavors import FLAVORS, UNSUPPORTED_FIELDS, a_record, get_flavor
 from amct_bridge.records.model import ATTR_TYPES, LayerFactors, PruneNode, Record
 
 FLT_EPSILON = float(np.finfo(np.float32).eps)
@@ -86,8 +86,7 @@ def validate(
                 )
     if record.prune_records and not flav.has_prune_records:
         add(
-            f"prune_record is not part of a {flav.name!r} record "
-            "(AMCT's parser would fail the file)"
+            f"prune_record is not part of {a_record(flav.name)} (AMCT's parser would fail the file)"
         )
     for index, prune in enumerate(record.prune_records):
         for message in _prune_problems(prune):
@@ -102,12 +101,12 @@ def _layer_problems(f: LayerFactors, flavor: str):
             yield (
                 name,
                 (
-                    f"not part of a {flavor!r} record (AMCT's parser fails the whole file on an "
+                    f"not part of {a_record(flavor)} (AMCT's parser fails the whole file on an "
                     "unknown field); convert the record first"
                 ),
             )
         elif name in UNSUPPORTED_FIELDS[flavor]:
-            yield name, f"{name} is not supported in a {flavor!r} record, please delete it"
+            yield name, f"{name} is not supported in {a_record(flavor)}, please delete it"
     if f.act_type is not None and f.act_type not in ACT_TYPES:
         yield "act_type", f"act_type must be one of {list(ACT_TYPES)}, got {f.act_type!r}"
     if f.wts_type is not None and f.wts_type not in WTS_TYPES:

@@ -27,14 +27,14 @@ def test_act_type_is_an_unknown_field_for_mindspore():
 
 
 def test_truncated_text_is_a_clear_error():
-    with pytest.raises(RecordError, match=r"r.txt:2:\d+: .*cannot be parsed as a 'inner' record"):
+    with pytest.raises(RecordError, match=r"r.txt:2:\d+: .*cannot be parsed as an 'inner' record"):
         loads('record {\n  key: "c"\n', "inner", source="r.txt")
 
 
 def test_not_a_record_at_all(tmp_path):
     path = tmp_path / "junk.bin"
     path.write_bytes(b"\xff\xfe\x00\x01garbage")
-    with pytest.raises(RecordError, match="junk.bin: not a 'inner' record"):
+    with pytest.raises(RecordError, match="junk.bin: not an 'inner' record"):
         load(path)
 
 
