@@ -95,35 +95,53 @@ def _in_temp_dir() -> Iterator[str]:
             os.chdir(old)
 
 
-def export_model(net: ms.nn.Cell, tensors: list[ms.Tensor]) -> Any:
-    """Export ``net`` to MindIR in a temp dir and return the parsed ``ModelProto``.
+def export_model(net: ms.nn.Cell, tensors: list[ms.Tensor], read: Any = None) -> Any:
+    """Export ``net`` to MindIR in a temp dir; returns ``read(model_proto)``.
+
+    ``read`` sees the ``ModelProto`` through ``ms.export``'s documented ``custom_func`` hook,
+    before MindSpore fills in the parameter data, so the file is never parsed back. It must
+    not modify the proto. Without ``read`` the proto itself is returned (a copy).
 
     Example:
         >>> from mindspore import nn
-        >>> len(export_model(nn.ReLU(), to_tensors((1, 2))).graph.node) > 0
-        True
+        >>> export_model(nn.ReLU(), to_tensors((1, 2)), lambda m: len(m.graph.input))
+        1
     """
-    from mindspore.train import mind_ir_pb2
+    seen: list[Any] = []
+
+    def custom_func(model: Any) -> None:
+        if read is not None:
+            seen.append(read(model))
+        else:
+            copy = type(model)()
+            copy.CopyFrom(model)
+            seen.append(copy)
 
     training = net.training
     net.set_train(False)
     try:
         with _in_temp_dir() as tmp:
-            path = os.path.join(tmp, "net")
             try:
-                ms.export(net, *tensors, file_name=path, file_format="MINDIR")
+                ms.export(
+                    net,
+                    *tensors,
+                    file_name=os.path.join(tmp, "net"),
+                    file_format="MINDIR",
+                    custom_func=custom_func,
+                )
+            except GraphError:
+                raise
             except Exception as err:  # compile errors come in many types; name the network
                 first = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
                 raise GraphError(
                     f"{type(net).__name__}: MindIR export failed ({type(err).__name__}: "
                     f"{first}); the network must compile in GRAPH_MODE with the sample input"
                 ) from None
-            model = mind_ir_pb2.ModelProto()
-            with open(path + ".mindir", "rb") as fh:
-                model.ParseFromString(fh.read())
     finally:
         net.set_train(training)
-    return model
+    if not seen:
+        raise GraphError(f"{type(net).__name__}: MindIR export produced no graph")
+    return seen[0]
 
 
 def export_primitives(
@@ -137,8 +155,16 @@ def export_primitives(
         >>> [p.op for p in prims], ins, outs
         (['ReLU'], [(1, 4)], [('node', 0, 0)])
     """
-    model = export_model(net, to_tensors(sample_input))
-    return parse_graph(model.graph)
+
+    def read(model: Any) -> tuple:
+        if len(model.functions):
+            raise GraphError(
+                f"{type(net).__name__}: the MindIR holds {len(model.functions)} sub-graph(s) "
+                "(control flow that depends on data); only straight-line graphs are supported"
+            )
+        return parse_graph(model.graph)
+
+    return export_model(net, to_tensors(sample_input), read)
 
 
 def _short(name: str) -> str:
