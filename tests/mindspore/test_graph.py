@@ -365,3 +365,23 @@ def test_spatial_mean_concat_twice_transpose_conv_and_dense_on_a_map():
     assert refused[("a", 0, 8)] == "UNKNOWN_OP"  # the slices of ops.split
     # nn.Dense on an NCHW map mixes the last axis (W), not channels
     assert refused[("up", 0, 4)] == refused[("fc_w", 0, 3)] == "UNSUPPORTED_LAYOUT"
+
+
+class DataDependentIf(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 4, 1)
+        self.b = nn.Conv2d(4, 4, 1)
+
+    def construct(self, x):
+        y = self.a(x)
+        if y.sum() > 0:
+            y = self.b(y)
+        return y
+
+
+def test_data_dependent_control_flow_is_refused_clearly(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(GraphError, match="DataDependentIf: the MindIR holds .* sub-graph"):
+        extract_graph(DataDependentIf(), (1, 3, 4, 4))
+    assert os.listdir(tmp_path) == []
