@@ -1,0 +1,421 @@
+"""In-graph activation statistics for MindSpore: wrapper cells updating Parameters.
+
+:class:`Instrumentation` implements the core's instrumentation protocol
+(:class:`amct_bridge.calibration.protocol.Instrumentation`) for MindSpore cells. For every
+observed cell, :meth:`~Instrumentation.install` puts a wrapper cell (:class:`Probe`) in its
+place with ``parent.insert_child_to_cell(name, probe)`` (``setattr`` would rename the cell's
+parameters) at every place the cell is a child of, refreshes ``SequentialCell.cell_list`` and
+clears the compile cache of the network and of every other compiled top-level cell it was given
+(``Model``'s eval / train networks): a compiled graph never notices a swapped child, it would run
+on without statistics (or keep collecting after :meth:`~Instrumentation.remove`).
+:meth:`~Instrumentation.remove` puts the cells back and clears the caches again; the wrappers and
+their Parameters are gone, so outputs, parameter names and checkpoints are as before.
+
+A probe runs only graph ops on ``ops.stop_gradient`` of the observed tensor, so the same code
+runs in GRAPH_MODE (compiled into the network's graph, also under ``Model.train``) and in
+PYNATIVE_MODE; gradients and trainable parameters are untouched (the statistics Parameters have
+``requires_grad=False`` and are not in the optimizer's list). No Python side effect: an
+attribute write in a GRAPH_MODE ``construct`` runs as a Python fallback every call (measured:
+10x slower).
+
+Per call of the cell, each observed tensor (cell input and/or output, :class:`Summary`) writes
+one row ``[min, max, element count, marker]`` (float64) into a ring of ``slots`` rows,
+optionally its per-channel min and max (DMQ; channel axis 1, NCHW) and its histogram. A probe's
+call counter (int32 Parameter) picks the row and numbers the rows. The host reads the rings
+every ``read_every`` batch ends (:meth:`~Instrumentation.drain`), so each batch keeps its own
+row (``ema`` updates per batch, the core counts batches and names the batch with NaN/Inf)
+while the host reads ~20 small Parameters only every 16 steps. Reading every step instead cost
+about 0.5 ms per observed tensor and step on this CPU.
+
+Histograms follow the grid protocol of the Keras adapter, with the same results: the host sets a
+grid ``[lo, hi]`` per point (:meth:`~Instrumentation.set_grid`, a float32 Parameter); a batch
+inside the grid (and within :meth:`~Instrumentation.set_limit`) is binned onto it and summed
+into an int32 accumulator Parameter, taken by :meth:`~Instrumentation.take_histograms`; any
+other batch is binned over its own ``[min, max]`` (equal: all in bin 0) into its ring row only
+(marker 2), and the host hands it over with the row, then moves the grid. Binning is
+``min(floor((x - lo) / ((hi - lo) / bins)), bins - 1)`` in float64, the formula of
+:func:`amct_bridge.quant.stats.batch_stats`; counts by ``unsorted_segment_sum`` (``ops.histc``
+bakes its range into the graph, ``HistogramFixedWidth`` has no CPU kernel). Exact: min, max,
+counts, per-channel ranges and every bin equal the numpy reference on the same float32 tensor.
+
+A cell called at several sites per step (one ``nn.ReLU`` used twice) gets one probe: its rows
+merge all sites, one row per call, so ``Point.calls`` must give the calls per step (the core
+numbers batches as ``row.step // calls``; too small a value fills the ring early and
+:meth:`~Instrumentation.drain` says so). Not seen: functional ops in ``construct`` (``x + y``,
+``ops.concat``), cells referenced only outside the cell tree (plain lists, dicts), and
+``@ms.jit`` functions compiled by the user (only cells' compile caches are cleared). A
+checkpoint saved *during* a pass (``ModelCheckpoint``) contains the statistics Parameters.
+
+Example:
+    >>> import numpy as np, mindspore as ms
+    >>> from mindspore import nn
+    >>> from amct_bridge.calibration.protocol import Point
+    >>> net = nn.SequentialCell([nn.Dense(3, 2), nn.ReLU()])
+    >>> inst = Instrumentation(net, [Point("0", "input", net[0])])
+    >>> inst.install(); _ = net(ms.Tensor(np.float32([[1, -2, 3]]))); rows = inst.drain()
+    >>> inst.remove(); (rows[0].stats.min, rows[0].stats.max, rows[0].stats.count), type(net[0])
+    ((-2.0, 3.0, 3), <class 'mindspore.nn.layer.basic.Dense'>)
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+
+from amct_bridge.calibration.protocol import Point, Row
+from amct_bridge.errors import CalibrationError
+from amct_bridge.quant.stats import BatchStats
+
+_ACC_LIMIT = 2**31 - 1  # int32 accumulator
+_NO_LIMIT = 2**31 - 1
+_NO_GRID = np.array([np.inf, -np.inf], np.float32)  # a grid no batch is inside
+_OWN_HIST = 2.0  # ring marker: the row's histogram is the batch's own
+_uids = itertools.count()
+
+
+def _param(value: np.ndarray, name: str) -> Parameter:
+    return Parameter(Tensor(value), name=name, requires_grad=False)
+
+
+class Summary(nn.Cell):
+    """The buffers and ops of one observed tensor (one point) inside a :class:`Probe`.
+
+    Args:
+        prefix: unique Parameter name prefix.
+        point: the observed point (``bins``, ``channel_axis``, ``channels`` are used).
+        slots: ring rows.
+
+    Example:
+        >>> s = Summary("doc.0", Point("fc", "input", None, bins=4), 2)
+        >>> s.mm.shape, s.hist.shape, s.acc.shape
+        ((2, 4), (2, 4), (4,))
+    """
+
+    def __init__(self, prefix: str, point: Point, slots: int) -> None:
+        super().__init__(auto_prefix=False)
+        self.slots = int(slots)
+        self.bins = int(point.bins)
+        self.channel_axis = point.channel_axis
+        self.mm = _param(np.zeros((slots, 4), np.float64), f"{prefix}.minmax")
+        if self.bins:
+            self.hist = _param(np.zeros((slots, self.bins), np.int32), f"{prefix}.hist")
+            self.acc = _param(np.zeros(self.bins, np.int32), f"{prefix}.hist_acc")
+            self.grid = _param(_NO_GRID.copy(), f"{prefix}.grid")
+        if self.channel_axis is not None:
+            chans = (slots, 2, int(point.channels))
+            self.chan = _param(np.zeros(chans, np.float32), f"{prefix}.channels")
+
+    def construct(self, x, n, limit):
+        """Summarise ``x`` into ring row ``n % slots``; ``n < limit``: may bin onto the grid."""
+        x = ops.stop_gradient(ops.cast(x, ms.float32))
+        lo = ops.reduce_min(x)
+        hi = ops.reduce_max(x)
+        slot = ops.reshape(ops.floor_mod(n, self.slots), (1,))
+        marker = ops.scalar_to_tensor(1.0, ms.float64)
+        if self.bins:
+            grid = self.grid
+            inside = ops.logical_and(lo >= grid[0], hi <= grid[1])
+            inside = ops.logical_and(inside, n < limit)
+            top = ops.select(hi > lo, hi, lo + 1.0)  # constant batch: everything in bin 0
+            start = ops.cast(ops.select(inside, grid[0], lo), ms.float64)
+            end = ops.cast(ops.select(inside, grid[1], top), ms.float64)
+            pos = (ops.cast(ops.reshape(x, (-1,)), ms.float64) - start) / (
+                (end - start) / self.bins
+            )
+            # NaN/Inf batches bin garbage into valid bins; the host stops on their min/max
+            index = ops.clip_by_value(ops.cast(ops.floor(pos), ms.int32), 0, self.bins - 1)
+            hist = ops.unsorted_segment_sum(ops.ones_like(index), index, self.bins)
+            ops.assign_add(self.acc, hist * ops.cast(inside, ms.int32))
+            ops.scatter_update(self.hist, slot, ops.reshape(hist, (1, self.bins)))
+            marker = 2.0 - ops.cast(inside, ms.float64)
+        size = ops.scalar_to_tensor(ops.size(x), ms.float64)
+        row = ops.stack([ops.cast(lo, ms.float64), ops.cast(hi, ms.float64), size, marker])
+        ops.scatter_update(self.mm, slot, ops.reshape(row, (1, 4)))
+        if self.channel_axis is not None:
+            per = ops.swapaxes(x, 0, self.channel_axis)
+            per = ops.reshape(per, (per.shape[0], -1))
+            chan = ops.stack([ops.reduce_min(per, 1), ops.reduce_max(per, 1)])
+            ops.scatter_update(self.chan, slot, ops.expand_dims(chan, 0))
+        return lo
+
+
+class Probe(nn.Cell):
+    """The wrapper put in place of an observed cell: summaries around the cell's own call.
+
+    ``getattr`` falls through to the wrapped cell, so ``self.conv.weight`` in a parent's
+    ``construct`` still works while the probe is installed.
+
+    Example:
+        >>> p = Probe(nn.ReLU(), [], [], "doc", slots=1, calls=1)
+        >>> type(p.cell).__name__, int(p.count.asnumpy())
+        ('ReLU', 0)
+    """
+
+    def __init__(
+        self, cell, inputs: list[Summary], outputs: list[Summary], prefix: str, slots: int, calls
+    ) -> None:
+        super().__init__(auto_prefix=False)
+        self.insert_child_to_cell("cell", cell)  # setattr would rename the cell's parameters
+        self.inputs = nn.CellList(inputs, auto_prefix=False)
+        self.outputs = nn.CellList(outputs, auto_prefix=False)
+        self.has_inputs, self.has_outputs = bool(inputs), bool(outputs)
+        self.slots, self.calls = int(slots), int(calls)
+        self.count = _param(np.zeros((), np.int32), f"{prefix}.count")
+        self.limit = _param(np.full((), _NO_LIMIT, np.int32), f"{prefix}.limit")
+        self.last = 0  # host side: counter at the last drain
+
+    def construct(self, *inputs):
+        """Summarise the input(s), run the cell, summarise its output, count the call."""
+        n = self.count + 0  # this call's number, read before the increment below
+        if self.has_inputs:
+            for summary in self.inputs:
+                summary(inputs[0], n, self.limit)
+        out = self.cell(*inputs)
+        if self.has_outputs:
+            first = out[0] if isinstance(out, tuple) else out
+            for summary in self.outputs:
+                summary(first, n, self.limit)
+        ops.assign_add(self.count, ops.ones_like(self.count))
+        return out
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            cells = self.__dict__.get("_cells")
+            if not cells or cells.get("cell") is None:
+                raise
+            return getattr(cells["cell"], name)
+
+
+class Instrumentation:
+    """Installs probes on a network's cells and reads their statistics back.
+
+    Args:
+        net: the network (top-level cell) whose cell tree holds the observed cells.
+        points: the tensors to observe; ``layer`` is the cell, ``role`` "input" or "output".
+        steps_per_read: batch ends between two reads (each probe's ring holds
+            ``steps_per_read * calls`` rows).
+        compiled: other top-level cells whose compiled graphs must be rebuilt on install and
+            remove (``model._eval_network``, ``model._train_network``, a callback's
+            ``run_context.original_args()["eval_network"]``); more via :meth:`forget_graphs`.
+
+    Example:
+        >>> # see the module docstring
+    """
+
+    def __init__(
+        self, net, points: list[Point], steps_per_read: int = 16, compiled: Iterable = ()
+    ) -> None:
+        self.net = net
+        self.points = list(points)
+        self.steps_per_read = max(1, int(steps_per_read))
+        self.python_calls = 0  # nothing of ours runs in Python per step (see module docstring)
+        self._compiled: list = [net]
+        self._installed: list[tuple[object, str, object]] = []  # (parent, name, original)
+        self.forget_graphs(*compiled)
+        uid = next(_uids)
+        by_cell: dict[int, list[int]] = {}
+        for index, point in enumerate(self.points):
+            if point.role not in ("input", "output"):
+                raise CalibrationError(
+                    f"layer {point.key!r}: MindSpore observes cell inputs and outputs, "
+                    f"not {point.role!r} tensors"
+                )
+            if not isinstance(point.layer, nn.Cell):
+                raise CalibrationError(f"layer {point.key!r}: {point.layer!r} is not a Cell")
+            by_cell.setdefault(id(point.layer), []).append(index)
+        self._probes: list[Probe] = []
+        self._probe_index: dict[int, int] = {}  # point -> its probe
+        self._summary: dict[int, Summary] = {}
+        for k, indices in enumerate(by_cell.values()):
+            calls = max(max(1, self.points[i].calls) for i in indices)
+            slots = self.steps_per_read * calls
+            for i in indices:
+                self._summary[i] = Summary(f"amct_bridge.{uid}.{i}", self.points[i], slots)
+                self._probe_index[i] = k
+            ins = [self._summary[i] for i in indices if self.points[i].role == "input"]
+            outs = [self._summary[i] for i in indices if self.points[i].role == "output"]
+            cell = self.points[indices[0]].layer
+            self._probes.append(Probe(cell, ins, outs, f"amct_bridge.{uid}.c{k}", slots, calls))
+        self._by_probe = [
+            [i for i, k2 in self._probe_index.items() if k2 == k] for k in range(len(self._probes))
+        ]
+        self._grids: dict[int, tuple[float, float]] = {}
+        self._added: dict[int, int] = {}  # point -> elements since its last take
+        self._largest: dict[int, int] = {}
+
+    # ---- swapping -----------------------------------------------------------------------------
+
+    def forget_graphs(self, *cells) -> None:
+        """Add top-level cells whose compile caches are cleared on install and remove (and
+        clear them now if installed: a graph compiled before must not run on unobserved).
+
+        Example:
+            >>> # inst.forget_graphs(run_context.original_args().get("eval_network"))
+        """
+        for cell in cells:
+            if cell is not None and all(cell is not c for c in self._compiled):
+                self._compiled.append(cell)
+                if self._installed:
+                    cell.compile_cache.clear()
+
+    def install(self) -> None:
+        """Put every probe in place of its cell (all places it is a child of), then clear the
+        compile caches. Idempotent."""
+        if self._installed:
+            return
+        places = _places(self.net)
+        for k, probe in enumerate(self._probes):
+            cell = probe.cell
+            found = places.get(id(cell), [])
+            if not found:
+                key = self.points[self._by_probe[k][0]].key
+                self.remove()
+                raise CalibrationError(
+                    f"layer {key!r}: cell {type(cell).__name__} is not a child of any cell of "
+                    "the network (the top-level cell itself cannot be observed)"
+                )
+            for parent, name in found:
+                self._installed.append((parent, name, cell))
+                _put(parent, name, probe)
+        self._clear()
+
+    def remove(self) -> None:
+        """Put the original cells back and clear the compile caches (idempotent)."""
+        if not self._installed:
+            return
+        while self._installed:
+            parent, name, cell = self._installed.pop()
+            _put(parent, name, cell)
+        self._clear()
+
+    def _clear(self) -> None:
+        for cell in self._compiled:
+            cell.compile_cache.clear()
+
+    # ---- host side ----------------------------------------------------------------------------
+
+    @property
+    def read_every(self) -> int:
+        """Batch ends between two :meth:`drain` calls (rings hold that many steps)."""
+        return self.steps_per_read
+
+    def set_limit(self, steps: int | None) -> None:
+        """Steps after which no batch bins onto a grid any more (None: never)."""
+        for probe in self._probes:
+            limit = _NO_LIMIT if steps is None else min(_NO_LIMIT, max(0, steps) * probe.calls)
+            probe.limit.set_data(Tensor(np.array(limit, np.int32)))
+
+    def set_grid(self, index: int, lo: float, hi: float) -> None:
+        """Bin point ``index``'s batches inside ``[lo, hi]`` onto that grid from now on (take
+        the histograms first: the accumulated counts belong to the old grid)."""
+        grid = np.array([lo, hi], np.float32)
+        self._summary[index].grid.set_data(Tensor(grid))
+        self._grids[index] = (float(grid[0]), float(grid[1]))
+
+    def grid(self, index: int) -> tuple[float, float] | None:
+        """Point ``index``'s grid, None before the first :meth:`set_grid`."""
+        return self._grids.get(index)
+
+    def take_histograms(self, indices) -> list[tuple[int, float, float, np.ndarray]]:
+        """``(point, lo, hi, counts)`` accumulated on each point's grid since the last take
+        (only batches binned onto the grid); zeroes the accumulators."""
+        out = []
+        for index in indices:
+            summary = self._summary[index]
+            if not summary.bins:
+                continue
+            self._added.pop(index, None)
+            counts = summary.acc.asnumpy().astype(np.int64)
+            if counts.any():
+                summary.acc.set_data(Tensor(np.zeros(summary.bins, np.int32)))
+                lo, hi = self._grids[index]
+                out.append((index, lo, hi, counts))
+        return out
+
+    def due(self) -> list[int]:
+        """Points whose accumulator must be taken before the next read: a bin could pass int32
+        otherwise (everything since the last take in one bin, plus two full rings of the
+        largest batch)."""
+        out = []
+        for index, added in self._added.items():
+            slots = self._probes[self._probe_index[index]].slots
+            if added + 2 * slots * self._largest.get(index, 0) >= _ACC_LIMIT:
+                out.append(index)
+        return sorted(out)
+
+    def drain(self) -> list[Row]:
+        """Every summary written since the last drain, in write order per point."""
+        rows: list[Row] = []
+        for k, probe in enumerate(self._probes):
+            count = int(probe.count.asnumpy())
+            last = probe.last
+            if count - last > probe.slots:
+                raise CalibrationError(
+                    f"cell {type(probe.cell).__name__} ran {count - last} times since the last "
+                    f"read, but its ring holds {probe.slots} ({probe.calls} call(s) per step "
+                    "planned): is it called more often per step than the graph shows?"
+                )
+            probe.last = count
+            if count == last:
+                continue
+            for index in self._by_probe[k]:
+                rows.extend(self._rows_of(index, probe, range(last, count)))
+        return rows
+
+    def _rows_of(self, index: int, probe: Probe, calls: range) -> list[Row]:
+        summary = self._summary[index]
+        mm = summary.mm.asnumpy()
+        slots = [n % probe.slots for n in calls]
+        hist = None
+        if summary.bins and (mm[slots, 3] == _OWN_HIST).any():
+            hist = summary.hist.asnumpy()
+        chan = summary.chan.asnumpy() if summary.channel_axis is not None else None
+        rows = []
+        for n, slot in zip(calls, slots, strict=True):
+            lo, hi, size, marker = mm[slot]
+            own = None
+            if summary.bins:
+                self._added[index] = self._added.get(index, 0) + int(size)
+                self._largest[index] = max(self._largest.get(index, 0), int(size))
+                if marker == _OWN_HIST:
+                    own = hist[slot].astype(np.int64)
+            ranges = chan[slot] if chan is not None else None
+            stats = BatchStats(
+                count=int(size),
+                min=float(lo),
+                max=float(hi),
+                hist=own,
+                channel_absmax=np.abs(ranges).max(axis=0) if ranges is not None else None,
+            )
+            rows.append(Row(index, 0, n, stats, ranges))
+        return rows
+
+
+def _places(net) -> dict[int, list[tuple[object, str]]]:
+    """id(cell) -> every (parent, child name) holding it, over the whole cell tree."""
+    out: dict[int, list[tuple[object, str]]] = {}
+    seen: set[int] = set()
+    stack = [net]
+    while stack:
+        parent = stack.pop()
+        if id(parent) in seen:
+            continue
+        seen.add(id(parent))
+        for name, child in parent._cells.items():
+            if child is not None:
+                out.setdefault(id(child), []).append((parent, name))
+                stack.append(child)
+    return out
+
+
+def _put(parent, name: str, cell) -> None:
+    """``parent.name = cell`` without renaming parameters; SequentialCell runs its cell_list."""
+    parent.insert_child_to_cell(name, cell)
+    if isinstance(parent, nn.SequentialCell):
+        parent.cell_list = list(parent._cells.values())
