@@ -6,6 +6,9 @@ any Python this package supports (the tool's binary needs CPython 3.6-3.9 and ex
 message elsewhere). Unlike the tool, it refuses names that are not C identifiers, NaN/integer
 arrays and missing files with an error and exit code 2.
 
+``--model-class`` also writes the model class and ``app_main.cpp`` from the chip graph of an
+amct-bridge export (``export.json``) or of ``--graph FILE`` (docs/espdl-export.md).
+
 Example:
     amct-bridge espdl-convert -t esp32s3 -i model_espdl -n model_coefficient -o main/model -q 0
 """
@@ -13,7 +16,9 @@ Example:
 from __future__ import annotations
 
 import argparse
+import sys
 
+from amct_bridge.errors import ExportError
 from amct_bridge.espdl.spec import TARGETS
 
 
@@ -49,21 +54,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=0,
         help="0 per-tensor (default), 1 per-channel (s8 only)",
     )
+    parser.add_argument(
+        "--model-class",
+        action="store_true",
+        help="also write <model>_model.hpp and app_main.cpp from the chip graph in "
+        "input_root/export.json (an amct-bridge export) or --graph",
+    )
+    parser.add_argument(
+        "--graph", metavar="FILE", help="chip graph JSON for --model-class (any convert.py set)"
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Convert; returns the exit code."""
-    from amct_bridge.espdl.cpp_coefficients import convert_set
+    """Convert; returns the exit code. Everything is computed before anything is written."""
+    from amct_bridge.espdl.cpp_app import set_model_files
+    from amct_bridge.espdl.cpp_coefficients import set_files, write_files
 
-    written = convert_set(
-        args.input_root,
-        args.name,
-        args.output_root,
-        target=args.target_chip,
-        per_channel=args.quant == 1,
-        config_name=args.json_file_name,
-    )
-    for path in written:
+    if args.graph is not None and not args.model_class:
+        raise ExportError("--graph is read with --model-class")
+    if args.model_class and args.name == "app_main":
+        raise ExportError("-n app_main would overwrite app_main.cpp: choose another name")
+    options = {"per_channel": args.quant == 1, "config_name": args.json_file_name}
+    files = set_files(args.input_root, args.name, target=args.target_chip, **options)
+    notes: list[str] = []
+    if args.model_class:
+        more, notes = set_model_files(args.input_root, args.name, graph=args.graph, **options)
+        files.update(more)
+    for path in write_files(args.output_root, files):
         print(f"wrote {path}")
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     return 0

@@ -12,19 +12,22 @@ Example:
     >>> from amct_bridge.espdl.export import export_layers
     >>> from amct_bridge.espdl.source import SourceLayer
     >>> from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange
+    >>> from amct_bridge.espdl.source import SourceLayer
     >>> layers = [SourceLayer("in", "input", attrs={"shape": (4,)}),
     ...           SourceLayer("fc", "dense", ["in"], "Dense",
     ...                       {"kernel": np.full((4, 2), 0.5, np.float32)},
     ...                       {"model_output": True})]
     >>> stats = CalibrationStats(layers={"fc": LayerStats("Dense", TensorRange(0, 1),
     ...                                                   TensorRange(-2, 2))})
-    >>> files, notes = cpp_outputs(layers, export_layers(layers, None, stats=stats), "m")
+    >>> files, notes = cpp_outputs(export_layers(layers, None, stats=stats), "m")
     >>> sorted(files), notes
     (['app_main.cpp', 'm.cpp', 'm.hpp', 'm_model.hpp'], [])
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -33,7 +36,13 @@ from amct_bridge.errors import AmctBridgeError, ExportError
 from amct_bridge.espdl import spec
 from amct_bridge.espdl.cpp_coefficients import check_identifier, coefficient_files
 from amct_bridge.espdl.cpp_model import ModelClass, model_class
-from amct_bridge.espdl.source import SourceLayer
+from amct_bridge.espdl.network import (
+    Network,
+    graph_from_json,
+    network_from_parts,
+    network_from_result,
+)
+from amct_bridge.espdl.preview import load_set
 
 if TYPE_CHECKING:
     from amct_bridge.espdl.export import ExportResult
@@ -132,28 +141,42 @@ extern "C" void app_main(void)
 """
 
 
-def _input_shape(layers: list[SourceLayer]) -> tuple[int, ...] | None:
-    inputs = [layer for layer in layers if layer.op == "input"]
-    shape = inputs[0].attrs.get("shape") if len(inputs) == 1 else None
-    if shape is None or any(s is None for s in shape):
-        return None
-    return tuple(int(s) for s in shape)
+def model_files(
+    net: Network, name: str, *, example: np.ndarray | None = None
+) -> tuple[dict[str, bytes], list[str]]:
+    """``<model>_model.hpp`` and ``app_main.cpp`` of chip graph ``net`` (coefficients ``name``),
+    and notes on what was left out (the app needs the input's shape and exponent).
+
+    Example:
+        >>> from amct_bridge.espdl.network import NetLayer, Network
+        >>> net = Network("s8", False, [NetLayer("r", "ReLU", ["input"])], input_exponent=-7)
+        >>> files, notes = model_files(net, "n")
+        >>> sorted(files), notes
+        (['n_model.hpp'], ["app_main.cpp not written: the model input's shape is not known"])
+    """
+    check_identifier(name, "C++ name (cpp)")
+    model = model_class(net, name)
+    files = {model.header_name: model.text.encode("ascii")}
+    if model.input_shape is None:
+        return files, ["app_main.cpp not written: the model input's shape is not known"]
+    try:
+        files["app_main.cpp"] = app_main_text(model, model.input_shape, example).encode("ascii")
+    except ExportError as err:
+        return files, [f"app_main.cpp not written: {err}"]
+    return files, []
 
 
 def cpp_outputs(
-    layers: list[SourceLayer],
-    result: ExportResult,
-    name: str,
-    *,
-    example: np.ndarray | None = None,
+    result: ExportResult, name: str, *, example: np.ndarray | None = None
 ) -> tuple[dict[str, bytes], list[str]]:
     """The C++ files of an export (file name -> bytes) and notes on what was left out.
 
-    ``name`` is convert.py's ``-n`` (namespace and coefficient file names); the model class is
-    ``<name without _coefficient>_model.hpp``.
+    ``name`` is convert.py's ``-n`` (namespace and coefficient file names); the model class
+    (``<name without _coefficient>_model.hpp``) is built on the export's chip graph
+    (:func:`amct_bridge.espdl.network.network_from_result`).
 
     Example:
-        >>> cpp_outputs([], None, "bad name")  # doctest: +ELLIPSIS
+        >>> cpp_outputs(None, "bad name")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
         amct_bridge.errors.ExportError: C++ name (cpp) 'bad name' is not a C identifier ...
@@ -162,18 +185,40 @@ def cpp_outputs(
     if name == "app_main":
         raise ExportError("C++ name (cpp) 'app_main' would overwrite app_main.cpp: choose another")
     files = coefficient_files([layer.preview for layer in result.layers], name)
-    notes = []
     try:
-        model = model_class(layers, result, name)
+        extra, notes = model_files(network_from_result(result), name, example=example)
     except AmctBridgeError as err:
         return files, [f"C++ model class not written: {err}"]
-    files[model.header_name] = model.text.encode("utf-8")
-    shape = _input_shape(layers)
-    if shape is None:
-        notes.append("app_main.cpp not written: the model input's shape is not known")
-        return files, notes
-    try:
-        files["app_main.cpp"] = app_main_text(model, shape, example).encode("utf-8")
-    except ExportError as err:
-        notes.append(f"app_main.cpp not written: {err}")
-    return files, notes
+    return {**files, **extra}, notes
+
+
+def set_model_files(
+    in_dir: str | os.PathLike,
+    name: str,
+    *,
+    graph: str | os.PathLike | None = None,
+    per_channel: bool = False,
+    config_name: str = "config.json",
+) -> tuple[dict[str, bytes], list[str]]:
+    """Model class (and app) of a convert.py input set, not written: (files, notes).
+
+    The chip graph is ``in_dir/export.json``'s (an export of this package) or the graph JSON
+    file ``graph`` (any set, e.g. ESP-DL's tutorial).
+
+    Example:
+        >>> set_model_files("/nonexistent", "m")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        amct_bridge.errors.ExportError: /nonexistent/config.json: cannot read: ...
+    """
+    in_dir = Path(in_dir)
+    config, arrays = load_set(in_dir, config_name)
+    where = str(graph) if graph is not None else str(in_dir / "export.json")
+    doc = graph_from_json(graph if graph is not None else in_dir / "export.json")
+    if graph is None:
+        if not doc.get("graph"):
+            why = doc.get("graph_error", "written before the chip graph existed")
+            raise ExportError(f"{where}: no chip graph ({why}): pass --graph FILE")
+        doc = doc["graph"]
+    net = network_from_parts(doc, config, arrays, per_channel=per_channel, where=where)
+    return model_files(net, name)

@@ -204,6 +204,51 @@ def _check_arrays(config: dict, arrays: dict[str, np.ndarray], in_dir: Path) -> 
                 raise ExportError(f"{path}: contains NaN or Inf")
 
 
+def set_files(
+    in_dir: str | os.PathLike,
+    name: str,
+    *,
+    target: str = "esp32",
+    per_channel: bool = False,
+    config_name: str = "config.json",
+) -> dict[str, bytes]:
+    """``NAME.cpp`` / ``NAME.hpp`` of a convert.py input set, computed and checked, not written.
+
+    Example:
+        >>> set_files("/nonexistent", "m")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        amct_bridge.errors.ExportError: /nonexistent/config.json: cannot read: ...
+    """
+    check_identifier(name, "coefficient name (-n)")
+    config, arrays = load_set(in_dir, config_name)
+    _check_unreproduced_keys(config)
+    _check_arrays(config, arrays, Path(in_dir))
+    previews = preview_set(config, arrays, target=target, per_channel=per_channel)
+    return coefficient_files(previews, name)
+
+
+def write_files(out_dir: str | os.PathLike, files: dict[str, bytes]) -> list[Path]:
+    """Write ``files`` into ``out_dir`` (created if its parent exists), each atomically.
+
+    Example:
+        >>> write_files("/nonexistent/x", {"a.cpp": b""})
+        Traceback (most recent call last):
+        ...
+        amct_bridge.errors.ExportError: /nonexistent/x: not a directory, and its parent ...
+    """
+    out = Path(out_dir)
+    if not out.is_dir():
+        if out.exists() or not out.parent.is_dir():
+            raise ExportError(f"{out}: not a directory, and its parent does not exist")
+        out.mkdir()
+    written = []
+    for file_name, data in files.items():
+        atomic_write_bytes(out / file_name, data)
+        written.append(out / file_name)
+    return written
+
+
 def convert_set(
     in_dir: str | os.PathLike,
     name: str,
@@ -224,19 +269,5 @@ def convert_set(
         ...
         amct_bridge.errors.ExportError: /nonexistent/config.json: cannot read: ...
     """
-    check_identifier(name, "coefficient name (-n)")
-    config, arrays = load_set(in_dir, config_name)
-    _check_unreproduced_keys(config)
-    _check_arrays(config, arrays, Path(in_dir))
-    previews = preview_set(config, arrays, target=target, per_channel=per_channel)
-    files = coefficient_files(previews, name)
-    out = Path(out_dir)
-    if not out.is_dir():
-        if out.exists() or not out.parent.is_dir():
-            raise ExportError(f"{out}: not a directory, and its parent does not exist")
-        out.mkdir()
-    written = []
-    for file_name, data in files.items():
-        atomic_write_bytes(out / file_name, data)
-        written.append(out / file_name)
-    return written
+    files = set_files(in_dir, name, target=target, per_channel=per_channel, config_name=config_name)
+    return write_files(out_dir, files)

@@ -19,7 +19,6 @@ from amct_bridge.espdl import spec
 
 if TYPE_CHECKING:
     from amct_bridge.espdl.cpp_model import ChipLayer, ModelClass
-    from amct_bridge.espdl.export import ExportResult
 
 INPUT = "input"
 _I = "    "
@@ -64,13 +63,13 @@ def _declaration(node: ChipLayer, output: bool) -> str:
     return f"{_I}dl::layer::{node.espdl_class}<{node.ctype}> {node.member}; // {role}{what}{exp}\n"
 
 
-def _header_comment(model: ModelClass, result: ExportResult) -> list[str]:
+def _header_comment(model: ModelClass) -> list[str]:
     ctype = spec.CTYPE[model.feature_type]
     bits = spec.FEATURE_BITS[model.feature_type]
     lo, hi = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+    granularity = "per-channel" if model.per_channel else "per-tensor"
     lines = [
-        f"// ESP-DL v1 model class written by amct-bridge ({result.feature_type}, "
-        f"{result.granularity}, exported for {result.target}).",
+        f"// ESP-DL v1 model class written by amct-bridge ({model.feature_type}, {granularity}).",
         f"// Coefficients: {model.coefficient_name}.hpp / {model.coefficient_name}.cpp "
         "(amct-bridge espdl-convert, or convert.py). Layer classes of ESP-DL release/v1.1",
         "// (Relu / LeakyRelu; tag v1.1.0 names them ReLU / LeakyReLU and its standalone layers "
@@ -136,7 +135,7 @@ def _body(model: ModelClass, method: str) -> list[str]:
     return lines
 
 
-def render_model(model: ModelClass, result: ExportResult) -> str:
+def render_model(model: ModelClass) -> str:
     """The whole ``<model>_model.hpp``.
 
     Example:
@@ -146,7 +145,7 @@ def render_model(model: ModelClass, result: ExportResult) -> str:
     """
     private, public = _members(model)
     ctype = spec.CTYPE[model.feature_type]
-    out = ["#pragma once\n", *_header_comment(model, result), "\n", *_includes(model), "\n"]
+    out = ["#pragma once\n", *_header_comment(model), "\n", *_includes(model), "\n"]
     out += [f"class {model.class_name} : public dl::layer::Model<{ctype}>\n", "{\n"]
     out += ["private:\n", *(_declaration(n, False) for n in private), "\n", "public:\n"]
     out += [_declaration(n, True) for n in public]

@@ -343,7 +343,7 @@ def export_layers(
         result.graph_error = str(err)
     extra: dict[str, bytes] = {}
     if cpp is not None:
-        extra, notes = cpp_outputs(layers, result, cpp)
+        extra, notes = cpp_outputs(result, cpp)
         result.notes += notes
     if out_dir is not None:
         write_directory(out_dir, {**_files(result), **extra}, overwrite=overwrite)

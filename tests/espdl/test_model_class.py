@@ -19,10 +19,9 @@ import numpy as np
 import pytest
 from espdl_stats import layer_activations, sidecar_from
 
-from amct_bridge.espdl import export
 from amct_bridge.espdl.cpp_coefficients import convert_set
 from amct_bridge.espdl.cpp_model import model_names
-from amct_bridge.keras.espdl_weights import source_layers
+from amct_bridge.keras import export_espdl
 from amct_bridge.quant.espdl import quantize_pow2
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -148,9 +147,9 @@ def test_all_layer_kinds_export_compile_and_match_export_json(
 ):
     model, stats = all_kinds
     out = tmp_path / "espdl"
-    result = export(
-        None,
+    result = export_espdl(
         model,
+        None,
         out,
         stats=stats,
         feature_type=feature_type,
@@ -240,7 +239,7 @@ def test_compile_check_catches_a_broken_header(all_kinds, tmp_path):
     # the harness can fail: one wrong argument count in build() is an error
     model, stats = all_kinds
     out = tmp_path / "espdl"
-    export(None, model, out, stats=stats, cpp="net_coefficient")
+    export_espdl(model, None, out, stats=stats, cpp="net_coefficient")
     text = (out / "net_model.hpp").read_text()
     broken = text.replace("this->mp.build(this->cat.get_output());", "this->mp.build();")
     assert broken != text
@@ -269,12 +268,11 @@ def _quantize_block(app: str) -> str:
 def test_app_quantizes_the_input_like_the_documented_rule(all_kinds, tmp_path, feature_type):
     # compile and run the app's own quantize_input on the host; compare with quantize_pow2
     model, stats = all_kinds
-    result = export(None, model, None, stats=stats, feature_type=feature_type, cpp="n")
+    result = export_espdl(model, None, None, stats=stats, feature_type=feature_type, cpp="n")
     assert result.out_dir is None
-    layers = source_layers(model)
     from amct_bridge.espdl.cpp_app import cpp_outputs
 
-    files, notes = cpp_outputs(layers, result, "n")
+    files, notes = cpp_outputs(result, "n")
     assert notes == []
     app = files["app_main.cpp"].decode()
     e = int(
@@ -310,9 +308,9 @@ def test_example_input_is_written_exactly(all_kinds):
     from amct_bridge.espdl.cpp_app import cpp_outputs
 
     model, stats = all_kinds
-    result = export(None, model, None, stats=stats)
+    result = export_espdl(model, None, None, stats=stats)
     x = np.random.default_rng(3).normal(size=(12, 12, 3)).astype(np.float32)
-    files, _ = cpp_outputs(source_layers(model), result, "n", example=x)
+    files, _ = cpp_outputs(result, "n", example=x)
     app = files["app_main.cpp"].decode()
     block = app[app.index("example_input[INPUT_SIZE] = {") : app.index("};")]
     values = np.array(
@@ -336,7 +334,7 @@ def _stats(model):
 def test_reserved_member_names_are_renamed_and_compile(tmp_path):
     model = _small(lambda a: L.Conv2D(3, 1, name="call")(a))
     out = tmp_path / "e"
-    export(None, model, out, stats=_stats(model), cpp="m_coefficient")
+    export_espdl(model, None, out, stats=_stats(model), cpp="m_coefficient")
     text = (out / "m_model.hpp").read_text()
     assert "dl::layer::Conv2D<int8_t> build_layer;" in text
     assert "dl::layer::Conv2D<int8_t> call_layer;" in text
@@ -352,7 +350,7 @@ def test_a_layer_without_espdl_equivalent_keeps_the_coefficients_and_says_why(tm
 
     model = _small(tail)
     out = tmp_path / "e"
-    result = export(None, model, out, stats=_stats(model), cpp="m")
+    result = export_espdl(model, None, out, stats=_stats(model), cpp="m")
     assert (out / "m.cpp").is_file() and (out / "m.hpp").is_file()
     assert not (out / "m_model.hpp").exists() and not (out / "app_main.cpp").exists()
     note = [n for n in result.warnings if "model class not written" in n]
@@ -368,7 +366,7 @@ def test_a_layer_without_espdl_equivalent_keeps_the_coefficients_and_says_why(tm
 def test_bad_cpp_names_are_refused_before_writing(tmp_path, name, message):
     model = _small(None)
     with pytest.raises(Exception, match=message):
-        export(None, model, tmp_path / "e", stats=_stats(model), cpp=name)
+        export_espdl(model, None, tmp_path / "e", stats=_stats(model), cpp=name)
     assert not (tmp_path / "e").exists()
 
 
@@ -378,7 +376,7 @@ def test_public_api_and_cli_write_the_same_cpp_files(all_kinds, tmp_path, capsys
 
     model, stats = all_kinds
     api = tmp_path / "api"
-    export(None, model, api, stats=stats, target="esp32s3", cpp="net_coefficient")
+    export_espdl(model, None, api, stats=stats, target="esp32s3", cpp="net_coefficient")
     model.save(tmp_path / "m.keras")
     save_stats(stats, tmp_path / "s.json")
     argv = [
@@ -405,7 +403,70 @@ def test_concat_axis_counts_without_the_batch_axis(tmp_path):
 
     model = _small(tail)
     out = tmp_path / "e"
-    export(None, model, out, stats=_stats(model), cpp="m")
+    export_espdl(model, None, out, stats=_stats(model), cpp="m")
     text = (out / "m_model.hpp").read_text()
     assert 'cat(-1, "cat")' in text
     _compiles(out, "app_main.cpp")
+
+
+def _inits(text: str) -> dict[str, str]:
+    """member -> constructor arguments, both spellings (``m(Conv2D<int16_t>(args))``, ``m(args)``),
+    with the ``dl::`` / namespace qualifications removed."""
+    start = text.index("() : ") + len("() : ")
+    body = text[start : text.index(") {}\n", start) + 1]
+    found = {}
+    for line in body.splitlines():
+        m = re.fullmatch(r"\s*(\w+)\((.*)\),?", line)
+        assert m is not None, line
+        args = m[2]
+        wrapped = re.fullmatch(r"\w+<[^>]*>\((.*)\)", args)
+        args = wrapped[1] if wrapped else args
+        found[m[1]] = args.replace("mnist_coefficient::", "").replace("dl::", "")
+    return found
+
+
+def _layer_calls(text: str, method: str) -> list[tuple[str, str]]:
+    body = text[text.index(f"void {method}(") :]
+    body = body[: body.index("\n    }")]
+    calls = re.findall(rf"^\s+this->(\w+)\.{method}\((.*?)(?:, true)?\);$", body, re.M)
+    return [(m, re.sub(r"\s+", "", args)) for m, args in calls]
+
+
+def test_tutorial_graph_gives_espressifs_own_model_class(tmp_path, capsys):
+    # espdl-convert --model-class on ESP-DL's tutorial set + its chip graph writes the class
+    # ESP-DL's tutorial wrote by hand: same members, constructor arguments, order and inputs
+    from amct_bridge.cli import main
+
+    tutorial = DATA / "espdl_v1_tutorial_app"
+    argv = ["espdl-convert", "-t", "esp32", "-i", str(DATA / "espdl_v1_tutorial")]
+    argv += ["-n", "mnist_coefficient", "-o", str(tmp_path), "--model-class"]
+    argv += ["--graph", str(tutorial / "mnist_graph.json")]
+    assert main(argv) == 0, capsys.readouterr().err
+    ours = (tmp_path / "mnist_model.hpp").read_text()
+    theirs = (HEADERS / "tutorial" / "mnist_model.hpp").read_text()
+    their_members = re.findall(r"^\s+(\w+<int16_t>) (\w+);", theirs, re.M)
+    our_members = [
+        (c.replace("dl::layer::", ""), m)
+        for c, m in re.findall(r"^\s+([\w:]+<int16_t>) (\w+);", ours, re.M)
+    ]
+    assert our_members == their_members
+    assert _inits(ours) == _inits(theirs)
+    assert len(_inits(ours)) == len(their_members)
+    assert _layer_calls(ours, "build") == _layer_calls(theirs, "build")
+    assert _layer_calls(ours, "call") == _layer_calls(theirs, "call")
+    assert "static const int input_exponent = 0;" in ours  # the tutorial app's exponent
+    assert (tmp_path / "mnist_coefficient.cpp").read_bytes() == (
+        DATA / "espdl_v1_golden" / "text" / "tutorial.esp32.q0" / "mnist_coefficient.cpp"
+    ).read_bytes()
+    _compiles(tmp_path, "app_main.cpp")
+    assert "set_shape({28, 28, 3})" in (tmp_path / "app_main.cpp").read_text()
+
+
+def test_model_class_needs_a_graph(tmp_path, capsys):
+    from amct_bridge.cli import main
+
+    argv = ["espdl-convert", "-t", "esp32", "-i", str(DATA / "espdl_v1_tutorial")]
+    argv += ["-n", "mnist_coefficient", "-o", str(tmp_path), "--model-class"]
+    assert main(argv) == 2
+    assert "export.json: cannot read" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # nothing written, not even the coefficients
