@@ -385,3 +385,37 @@ def test_data_dependent_control_flow_is_refused_clearly(tmp_path, monkeypatch):
     with pytest.raises(GraphError, match="DataDependentIf: the MindIR holds .* sub-graph"):
         extract_graph(DataDependentIf(), (1, 3, 4, 4))
     assert os.listdir(tmp_path) == []
+
+
+class AddBlock(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.c = nn.Conv2d(4, 4, 1)
+
+    def construct(self, x):
+        return self.c(x) + x  # the sum leaves the block directly
+
+
+class AddBlocks(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 4, 1)
+        self.blocks = nn.SequentialCell([AddBlock(), AddBlock()])
+        self.head = nn.Conv2d(4, 2, 1)
+
+    def construct(self, x):
+        return self.head(self.blocks(self.stem(x)))
+
+
+def test_functional_op_owner_rule_as_documented():
+    # owner = deepest cell holding the latest producer and the first reading cell: the first
+    # block's sum is read by blocks.1 (owner "blocks"), the second's by head (the top cell)
+    graph = extract_graph(AddBlocks(), (1, 3, 4, 4))
+    assert [n.name for n in graph] == [
+        "stem",
+        "blocks.0.c",
+        "blocks.add_op0",
+        "blocks.1.c",
+        "add_op0",
+        "head",
+    ]

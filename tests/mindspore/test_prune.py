@@ -141,3 +141,18 @@ def test_cli_module_spec_and_bad_checkpoint(tmp_path, capsys):
     assert code == 2 and "cannot import 'nets_missing_mod'" in capsys.readouterr().err
     code = main(["prune-groups", "--mindspore", f"{nets.__file__}:resnet_tiny"])
     assert code == 2 and "needs --input-shape" in capsys.readouterr().err
+
+
+def test_cli_takes_a_dotted_module_from_the_working_directory(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(os.path.dirname(os.path.dirname(os.path.dirname(nets.__file__))))
+    record_path = tmp_path / "r.txt"
+    args = ["prune-groups", "--mindspore", "tests.mindspore.nets:concat_net"]
+    assert main([*args, "--input-shape", "1,3,8,8", "--record", str(record_path)]) == 0
+    assert "group 3: 2 channels" in capsys.readouterr().out
+    offsets = [
+        (n.name, n.get("begin"), n.get("end"))
+        for r in load(record_path).prune_records
+        for n in r.consumers
+        if n.name == "head"
+    ]
+    assert offsets == [("head", 0, 4), ("head", 4, 10), ("head", 10, 12)]
