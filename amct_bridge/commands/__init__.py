@@ -15,4 +15,5 @@ COMMAND_MODULES = (
     "amct_bridge.commands.prune_groups",
     "amct_bridge.commands.export_espdl",
     "amct_bridge.commands.espdl_convert",
+    "amct_bridge.commands.espdl_eval",
 )

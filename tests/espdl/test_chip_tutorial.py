@@ -1,0 +1,101 @@
+"""The chip simulator against Espressif's published on-chip outputs (ESP-DL v1 tutorial).
+
+Data: tests/data/espdl_v1_tutorial (convert.py input set) and tests/data/espdl_v1_tutorial_app
+(the tutorial's app_main.cpp with its int16 input and the logits printed on four chips, its
+mnist_model.hpp, and mnist_graph.json, our transcription of that header), see their READMEs.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from amct_bridge.espdl import chip_ops
+from amct_bridge.espdl.chip import simulate_chip
+from amct_bridge.espdl.network import graph_from_json, load_network
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+APP = DATA / "espdl_v1_tutorial_app"
+
+
+def app_input() -> np.ndarray:
+    """``example_element`` of app_main.cpp (HWC 28x28x3 int16, exponent 0 in the app)."""
+    text = (APP / "app_main.cpp").read_text()
+    body = text.split("example_element[] = {", 1)[1].split("}", 1)[0]
+    return np.array([int(v) for v in re.findall(r"-?\d+", body)], np.int16).reshape(28, 28, 3)
+
+
+def chip_logits() -> dict[str, list[int]]:
+    """The logits in app_main.cpp's comments, per chip (``// esp32`` then the numbers)."""
+    lines = (APP / "app_main.cpp").read_text().splitlines()
+    found = {}
+    for i, line in enumerate(lines):
+        m = re.fullmatch(r"\s*//\s*(esp32\w*)\s*", line)
+        if m:
+            found[m[1]] = [int(v) for v in re.findall(r"-?\d+", lines[i + 1])]
+    return found
+
+
+def test_fixture_has_four_chips_and_ten_logits():
+    logits = chip_logits()
+    assert sorted(logits) == ["esp32", "esp32c3", "esp32s2", "esp32s3"]
+    assert all(len(v) == 10 for v in logits.values())
+    assert app_input().max() == 255 and app_input().min() == 0
+
+
+def test_graph_json_transcribes_mnist_model_hpp():
+    """Independent parse of the header: constructors (exponent, padding, strides) and build()."""
+    hpp = (APP / "mnist_model.hpp").read_text()
+    ctor = re.findall(
+        r'(\w+)\((Conv2D|DepthwiseConv2D)<int16_t>\((-?\d+), [^"]*?(PADDING_\w+), \{\}, '
+        r'(\d+), (\d+), "\w+"\)\)',
+        hpp,
+    )
+    builds = re.findall(r"this->(\w+)\.build\((.*?)\);", hpp)
+    graph = graph_from_json(APP / "mnist_graph.json")
+    by_name = {x["name"]: x for x in graph["layers"]}
+    assert len(ctor) == 17 and len(by_name) == 18
+    for name, cls, exp, pad, sy, sx in ctor:
+        node = by_name[name]
+        assert (node["class"], node["output_exponent"]) == (cls, int(exp))
+        assert node["attrs"] == {"padding": pad[len("PADDING_") :], "strides": [int(sy), int(sx)]}
+    assert [b[0] for b in builds] == [x["name"] for x in graph["layers"]]
+    for name, arg in builds:
+        want = re.findall(r"this->(\w+)\.get_output\(\)", arg) or ["input"]
+        assert by_name[name]["inputs"] == want
+    assert re.search(r"l3_concat\(-1, \"l3_concat\"\)", hpp)
+    assert by_name["l3_concat"]["attrs"] == {"axis": -1}
+
+
+@pytest.mark.parametrize("target", ["esp32", "esp32s2", "esp32s3", "esp32c3"])
+def test_tutorial_logits_bit_exact(target):
+    net = load_network(DATA / "espdl_v1_tutorial", APP / "mnist_graph.json")
+    result = simulate_chip(net, app_input(), target=target, input_exponent=0)
+    out = result.output
+    assert out.exponent == -9 and out.values.shape == (1, 1, 10)
+    assert out.values.ravel().tolist() == chip_logits()[target]
+    assert not out.approximate and result.approximate_layers == []
+
+
+def test_tutorial_batch_equals_single_and_rounding_breaks_it(monkeypatch):
+    """A batch gives each image's own result; half-up rounding shifts break the match."""
+    net = load_network(DATA / "espdl_v1_tutorial", APP / "mnist_graph.json")
+    x = app_input()
+    batch = np.stack([x, x[::-1], x])
+    out = simulate_chip(net, batch).output.values
+    assert out.shape == (3, 1, 1, 10)
+    assert out[0].ravel().tolist() == chip_logits()["esp32"]
+    assert np.array_equal(out[0], out[2])
+    assert np.array_equal(out[1], simulate_chip(net, x[::-1]).output.values)
+
+    def rounding_shift(v, s):
+        v, s = np.asarray(v, np.int64), int(s)
+        return (v + (1 << (s - 1))) >> s if s > 0 else v << -s
+
+    monkeypatch.setattr(chip_ops, "floor_shift", rounding_shift)
+    rounded = simulate_chip(net, x).output.values.ravel().tolist()
+    wrong = sum(a != b for a, b in zip(rounded, chip_logits()["esp32"], strict=True))
+    assert wrong >= 5
