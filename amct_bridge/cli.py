@@ -56,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s: %(message)s"
     )
+    if getattr(args, "model", None):  # commands given a Keras model import TensorFlow
+        from amct_bridge.commands.common import quiet_tensorflow
+
+        quiet_tensorflow()  # log levels set before TF's import; its start-up noise filtered
     try:
         return int(args.func(args) or 0)
     except AmctBridgeError as err:

@@ -15,10 +15,12 @@ Example:
 from __future__ import annotations
 
 import argparse
+import sys
 
 from amct_bridge.commands.common import load_keras_model
 from amct_bridge.config import ALGORITHMS
 from amct_bridge.errors import CalibrationError
+from amct_bridge.records.summary import flavor_phrase
 
 
 def register(subparsers) -> None:
@@ -34,8 +36,10 @@ def register(subparsers) -> None:
     p.add_argument("model", help="Keras model file (.keras or .h5)")
     p.add_argument("--data", required=True, help="inputs: .npy array or .npz (one array per input)")
     p.add_argument("-o", "--output", required=True, help="record file to write (atomically)")
-    p.add_argument("--batch-size", type=int, default=32, help="samples per batch (default 32)")
-    p.add_argument("--batch-num", type=int, help="batches to calibrate on (default: all)")
+    p.add_argument(
+        "--batch-size", type=positive_int, default=32, help="samples per batch (default 32)"
+    )
+    p.add_argument("--batch-num", type=positive_int, help="batches to calibrate on (default: all)")
     p.add_argument("--config", help="AMCT simple config file (protobuf text)")
     p.add_argument("--algorithm", choices=ALGORITHMS, help="activation algorithm (default ifmr)")
     p.add_argument("--num-of-bins", type=int, help="hfmg histogram bins (1024/2048/4096/8192)")
@@ -72,13 +76,30 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (``--batch-size 0`` is refused with exit 2).
+
+    Example:
+        >>> positive_int("8")
+        8
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer (>= 1), got {value}")
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
     """Load model and data, calibrate, report what was written."""
+    model = load_keras_model(args.model)
+    data = _load_data(args.data, model)
+
     from amct_bridge.keras import calibrate
     from amct_bridge.records.calibration import load_stats, sidecar_path
 
-    model = load_keras_model(args.model)
-    data = _load_data(args.data, model)
     options = {
         "config": args.config,
         "algorithm": args.algorithm,
@@ -105,8 +126,8 @@ def run(args: argparse.Namespace) -> int:
     )
     stats = load_stats(sidecar_path(args.output))
     print(
-        f"wrote {args.output} ({args.flavor!r}, {len(record.layers)} layers, "
-        f"{stats.algorithm}, {stats.batches} batches) and {sidecar_path(args.output)}"
+        f"wrote {args.output}: {flavor_phrase(record)}, {len(record.layers)} layers, "
+        f"{stats.algorithm}, {stats.batches} batches; and {sidecar_path(args.output)}"
         + (f" and {args.frozen_graph}" if args.frozen_graph else "")
     )
     return 0
@@ -139,6 +160,19 @@ def _load_data(path: str, model):
         arrays = [loaded[n] for n in names]
     if len(arrays) != len(names):
         raise CalibrationError(f"{path}: 1 array for a model with {len(names)} inputs {names}")
+    labels = names if len(arrays) > 1 else [getattr(loaded, "files", [""])[0]]
+    counts = {label: (len(a) if a.ndim else None) for label, a in zip(labels, arrays, strict=True)}
+    if len(set(counts.values())) > 1:
+        # Keras would stop with "Data cardinality is ambiguous" and a traceback.
+        listed = ", ".join(f"{label!r}: {count}" for label, count in counts.items())
+        raise CalibrationError(
+            f"{path}: the arrays have different sample counts (first axis) ({listed}); every "
+            "model input needs one row per sample"
+        )
+    arrays = [
+        _as_input_dtype(a, t, path, label)
+        for a, t, label in zip(arrays, model.inputs, labels, strict=True)
+    ]
     for array, tensor in zip(arrays, model.inputs, strict=True):
         expected = tuple(tensor.shape[1:])
         if array.ndim != len(expected) + 1 or any(
@@ -149,3 +183,23 @@ def _load_data(path: str, model):
                 f"{tensor.name!r} of shape (N, {', '.join(map(str, expected))})"
             )
     return arrays[0] if len(arrays) == 1 else arrays
+
+
+def _as_input_dtype(array, tensor, path: str, label: str):
+    """Integer/bool data for a float input is cast to the input's dtype, with a note: Keras
+    would cast it silently; the note says so, and when the values are not exact in float32."""
+    import numpy as np
+
+    dtype = np.dtype(getattr(tensor.dtype, "name", tensor.dtype) or "float32")
+    if dtype.kind != "f" or array.dtype.kind not in "iub":
+        return array
+    cast = array.astype(dtype)
+    lossy = array.size and not np.array_equal(cast.astype(array.dtype), array)
+    note = (
+        f"amct-bridge calibrate: note: {path}: {f'array {label!r}' if label else 'the array'} "
+        f"is {array.dtype}; cast to "
+        f"{dtype} for the model's float input"
+        + (" (some values are not exact in float: they were rounded)" if lossy else "")
+    )
+    print(note, file=sys.stderr)
+    return cast
