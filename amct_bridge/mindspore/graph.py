@@ -11,7 +11,9 @@ How primitives become nodes:
 - A primitive belongs to a cell call when its scope names a known cell (``nn.Conv2d``,
   ``nn.Dense``, ``nn.BatchNorm2d``, activations, pools, ``nn.Flatten``...; the outermost known
   cell of the scope, so a Dense's activation belongs to the Dense) or a custom cell without
-  children. Its connected primitives form one call: one node named by the cell
+  children (MindIR may scope a later instance's functional ops under the class's first
+  instance: connected primitives of one custom class are one call, named after the latest
+  instance). Its connected primitives form one call: one node named by the cell
   (``layer1.0.conv1``), kind mapped onto the core's vocabulary (``"Conv2D"``, ``"Dense"``,
   ``"BatchNormalization"``...), params from the cell object (``groups``, ``kernel_shape`` OIHW,
   ...). The 2nd, 3rd... call of a cell is ``"<cell>@1"``, ``"<cell>@2"`` (same ``layer``).
@@ -88,6 +90,7 @@ class _Builder:
         self.group_of: list[int] = []  # prim index -> call index
         self.calls: list[list[int]] = []  # call -> prim indices
         self.owner: list[str | None] = []  # call -> cell name (None: functional op)
+        self.cell_order = {name: k for k, name in enumerate(cells)}
 
     # ---- which cell a primitive belongs to ------------------------------------------------
     def prim_cell(self, prim: Prim) -> str | None:
@@ -126,7 +129,7 @@ class _Builder:
             if owners[p.index] is None:
                 continue
             for v in _node_values(p.inputs):
-                if owners[v[1]] == owners[p.index]:
+                if self.same_call(owners[v[1]], owners[p.index]):
                     ra, rb = find(v[1]), find(p.index)
                     parent[max(ra, rb)] = min(ra, rb)
         roots: dict[int, int] = {}
@@ -137,7 +140,22 @@ class _Builder:
                 self.calls.append([])
                 self.owner.append(owners[i])
             self.calls[roots[root]].append(i)
+            # functional ops inside a custom cell may carry the scope of the class's first
+            # instance: the later instance named in the call is the true one
+            if self.cell_order.get(owners[i], -1) > self.cell_order.get(
+                self.owner[roots[root]], -1
+            ):
+                self.owner[roots[root]] = owners[i]
         self.group_of = [roots[find(i)] for i in range(n)]
+
+    def same_call(self, a: str | None, b: str | None) -> bool:
+        """Primitives of cells ``a`` and ``b`` connected by data belong to one call."""
+        if a is None or b is None:
+            return False
+        if a == b:
+            return True
+        ca, cb = self.cells[a], self.cells[b]
+        return type(ca) is type(cb) and cell_kind(ca) is None  # custom leaf cells, see above
 
     # ---- building --------------------------------------------------------------------------
     def build(self, input_shapes: list[tuple[int, ...]], outputs: list[tuple]) -> Graph:

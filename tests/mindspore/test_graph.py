@@ -419,3 +419,28 @@ def test_functional_op_owner_rule_as_documented():
         "add_op0",
         "head",
     ]
+
+
+class TwoSwish(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 4, 1)
+        self.s1 = Swish()
+        self.b = nn.Conv2d(4, 4, 1)
+        self.s2 = Swish()
+
+    def construct(self, x):
+        return self.s2(self.b(self.s1(self.a(x))))
+
+
+def test_two_instances_of_a_custom_cell_keep_their_own_names():
+    # MindIR gives s2's ops partly the scope of s1 (the class's first instance)
+    graph = extract_graph(TwoSwish(), (1, 3, 4, 4))
+    assert [(n.name, n.kind) for n in graph] == [
+        ("a", "Conv2D"),
+        ("s1", "mindspore:Swish"),
+        ("b", "Conv2D"),
+        ("s2", "mindspore:Swish"),
+    ]
+    _, refused = summary(discover_groups(graph))
+    assert refused == {("a", 0, 4): "UNKNOWN_OP", ("b", 0, 4): "UNKNOWN_OP"}
