@@ -5,8 +5,10 @@
 and writes the inlined graph: every primitive with its scope (``node.domain``, e.g.
 ``Default/layer1-SequentialCell/0-Block/conv1-Conv2d/Conv2D-op0``), its inputs and its output
 shape. This module exports into a temporary directory (made the working directory for the
-call, because a failed compile writes ``rank_0/`` there), parses the file with
-``mindspore.train.mind_ir_pb2.ModelProto`` and resolves the plumbing MindSpore adds:
+call, because a failed compile writes ``rank_0/`` there), reads the graph as a
+``mindspore.train.mind_ir_pb2.ModelProto`` through ``ms.export``'s documented ``custom_func``
+hook (before the parameter data is filled in, so the file is never parsed back) and resolves
+the plumbing MindSpore adds:
 
 - ``Load(param, u)`` is the parameter; ``Depend(x, ...)`` is ``x``; ``UpdateState`` is dropped;
 - ``MakeTuple`` / ``TupleGetItem`` become tuples and indices into a primitive's outputs;
