@@ -14,21 +14,9 @@ costs trace time once and executor time every step). The step function is re-tra
 this runs inside the compiled graph; only the summaries ever reach the host. Layers run outside
 a wrapped step (another pass's step, an eager call in a callback) are not observed.
 
-Buffers are laid out by *column*: one per observed tensor and call (a shared layer called
-twice per step has two). Each write fills one row of a ring of ``slots`` rows (one per step,
-``steps_per_execution`` x ``steps_per_read`` of them) and bumps a counter; the host reads
-counter and rows and turns every column written since its last read into one ``BatchStats``.
-A column written twice before its step ends (a layer called more often than the model graph
-shows), or a layer run inside a control-flow branch of the step, gets its own write there.
-
-Histograms are binned onto a per-column *grid* ``[lo, hi]`` that the host sets (the union of
-the ranges seen so far) and summed in-graph, so the host merges one accumulated histogram now
-and then instead of one per batch. A batch not inside the grid (no grid yet, a range that grew,
-past ``batch_num``) gets its own histogram over its ``[min, max]``, which goes to a ring row and,
-so that the step needs no mask or ``tf.cond``, into the accumulator too: the host subtracts it
-again (exact, integer counts) and moves the grid (``Session``). Under ``tf.distribute``
-strategies the buffers are ``ON_READ`` variables: each replica writes its own copy and the host
-reads every replica's rows.
+The buffers these writes fill, and the host reads of the core's
+:class:`~amct_bridge.calibration.protocol.Instrumentation` protocol, are in
+:mod:`amct_bridge.keras.instrument_buffers` (ring layout, histogram grids, replicas).
 
 :meth:`Instrumentation.remove` deletes the instance attributes again, so the class methods are
 back and nothing of ours stays in the model (no tracked variables, no config change).
@@ -47,87 +35,23 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import tensorflow as tf
 
-from amct_bridge.errors import CalibrationError
+from amct_bridge.calibration.protocol import Point, Row
 from amct_bridge.keras import native
+from amct_bridge.keras.instrument_buffers import _NO_GRID, RingBuffers, _Group
 from amct_bridge.keras.layers import clamp_bounds
-from amct_bridge.quant.stats import BatchStats
+
+__all__ = ["STEP_METHODS", "Instrumentation", "Point", "Row"]
 
 #: An inner tensor of a layer: computed from (layer, layer input) inside the wrapped call.
 InnerFn = Callable[[object, tf.Tensor], tf.Tensor]
 
 #: The step methods a calibration pass can wrap (one per Keras step function).
 STEP_METHODS = ("train_step", "test_step", "predict_step")
-
-
-@dataclass
-class Point:
-    """One observed tensor of one layer.
-
-    Args:
-        key: sidecar / record key it belongs to ("conv1", "sep/pointwise").
-        role: "input", "output" or "inner" (then ``inner`` computes it from the layer input).
-        layer: the Keras layer whose call is wrapped.
-        bins: histogram bins per batch (0 = min/max only).
-        channel_axis: axis for per-channel min/max (None = not gathered).
-        channels: size of that axis (static; sizes the buffer).
-        calls: how many times the layer runs per step (shared layers, nested model reuse).
-        inner: for role "inner": ``fn(layer, layer_input) -> tensor``.
-
-    Example:
-        >>> Point("fc", "input", layer=None).bins
-        0
-    """
-
-    key: str
-    role: str
-    layer: object
-    bins: int = 0
-    channel_axis: int | None = None
-    channels: int = 0
-    calls: int = 1
-    inner: InnerFn | None = None
-
-
-@dataclass
-class Row:
-    """One batch summary read back from the graph: which point, which replica, which call.
-
-    ``step`` counts the point's summaries on that replica (a layer called twice per step has
-    two per step).
-    """
-
-    point: int
-    replica: int
-    step: int
-    stats: BatchStats
-    channel_range: np.ndarray | None = None  # [2, C]: per-channel min and max (DMQ)
-
-
-@dataclass
-class _Group:
-    """The histogram columns with one bin count, and their buffers."""
-
-    bins: int
-    cols: list[int]
-    vars: dict = field(default_factory=dict)
-    _pos: dict[int, int] = field(default_factory=dict)  # column -> position (filled by add)
-
-    def add(self, cols: list[int]) -> None:
-        for col in cols:
-            self._pos[col] = len(self.cols)
-            self.cols.append(col)
-
-    def pos(self, col: int) -> int:
-        """Position of column ``col`` in this group's buffers."""
-        return self._pos[col]
-
-    def __contains__(self, col: int) -> bool:
-        return col in self._pos
 
 
 @dataclass
@@ -163,7 +87,7 @@ class _Frame:
         return self._consts[key]
 
 
-class Instrumentation:
+class Instrumentation(RingBuffers):
     """Installs in-graph statistics on a model's layers and reads them back.
 
     Args:
@@ -186,73 +110,16 @@ class Instrumentation:
         steps: tuple[str, ...] = STEP_METHODS,
         native: bool = True,
     ) -> None:
+        super().__init__(model, points, steps_per_read)
         self.model = model
         self.native = native
-        self.points = list(points)
         self.steps = tuple(steps)
-        self.strategy = model.distribute_strategy
-        self.steps_per_read = max(1, int(steps_per_read))
-        spe = int(getattr(model, "steps_per_execution", 1) or 1)
-        self.slots = spe * self.steps_per_read
-        # columns: one per point and call
-        self._col_point: list[int] = []
-        self._cols: list[list[int]] = []
-        for index, point in enumerate(self.points):
-            first = len(self._col_point)
-            self._col_point += [index] * max(1, point.calls)
-            self._cols.append(list(range(first, len(self._col_point))))
-        self._groups: dict[int, _Group] = {}
-        for index, point in enumerate(self.points):
-            if point.bins:
-                group = self._groups.setdefault(point.bins, _Group(point.bins, []))
-                group.add(self._cols[index])
-        with self.strategy.scope():
-            self._make_vars()
-        # ON_READ (distributed) variables have no scatter ops: those get whole-buffer assigns
-        self._scatter = not isinstance(self._count, tf.distribute.DistributedValues)
-        self._last: dict[int, int] = {}  # replica -> counter at its last read
-        self._seq: dict[tuple[int, int], int] = {}  # (point, replica) -> summaries read
-        # per (replica, column) since its last take: elements added to its accumulator, and
-        # the sum of the own histograms added to it; per column: the largest batch
-        self._added: dict[tuple[int, int], int] = {}
-        self._junk: dict[tuple[int, int], np.ndarray] = {}
-        self._largest: dict[int, int] = {}
         self._local = threading.local()  # per replica thread: the frames of running steps
         self._installed: list[tuple[object, str, object]] = []
         self.python_calls = 0
         self.derived = 0
-        self.writes_per_step = 1
 
     # ---- graph side -------------------------------------------------------------------------
-
-    def _make_vars(self) -> None:
-        var = _local_var
-        n_cols = len(self._col_point)
-        self._count = var([], tf.int64, "count")
-        # per step and column: [min, max, element count, marker]; marker 0: not written,
-        # 1: written, 2: written with its own histogram in the ring
-        self._mm = var([self.slots, n_cols, 4], tf.float64, "minmax")
-        self._limit = var([], tf.int64, "limit")  # steps past which nothing bins onto the grid
-        self._steps = var([], tf.int64, "steps") if self._groups else None
-        self.set_limit(None)
-        for group in self._groups.values():
-            # one extra row: where a batch binned on the grid writes (never read), so the
-            # step needs no tf.cond (two traced branches cost more than this row copy)
-            group.vars["hist"] = var(
-                [self.slots + 1, len(group.cols), group.bins], tf.int32, "hist"
-            )
-            # int32 like the histograms (half the memory traffic of int64 per step); the
-            # host takes the counts long before a bin could overflow (see due)
-            group.vars["acc"] = var([len(group.cols), group.bins], tf.int32, "hist_acc")
-            grid = var([len(group.cols), 2], tf.float32, "grid")
-            for local in self.strategy.experimental_local_results(grid):
-                local.assign(np.tile(_NO_GRID, (len(group.cols), 1)))  # none until set
-            group.vars["grid"] = grid
-        self._chan: dict[int, tf.Variable] = {}
-        for index, point in enumerate(self.points):
-            if point.channel_axis is not None:
-                for col in self._cols[index]:
-                    self._chan[col] = var([self.slots, 2, point.channels], tf.float32, "chan")
 
     def _frames(self) -> list[_Frame]:
         if not hasattr(self._local, "frames"):
@@ -463,6 +330,16 @@ class Instrumentation:
         else:
             var.assign(tf.tensor_scatter_nd_update(var.read_value(), index, rows))
 
+    def due(self) -> list[int]:
+        """Points whose accumulator must be taken before the next read: a bin could
+        otherwise pass int32 (every count since the last take in one bin, plus a full
+        ring of batches twice the largest seen)."""
+        out = set()
+        for (_, col), added in self._added.items():
+            if added + 2 * self.slots * self._largest.get(col, 0) >= _ACC_LIMIT:
+                out.add(self._col_point[col])
+        return sorted(out)
+
     def install(self) -> None:
         """Wrap the target layers' ``call`` and the model's step methods (instance
         attributes; the classes are untouched). Re-make the step function afterwards."""
@@ -493,169 +370,9 @@ class Instrumentation:
             else:
                 object.__setattr__(obj, name, before)
 
-    # ---- host side --------------------------------------------------------------------------
-
-    def _locals(self, var: tf.Variable) -> list[tf.Variable]:
-        """``var``'s components, one per replica."""
-        return list(self.strategy.experimental_local_results(var))
-
-    def _where(self, index: int) -> tuple[_Group, list[int]]:
-        """Point ``index``'s histogram group and its columns' positions in it."""
-        group = self._groups[self.points[index].bins]
-        return group, [group.pos(c) for c in self._cols[index]]
-
-    @property
-    def read_every(self) -> int:
-        """Batch ends between host reads so that the ring never overflows (fewer than
-        ``steps_per_read`` when a step writes several rows: the model called twice per step)."""
-        return max(1, self.steps_per_read // self.writes_per_step)
-
-    def set_limit(self, steps: int | None) -> None:
-        """Steps after which batches no longer bin onto the grid (None: never).
-
-        Rows past the limit still reach the host, which drops them (steps_per_execution can
-        run past ``batch_num``); their histograms are their own, in the ring, so the host can
-        take them out of the accumulator again, which grid-binned counts could not be.
-        """
-        value = np.int64(2**62 if steps is None else max(0, int(steps)))
-        for local in self._locals(self._limit):
-            local.assign(value)
-
-    def set_grid(self, index: int, lo: float, hi: float) -> None:
-        """Bin point ``index``'s batches inside ``[lo, hi]`` onto that grid from now on.
-
-        Call :meth:`take_histograms` first: the accumulated counts belong to the old grid.
-        """
-        group, pos = self._where(index)
-        rows = np.tile(np.array([lo, hi], np.float32), (len(pos), 1))
-        for local in self._locals(group.vars["grid"]):
-            local.scatter_nd_update(np.array(pos)[:, None], rows)
-
-    def grid(self, index: int) -> tuple[float, float] | None:
-        """The grid point ``index`` bins onto, or None when it has none yet."""
-        group, pos = self._where(index)
-        lo, hi = self._locals(group.vars["grid"])[0].numpy()[pos[0]].tolist()
-        return (lo, hi) if lo < hi else None
-
-    def take_histograms(self, indices) -> list[tuple[int, float, float, np.ndarray]]:
-        """``(point, lo, hi, counts)`` accumulated on each replica's grid; zeroes them.
-
-        The accumulator also holds every batch histogram that went to the ring (those were
-        binned on their own range); :meth:`drain` kept their sum, subtracted here.
-        """
-        out = []
-        counts: dict[tuple[int, int], np.ndarray] = {}  # (bins, replica) -> accumulator
-        changed: set[tuple[int, int]] = set()
-        for index in indices:
-            if not self.points[index].bins:
-                continue
-            group, pos = self._where(index)
-            for rep, (acc, grid) in enumerate(self._replica_vars(group, "acc", "grid")):
-                key = (group.bins, rep)
-                if key not in counts:
-                    counts[key] = acc.numpy()
-                total = counts[key][pos].astype(np.int64).sum(axis=0)
-                for col in self._cols[index]:
-                    total -= self._junk.pop((rep, col), 0)
-                    self._added.pop((rep, col), None)
-                if counts[key][pos].any():  # zeroed even if only own histograms were there
-                    counts[key][pos] = 0
-                    changed.add(key)
-                if total.any():
-                    lo, hi = grid.numpy()[pos[0]].tolist()
-                    out.append((index, lo, hi, total))
-        for bins, rep in changed:
-            self._locals(self._groups[bins].vars["acc"])[rep].assign(counts[(bins, rep)])
-        return out
-
-    def _replica_vars(self, group: _Group, *names: str):
-        """Per replica, the group's variables ``names`` (local components)."""
-        return zip(*(self._locals(group.vars[name]) for name in names), strict=True)
-
-    def due(self) -> list[int]:
-        """Points whose accumulator must be taken before the next read: a bin could
-        otherwise pass int32 (every count since the last take in one bin, plus a full
-        ring of batches twice the largest seen)."""
-        out = set()
-        for (_, col), added in self._added.items():
-            if added + 2 * self.slots * self._largest.get(col, 0) >= _ACC_LIMIT:
-                out.add(self._col_point[col])
-        return sorted(out)
-
-    def drain(self) -> list[Row]:
-        """Read every summary written since the last drain (every replica's rows; the
-        histogram ring only when some row has its own histogram there).
-
-        Eager reads, a few microseconds each: a tf.function reading them all in one call cost
-        ~0.15 s to trace, more than a short run's reads altogether.
-        """
-        rows: list[Row] = []
-        counts, mms = self._locals(self._count), self._locals(self._mm)
-        for rep, (count_var, mm_var) in enumerate(zip(counts, mms, strict=True)):
-            count, last = int(count_var.numpy()), self._last.get(rep, 0)
-            if count - last > self.slots:
-                raise CalibrationError(
-                    f"the instrumented layers wrote {count - last} step summaries since the "
-                    f"last read, but only {self.slots} fit: was the model called more than once "
-                    "per step (or outside fit/evaluate/predict) while calibrating?"
-                )
-            self._last[rep] = count
-            if count > last:
-                rows.extend(self._rows_of(rep, range(last, count), mm_var.numpy()))
-        return rows
-
-    def _rows_of(self, replica: int, steps: range, mm: np.ndarray) -> list[Row]:
-        slots = [step % self.slots for step in steps]
-        # ring buffers are read only when some row needs them (rare once grids are set)
-        hists = {
-            bins: self._locals(group.vars["hist"])[replica].numpy()
-            for bins, group in self._groups.items()
-            if (mm[slots][:, group.cols, 3] == _OWN_HIST).any()
-        }
-        chans = {col: self._locals(var)[replica].numpy() for col, var in self._chan.items()}
-        rows = []
-        for slot in slots:
-            for col in np.flatnonzero(mm[slot, :, 3]):
-                lo, hi, size, marker = mm[slot, col]
-                index = self._col_point[col]
-                point = self.points[index]
-                hist = None
-                if point.bins:
-                    key = (replica, col)
-                    self._added[key] = self._added.get(key, 0) + int(size)
-                    self._largest[col] = max(self._largest.get(col, 0), int(size))
-                    if marker == _OWN_HIST:
-                        hist = hists[point.bins][slot, self._groups[point.bins].pos(col)]
-                        self._junk[key] = self._junk.get(key, 0) + hist.astype(np.int64)
-                chan = chans[col][slot] if col in chans else None
-                stats = BatchStats(
-                    count=int(size),
-                    min=float(lo),
-                    max=float(hi),
-                    hist=hist,
-                    channel_absmax=np.abs(chan).max(axis=0) if chan is not None else None,
-                )
-                seq = self._seq.get((index, replica), 0)
-                self._seq[(index, replica)] = seq + 1
-                rows.append(Row(index, replica, seq, stats, chan))
-        return rows
-
 
 _MISSING = object()
-_OWN_HIST = 2.0  # row marker: its histogram is the batch's own (in the ring), not on the grid
-_ACC_LIMIT = 2**31 - 1  # int32 accumulator
-_NO_GRID = np.array([np.inf, -np.inf], np.float32)  # a grid [lo, hi] no batch is inside
-
-
-def _local_var(shape, dtype, name: str) -> tf.Variable:
-    """A buffer each replica writes on its own (ON_READ); plain variable without a strategy."""
-    return tf.Variable(
-        tf.zeros(shape, dtype),
-        trainable=False,
-        name=f"amct_bridge_{name}",
-        synchronization=tf.VariableSynchronization.ON_READ,
-        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
-    )
+_ACC_LIMIT = 2**31 - 1  # int32 histogram accumulator (see Instrumentation.due)
 
 
 def _graph():

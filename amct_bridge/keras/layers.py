@@ -1,5 +1,9 @@
 """What gets quantized, per Keras layer type: one table instead of isinstance chains.
 
+The Keras half of the core's layer descriptors (:mod:`amct_bridge.calibration.layers`):
+:func:`describe` turns one Keras layer into a
+:class:`~amct_bridge.calibration.layers.LayerDesc`.
+
 Each quantizable Keras class maps to one or more :class:`QuantPart`. A part is one AMCT record
 entry (one quantized TF op): its record-key suffix, the TF op type convert_model sees, which kernel
 attribute holds its weights, the kernel layout, whether per-channel weight scales are allowed and
@@ -22,47 +26,43 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from amct_bridge.calibration.layers import LayerDesc
+from amct_bridge.calibration.layers import QuantPart as CorePart
+
 
 @dataclass(frozen=True)
-class QuantPart:
-    """One quantized op of a layer.
+class QuantPart(CorePart):
+    """One quantized op of a Keras layer: the core's part plus where its numbers live.
 
     Args:
-        suffix: record-key suffix ("" = the layer name itself).
-        op_type: TF op type in the frozen inference graph.
+        suffix, op_type, weights, channel_wise, foldable: see
+            :class:`amct_bridge.calibration.layers.QuantPart`.
         kernel_attr: layer attribute with the weights (None: no weights, e.g. AvgPool).
         layout: kernel layout ("HWIO", "HWCM", "HWOI", "IO"), None without weights.
-        channel_wise: per-output-channel scale_w allowed (AMCT: Conv2D, depthwise, transpose).
-        foldable: a directly following BatchNormalization can be folded into this op.
+        bias_attr: layer attribute with the bias (None: the part has none).
 
     Example:
-        >>> QUANTIZABLE["Dense"][0].channel_wise
-        False
+        >>> QUANTIZABLE["Dense"][0].channel_wise, QUANTIZABLE["Dense"][0].layout
+        (False, 'IO')
     """
 
-    suffix: str
-    op_type: str
-    kernel_attr: str | None
-    layout: str | None
-    channel_wise: bool
-    foldable: bool
+    kernel_attr: str | None = None
+    layout: str | None = None
     bias_attr: str | None = "bias"
 
-    def key(self, layer_name: str) -> str:
-        """Record key of this part for a layer named ``layer_name``."""
-        return f"{layer_name}/{self.suffix}" if self.suffix else layer_name
 
-    @property
-    def has_weights(self) -> bool:
-        """True if the part has a kernel (scale_w / offset_w are written)."""
-        return self.kernel_attr is not None
+def _part(suffix, op_type, kernel_attr, layout, channel_wise, foldable, bias_attr="bias"):
+    weights = kernel_attr is not None
+    return QuantPart(
+        suffix, op_type, weights, channel_wise, foldable, kernel_attr, layout, bias_attr
+    )
 
 
-_CONV = QuantPart("", "Conv2D", "kernel", "HWIO", True, True)
-_DEPTHWISE = QuantPart("", "DepthwiseConv2dNative", "kernel", "HWCM", True, True)
-_TRANSPOSE = QuantPart("", "Conv2DBackpropInput", "kernel", "HWOI", True, True)
-_DENSE = QuantPart("", "MatMul", "kernel", "IO", False, True)
-_AVGPOOL = QuantPart("", "AvgPool", None, None, False, False, bias_attr=None)
+_CONV = _part("", "Conv2D", "kernel", "HWIO", True, True)
+_DEPTHWISE = _part("", "DepthwiseConv2dNative", "kernel", "HWCM", True, True)
+_TRANSPOSE = _part("", "Conv2DBackpropInput", "kernel", "HWOI", True, True)
+_DENSE = _part("", "MatMul", "kernel", "IO", False, True)
+_AVGPOOL = _part("", "AvgPool", None, None, False, False, bias_attr=None)
 
 #: Keras class name -> quantized parts, in execution order.
 QUANTIZABLE: dict[str, tuple[QuantPart, ...]] = {
@@ -71,7 +71,7 @@ QUANTIZABLE: dict[str, tuple[QuantPart, ...]] = {
     "Conv2DTranspose": (_TRANSPOSE,),
     "Dense": (_DENSE,),
     "SeparableConv2D": (
-        QuantPart(
+        _part(
             "depthwise",
             "DepthwiseConv2dNative",
             "depthwise_kernel",
@@ -80,7 +80,7 @@ QUANTIZABLE: dict[str, tuple[QuantPart, ...]] = {
             False,
             bias_attr=None,
         ),
-        QuantPart("pointwise", "Conv2D", "pointwise_kernel", "HWIO", True, True),
+        _part("pointwise", "Conv2D", "pointwise_kernel", "HWIO", True, True),
     ),
     "AveragePooling2D": (_AVGPOOL,),
 }
@@ -200,3 +200,38 @@ def clamp_bounds(layer) -> tuple[float, float] | None:
         if layer.activation is keras.activations.relu6:
             return 0.0, 6.0
     return None
+
+
+def describe(key: str, layer) -> LayerDesc:
+    """The core's descriptor of the Keras layer (or raw op) ``layer`` keyed ``key``.
+
+    Example:
+        >>> import keras
+        >>> d = describe("r", keras.layers.ReLU(name="r"))
+        >>> d.kind, d.activation, d.runtime, d.parts
+        ('ReLU', True, False, ())
+    """
+    kind = class_name(layer)
+    params = {}
+    if getattr(layer, "data_format", "channels_last") == "channels_first":
+        params["channel_axis"] = 1
+    if kind in BATCH_NORMS:
+        params["on_channels"] = _bn_on_channels(layer)
+    return LayerDesc(
+        key,
+        kind,
+        QUANTIZABLE.get(kind, ()),
+        layer,
+        activation=kind in ACTIVATIONS,
+        runtime=kind in RUNTIME,
+        name=getattr(layer, "name", key),
+        params=params,
+    )
+
+
+def _bn_on_channels(bn) -> bool:
+    try:
+        axis = bn.axis if isinstance(bn.axis, int) else (bn.axis[0] if len(bn.axis) == 1 else None)
+        return axis is not None and axis in (-1, len(bn.input.shape) - 1)
+    except (AttributeError, ValueError, RuntimeError, TypeError):  # not called once: no chain
+        return False

@@ -41,16 +41,10 @@ import os
 
 import keras
 import numpy as np
-from keras import ops
 
 from amct_bridge.errors import QuantError
-from amct_bridge.keras.fake_quant import (
-    arq_fake_quant,
-    arq_scale,
-    fake_quant_range,
-    finish,
-    layer_spec,
-)
+from amct_bridge.keras.fake_quant import layer_spec
+from amct_bridge.keras.qat_layers import RANGE_MODES, FoldedBatchNorm, QATQuant
 from amct_bridge.keras.rewrite import (
     batchnorm_after,
     clone_with,
@@ -58,195 +52,18 @@ from amct_bridge.keras.rewrite import (
     plain_copy,
     quantizable_layers,
 )
-from amct_bridge.quant.factors import activation_factors, bits_of
 from amct_bridge.quant.fold import fold_batchnorm
-from amct_bridge.records.model import LayerFactors, Record
+from amct_bridge.records.model import Record
 
-RANGE_MODES = ("ema", "learned")
-
-
-@keras.saving.register_keras_serializable(package="amct_bridge")
-class FoldedBatchNorm(keras.layers.Layer):
-    """Identity that stands where a BatchNormalization was folded into the preceding layer.
-
-    It accepts BatchNormalization's call arguments, so the model graph is unchanged.
-
-    Example:
-        >>> FoldedBatchNorm(name="bn1")(np.float32([1.0, 2.0])).numpy().tolist()
-        [1.0, 2.0]
-    """
-
-    def call(self, inputs, training=None, mask=None):
-        return inputs
-
-    def compute_output_shape(self, input_shape):
-        return input_shape
-
-
-@keras.saving.register_keras_serializable(package="amct_bridge")
-class QATQuant(keras.layers.Wrapper):
-    """Fake-quantizes a layer's input and kernels while training (see the module docstring).
-
-    Args:
-        layer: the wrapped quantizable layer (trained as usual).
-        dst_type: "INT8" or "INT4".
-        activation_range: "ema" (moving average of batch min/max) or "learned" (trainable lo/hi).
-        ema_decay: momentum of the EMA, default 0.99.
-        activation_offset: asymmetric activations (AMCT default True); False: symmetric.
-        channel_wise: per-output-channel weight scales where AMCT allows them.
-        skip_fusion: written to the record (a BN follows that was not folded).
-
-    Example:
-        >>> import keras
-        >>> QATQuant(keras.layers.Dense(2), dst_type="INT4", name="fc").bits
-        4
-    """
-
-    def __init__(
-        self,
-        layer,
-        dst_type="INT8",
-        activation_range="ema",
-        ema_decay=0.99,
-        activation_offset=True,
-        channel_wise=True,
-        skip_fusion=None,
-        **kwargs,
-    ):
-        super().__init__(layer, **kwargs)
-        if dst_type not in ("INT8", "INT4"):
-            raise QuantError(f"dst_type must be 'INT8' or 'INT4', got {dst_type!r}")
-        if activation_range not in RANGE_MODES:
-            raise QuantError(
-                f"activation_range must be one of {RANGE_MODES}, got {activation_range!r}"
-            )
-        if not 0.0 <= ema_decay < 1.0:
-            raise QuantError(f"ema_decay must be in [0, 1), got {ema_decay}")
-        self.dst_type = dst_type
-        self.bits = bits_of(dst_type)
-        self.activation_range = activation_range
-        self.ema_decay = float(ema_decay)
-        self.activation_offset = bool(activation_offset)
-        self.channel_wise = bool(channel_wise)
-        self.skip_fusion = skip_fusion
-        self.spec = layer_spec(layer)
-        if self.spec is None:
-            raise QuantError(f"layer {layer.name!r} ({type(layer).__name__}) is not quantizable")
-
-    def build(self, input_shape=None):
-        super().build(input_shape)
-        trainable = self.activation_range == "learned"
-        names = ["input"] + (
-            ["mid"] if isinstance(self.layer, keras.layers.SeparableConv2D) else []
-        )
-        self.ranges = {}
-        for name in names:
-            # "mean": under tf.distribute each replica tracks its own batches and the kept range
-            # is the replicas' mean (like BatchNormalization's moving statistics).
-            lo, hi = (
-                self.add_weight(
-                    name=f"{name}_{end}",
-                    shape=(),
-                    initializer="zeros",
-                    trainable=trainable,
-                    aggregation="mean",
-                    autocast=False,  # factors stay float32 under mixed precision
-                )
-                for end in ("min", "max")
-            )
-            seen = self.add_weight(
-                name=f"{name}_seen",
-                shape=(),
-                initializer="zeros",
-                trainable=False,
-                aggregation="only_first_replica",
-                autocast=False,  # factors stay float32 under mixed precision
-            )
-            self.ranges[name] = (lo, hi, seen)
-
-    def call(self, inputs, training=None):
-        x = self._quantize_activation(inputs, "input", training)
-        if self.spec.op is None:  # average pooling: input only
-            return self.layer(x)
-        cw = self.channel_wise and self.spec.channel_wise
-        kernels = {
-            attr: arq_fake_quant(getattr(self.layer, attr), layout, self.bits, channel_wise=cw)
-            for attr, layout in self.spec.kernels
-        }
-        mid = lambda y: self._quantize_activation(y, "mid", training)  # noqa: E731
-        return finish(self.layer, self.spec.op(self.layer, x, kernels, mid))
-
-    def _quantize_activation(self, x, name, training):
-        lo_var, hi_var, seen = self.ranges[name]
-        if training:
-            lo, hi = self._update_range(x, lo_var, hi_var, seen)
-        else:
-            lo, hi = lo_var, hi_var
-        y = fake_quant_range(x, lo, hi, self.bits, symmetric=not self.activation_offset)
-        # Before any training batch the range is unknown: pass the input through unchanged.
-        return ops.where(ops.logical_or(seen > 0, bool(training)), y, x)
-
-    def _update_range(self, x, lo_var, hi_var, seen):
-        batch_lo = ops.stop_gradient(ops.cast(ops.min(x), "float32"))  # mixed precision too
-        batch_hi = ops.stop_gradient(ops.cast(ops.max(x), "float32"))
-        first = seen <= 0
-        if self.activation_range == "ema":
-            d = self.ema_decay
-            lo = ops.where(first, batch_lo, d * lo_var + (1 - d) * batch_lo)
-            hi = ops.where(first, batch_hi, d * hi_var + (1 - d) * batch_hi)
-            lo_var.assign(lo)
-            hi_var.assign(hi)
-        else:  # learned: initialise from the first batch, then only gradients move the range
-            lo = ops.where(first, batch_lo, lo_var)
-            hi = ops.where(first, batch_hi, hi_var)
-            lo_var.assign(ops.stop_gradient(lo))
-            hi_var.assign(ops.stop_gradient(hi))
-            lo, hi = (
-                lo_var + ops.stop_gradient(lo - lo_var),
-                hi_var + ops.stop_gradient(hi - hi_var),
-            )
-        seen.assign(1.0)
-        return lo, hi
-
-    def compute_output_shape(self, input_shape):
-        return self.layer.compute_output_shape(input_shape)
-
-    def get_config(self):
-        return {
-            **super().get_config(),
-            "dst_type": self.dst_type,
-            "activation_range": self.activation_range,
-            "ema_decay": self.ema_decay,
-            "activation_offset": self.activation_offset,
-            "channel_wise": self.channel_wise,
-            "skip_fusion": self.skip_fusion,
-        }
-
-    def factors(self, key: str) -> dict[str, LayerFactors]:
-        """Record entries of this layer (one per part; SeparableConv2D has two), keyed."""
-        entries = {}
-        attrs = [attr for attr, _ in self.spec.kernels]
-        parts = list(zip(("input", "mid"), attrs, strict=False))
-        for i, (name, attr) in enumerate(parts or [("input", None)]):
-            lo, hi, seen = (float(np.asarray(v)) for v in self.ranges[name])
-            if seen <= 0:
-                raise QuantError(
-                    f"layer {key!r}: its {name} range was never observed; run fit on data first"
-                )
-            scale_d, offset_d = activation_factors(
-                lo, hi, self.bits, symmetric=not self.activation_offset, name=f"{key} {name}"
-            )
-            f = LayerFactors(scale_d=scale_d, offset_d=offset_d, dst_type=self.dst_type)
-            if attr is not None:
-                layout = dict(self.spec.kernels)[attr]
-                cw = self.channel_wise and self.spec.channel_wise
-                scale = arq_scale(getattr(self.layer, attr), layout, self.bits, channel_wise=cw)
-                f.scale_w = [float(s) for s in np.asarray(scale, np.float32).reshape(-1)]
-                f.offset_w = [0] * len(f.scale_w)
-                if self.skip_fusion and attr == self.spec.kernels[-1][0]:
-                    f.skip_fusion = True
-            entries[self.spec.key(key, i)] = f
-        return entries
+__all__ = [
+    "RANGE_MODES",
+    "FoldedBatchNorm",
+    "QATQuant",
+    "qat_record",
+    "quantize_aware",
+    "save_qat_record",
+    "strip_qat",
+]
 
 
 def quantize_aware(

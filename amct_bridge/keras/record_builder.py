@@ -1,12 +1,10 @@
-"""Observers + layer weights -> AMCT record, calibration sidecar and (optionally) frozen graph.
+"""Keras write step: the core's record + sidecar, plus TF op keys and the frozen graph.
 
-Everything is built in memory first and written only when all pieces exist, so a failure (bad
-factors, an op that cannot be found in the frozen graph...) never leaves a partial record.
-
-Per quantized part: ``scale_d``/``offset_d`` from its input observer (act_type bits,
-activation_offset), ``scale_w``/``offset_w`` by ARQ on the (BN-folded unless skip_fusion) kernel,
-``tensor_balance_factor`` with DMQ, ``shift_bit`` with joint_quant, ``skip_fusion: true`` for
-layers the user excluded from fusion, ``act_type`` only when it is not the default INT8.
+:func:`amct_bridge.calibration.records.build_record` builds the record and sidecar from the
+session's observers and :class:`~amct_bridge.keras.weights.KerasWeights`; this module adds what
+only Keras has: ``keys="tf_op"`` (record keys renamed to the TF op names of the frozen graph)
+and ``frozen_graph_path`` (that GraphDef with the Conv+BN folds baked in). Nothing is written
+until every piece was built.
 
 Example:
     >>> # used by Session.write; see tests/keras/test_quant_calibration.py
@@ -14,214 +12,46 @@ Example:
 
 from __future__ import annotations
 
-import logging
-import os
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
+from amct_bridge.calibration.records import (
+    Built,
+    build_record,
+    finish_record,
+    search_clip_ranges,
+)
+from amct_bridge.calibration.records import write_outputs as _write
 from amct_bridge.errors import CalibrationError
 from amct_bridge.keras import weights as kw
-from amct_bridge.quant.factors import activation_factors, bits_of
-from amct_bridge.records import LayerFactors, Record, convert, dumps
-from amct_bridge.records.atomic import atomic_write_bytes
-from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange, sidecar_path
+from amct_bridge.records import Record
 
-log = logging.getLogger(__name__)
-
-
-@dataclass
-class Built:
-    """What one write produces: record text, sidecar JSON, frozen graph bytes (or None)."""
-
-    record: Record
-    record_text: str
-    stats: CalibrationStats
-    graph_bytes: bytes | None = None
+__all__ = ["Built", "build_outputs", "search_clip_ranges", "write_outputs"]
 
 
 def build_outputs(session, record_path, flavor: str, keys: str, frozen_graph_path=None) -> Built:
     """Build record + sidecar (+ frozen graph) from a session's observers and the model."""
-    plan = session.plan
-    ranges = _clip_ranges(session)
-    record = Record(flavor="inner")
-    folds = []
-    for target in plan.quantized:
-        factors, fold = _layer_factors(session, target, ranges)
-        record.layers[target.key] = factors
-        if fold is not None:
-            folds.append(fold)
-    stats = _sidecar(session, ranges)
+    record, stats, folded = build_record(session)
     frozen = None
     if keys == "tf_op" or frozen_graph_path is not None:
         from amct_bridge.keras.freeze import freeze_model
 
-        frozen = freeze_model(session.model, folds)
+        frozen = freeze_model(session.model, [kw.freeze_fold(f) for f in folded])
     if keys == "tf_op":
         record = _rekey(record, frozen.op_names)
-    if flavor != "inner":
-        record, dropped = convert(record, flavor)
-        for line in dropped:
-            log.warning("record flavor %r cannot hold %s: dropped", flavor, line)
-    record.flavor = flavor
-    text = dumps(record, flavor)
-    if not record.layers:
-        raise CalibrationError("no record entry was produced; nothing written")
-    graph = frozen.graph_def.SerializeToString(deterministic=True) if frozen_graph_path else None
-    return Built(record, text, stats, graph)
-
-
-def write_outputs(built: Built, record_path, flavor, keys, frozen_graph_path=None) -> None:
-    """Write the record, its sidecar and the frozen graph (each atomically)."""
-    atomic_write_bytes(record_path, built.record_text.encode())
-    atomic_write_bytes(sidecar_path(record_path), built.stats.to_json().encode())
-    if frozen_graph_path is not None and built.graph_bytes is not None:
-        atomic_write_bytes(Path(frozen_graph_path), built.graph_bytes)
-
-
-def _clip_ranges(session) -> dict[int, tuple[float, float]]:
-    """Each observed tensor's clip range, searched once (HFMG/IFMR searches are not cheap)."""
-    seen = [(i, obs.observer) for i, obs in enumerate(session.observed) if obs.observer.batches]
-    ranges = search_clip_ranges([observer for _, observer in seen])
-    return {i: found for (i, _), found in zip(seen, ranges, strict=True)}
-
-
-def search_clip_ranges(observers: list) -> list[tuple[float, float]]:
-    """``clip_range()`` of each observer, the histogram searches spread over all cores.
-
-    HFMG/IFMR searches (tens of ms per tensor; numpy releases the GIL) dominate the end of a
-    calibration run, so they run in a thread pool; the observers are only read.
-
-    Example:
-        >>> import numpy as np
-        >>> from amct_bridge.quant.observers import make_observer
-        >>> obs = make_observer("minmax")
-        >>> obs.update(np.array([-1.0, 2.0], np.float32))
-        >>> search_clip_ranges([obs])
-        [(-1.0, 2.0)]
-    """
-    workers = min(sum(1 for obs in observers if obs.bins), os.cpu_count() or 1)
-    if workers <= 1:
-        return [obs.clip_range() for obs in observers]
-    with ThreadPoolExecutor(workers, thread_name_prefix="amct_bridge_search") as pool:
-        return list(pool.map(lambda obs: obs.clip_range(), observers))
-
-
-def _input_index(session, target) -> int:
-    role = "inner" if target.key.endswith("/pointwise") else "input"
-    return session.tensors[(target.layer_key, role)]
-
-
-def _layer_factors(session, target, ranges):
-    cfg, config = target.config, session.config
-    index = _input_index(session, target)
-    observed = session.observed[index]
-    bits, symmetric = bits_of(cfg.act_type), not config.activation_offset
-    if index not in ranges:
-        raise CalibrationError(f"layer {target.key!r}: its input was never observed")
-    scale_d, offset_d = activation_factors(*ranges[index], bits, symmetric=symmetric)
-    factors = LayerFactors(act_type=cfg.act_type if cfg.act_type != "INT8" else None)
-    fold = None
-    if target.part.has_weights:
-        kernel, bias = kw.part_kernel(target)
-        if target.bn is not None:
-            fold = kw.freeze_fold(target, kernel, bias)
-        if cfg.migration_strength is not None:
-            balance, kernel, (lo, hi) = kw.balance(
-                observed.channel_range, kernel, target.part, cfg.migration_strength, target.key
-            )
-            factors.tensor_balance_factor = balance
-            scale_d, offset_d = activation_factors(lo, hi, bits, symmetric=symmetric)
-        factors.scale_w, factors.offset_w = kw.weight_factors(
-            kernel, target.part, cfg.channel_wise, name=target.key
+    record, text = finish_record(record, flavor)
+    built = Built(record, text, stats)
+    if frozen_graph_path is not None:
+        built.extra[Path(frozen_graph_path)] = frozen.graph_def.SerializeToString(
+            deterministic=True
         )
-        if target.skip_fusion:
-            factors.skip_fusion = True
-        if config.joint_quant:
-            factors.shift_bit = kw.shift_bits(kernel, target.part, factors.scale_w, bits, symmetric)
-    factors.scale_d, factors.offset_d = float(scale_d), int(offset_d)
-    return factors, fold
+    return built
 
 
-def _range(observed, clip: tuple[float, float]) -> TensorRange:
-    obs = observed.observer
-    return TensorRange(float(clip[0]), float(clip[1]), float(obs.min), float(obs.max))
-
-
-def _observed_tensors(session) -> dict[str, int]:
-    """Graph tensor id -> index of an observed point holding its range."""
-    result: dict[str, int] = {}
-    for target in session.plan.targets:
-        for tid, role in zip(target.tensors, ("input", "output"), strict=True):
-            index = session.tensors.get((target.layer_key, role))
-            if tid is not None and index is not None:
-                result.setdefault(tid, index)
-    return result
-
-
-def _union(ranges: list[TensorRange | None]) -> TensorRange | None:
-    """One range covering all of ``ranges`` (None if any is unknown)."""
-    if not ranges or any(r is None for r in ranges):
-        return None
-    raw = [r for r in ranges if r.observed_min is not None and r.observed_max is not None]
-    return TensorRange(
-        min(r.min for r in ranges),
-        max(r.max for r in ranges),
-        min(r.observed_min for r in raw) if len(raw) == len(ranges) else None,
-        max(r.observed_max for r in raw) if len(raw) == len(ranges) else None,
-    )
-
-
-def _runtime_stats(session, target, clip: dict, by_tensor: dict[str, int]) -> LayerStats:
-    """Sidecar entry of a runtime layer: input = union over ALL its inputs (Add, Concatenate)
-    when each is observed somewhere; output = its own observed output."""
-
-    def of(index):
-        seen = index is not None and index in clip
-        return _range(session.observed[index], clip[index]) if seen else None
-
-    inputs = [of(by_tensor.get(tid)) if tid is not None else None for tid in target.inputs]
-    if len(target.inputs) <= 1:
-        inputs = [of(session.tensors.get((target.layer_key, "input")))]
-    output = of(session.tensors.get((target.layer_key, "output")))
-    return LayerStats(target.kind, input=_union(inputs), output=output)
-
-
-def _sidecar(session, clip: dict) -> CalibrationStats:
-    # runtime layers get minmax points of their own: not an algorithm the user chose
-    algorithms = sorted({t.config.algorithm for t in session.plan.targets if not t.runtime})
-    stats = CalibrationStats(algorithm=",".join(algorithms), batches=session.batches)
-    by_tensor = _observed_tensors(session)
-    for target in session.plan.targets:
-        get = session.tensors.get
-        if target.runtime:
-            stats.layers[target.key] = _runtime_stats(session, target, clip, by_tensor)
-            continue
-        if target.kind == "SeparableConv2D":
-            roles = ("input", "inner") if target.key.endswith("/depthwise") else ("inner", "output")
-        else:
-            roles = ("input", "output")
-        ranges = []
-        for role in roles:
-            index = get((target.layer_key, role))
-            seen = index is not None and index in clip
-            ranges.append(_range(session.observed[index], clip[index]) if seen else None)
-        stats.layers[target.key] = LayerStats(target.kind, input=ranges[0], output=ranges[1])
-        if target.bn_key is not None:  # the folded BN's output is the same tensor
-            stats.layers[target.bn_key] = LayerStats("BatchNormalization", output=ranges[1])
-    return _in_execution_order(stats, session.plan)
-
-
-def _in_execution_order(stats: CalibrationStats, plan) -> CalibrationStats:
-    """Runtime targets come last in the plan; the sidecar lists layers in execution order."""
-    layer_of = {t.key: t.layer_key for t in plan.targets}
-    end = len(plan.rank)
-
-    def rank(key: str) -> int:
-        return plan.rank.get(layer_of.get(key, key), end)
-
-    stats.layers = dict(sorted(stats.layers.items(), key=lambda kv: rank(kv[0])))  # stable
-    return stats
+def write_outputs(
+    built: Built, record_path, flavor=None, keys=None, frozen_graph_path=None
+) -> None:
+    """Write the record, its sidecar and the frozen graph (each atomically)."""
+    _write(built, record_path)
 
 
 def _rekey(record: Record, op_names: dict[str, list[str]]) -> Record:

@@ -1,9 +1,10 @@
-"""Keras kernels -> weight factors: Conv+BN folding, ARQ scale_w, DMQ and shift_bit inputs.
+"""Keras kernels for the core's record builder: :class:`KerasWeights` and Fold glue.
 
-This module only reads Keras weights and hands numpy arrays to :mod:`amct_bridge.quant` (ARQ,
-BN folding, DMQ balance factors, shift_bit); the math lives there. Kernels stay in Keras layout
-(see :mod:`amct_bridge.keras.layers`), which is also the TF op's filter layout, so the frozen graph
-(:mod:`amct_bridge.keras.freeze`) carries exactly the array scale_w was computed from.
+This module only reads Keras weights (kernels in Keras layout, which is also the TF op's filter
+layout, so the frozen graph of :mod:`amct_bridge.keras.freeze` carries exactly the array
+scale_w was computed from) and hands numpy arrays to :mod:`amct_bridge.calibration.weights`,
+where the math lives. The helpers taking a Keras :class:`~amct_bridge.keras.layers.QuantPart`
+read the layout from it.
 
 Example:
     >>> import keras
@@ -17,14 +18,39 @@ from __future__ import annotations
 
 import numpy as np
 
-from amct_bridge.errors import CalibrationError
+from amct_bridge.calibration import weights as core
+from amct_bridge.calibration.layers import LayerDesc
+from amct_bridge.calibration.protocol import BatchNormParams, PartWeights
+from amct_bridge.calibration.records import FoldedPart
 from amct_bridge.keras.freeze import Fold
 from amct_bridge.keras.layers import QuantPart
-from amct_bridge.quant.arq import arq_factors
-from amct_bridge.quant.dmq import balance_factors
-from amct_bridge.quant.fold import fold_batchnorm
-from amct_bridge.quant.layouts import get_layout
-from amct_bridge.quant.shift_bit import shift_bits_from_weights
+
+
+class KerasWeights:
+    """The core's :class:`~amct_bridge.calibration.protocol.WeightSource` for Keras layers.
+
+    Example:
+        >>> import keras
+        >>> from amct_bridge.keras.layers import describe
+        >>> d = describe("fc", keras.layers.Dense(2)); d.handle.build((None, 3))
+        >>> w = KerasWeights().part_weights(d, d.parts[0]); w.kernel.shape, w.layout
+        ((3, 2), 'IO')
+    """
+
+    def part_weights(self, layer: LayerDesc, part: QuantPart) -> PartWeights:
+        """Kernel and bias of ``part`` in the Keras layout the part names."""
+        return PartWeights(kernel_of(layer.handle, part), part.layout, bias_of(layer.handle, part))
+
+    def batch_norm(self, bn: LayerDesc) -> BatchNormParams:
+        """gamma/beta (None when ``scale``/``center`` is off), moving stats, epsilon."""
+        layer = bn.handle
+        return BatchNormParams(
+            np.asarray(layer.gamma) if layer.scale else None,
+            np.asarray(layer.beta) if layer.center else None,
+            np.asarray(layer.moving_mean),
+            np.asarray(layer.moving_variance),
+            float(layer.epsilon),
+        )
 
 
 def kernel_of(layer, part: QuantPart) -> np.ndarray:
@@ -50,32 +76,19 @@ def bias_of(layer, part: QuantPart) -> np.ndarray | None:
 
 def input_channels(layer, part: QuantPart) -> int:
     """Number of input channels of the part's kernel (length of tensor_balance_factor)."""
-    kernel = kernel_of(layer, part)
-    return int(kernel.shape[get_layout(kernel, part.layout).in_axis])
+    return core.input_channels(kernel_of(layer, part), part.layout)
 
 
-def part_kernel(target) -> tuple[np.ndarray, np.ndarray | None]:
-    """(kernel, bias) that the record describes: BN-folded when ``target.bn`` is set.
+def freeze_fold(folded: FoldedPart) -> Fold:
+    """The :class:`~amct_bridge.keras.freeze.Fold` that bakes a folded part into a .pb.
 
     Example:
-        >>> # see tests/keras/test_weights.py
+        >>> # see amct_bridge.keras.record_builder
     """
-    kernel, bias = kernel_of(target.layer, target.part), bias_of(target.layer, target.part)
-    if target.bn is None:
-        return kernel, bias
-    bn = target.bn
-    folded, folded_bias = fold_batchnorm(
-        kernel,
-        bias,
-        np.asarray(bn.gamma) if bn.scale else None,
-        np.asarray(bn.beta) if bn.center else None,
-        np.asarray(bn.moving_mean),
-        np.asarray(bn.moving_variance),
-        float(bn.epsilon),
-        target.part.layout,
-        name=target.key,
-    )
-    return np.asarray(folded, np.float32), np.asarray(folded_bias, np.float32)
+    own, bias = folded.original.bias, folded.folded.bias
+    delta = bias if own is None else bias - own
+    target = folded.target
+    return Fold(target.key, target.bn, folded.folded.kernel, np.asarray(delta, np.float32))
 
 
 def weight_factors(kernel: np.ndarray, part: QuantPart, channel_wise: bool, name: str = "kernel"):
@@ -86,24 +99,18 @@ def weight_factors(kernel: np.ndarray, part: QuantPart, channel_wise: bool, name
         >>> weight_factors(np.array([[1.0, -2.0]], "float32"), QUANTIZABLE["Dense"][0], True)[1]
         [0]
     """
-    wise = channel_wise and part.channel_wise
-    scale_w, offset_w = arq_factors(kernel, part.layout, channel_wise=wise, name=name)
-    return [float(s) for s in scale_w], [int(o) for o in offset_w]
-
-
-def freeze_fold(target, kernel: np.ndarray, bias: np.ndarray | None) -> Fold:
-    """The :class:`~amct_bridge.keras.freeze.Fold` that bakes ``kernel``/``bias`` into a .pb."""
-    own = bias_of(target.layer, target.part)
-    delta = bias if own is None else bias - own
-    return Fold(target.key, target.bn, kernel, np.asarray(delta, np.float32))
+    return core.weight_factors(
+        kernel,
+        part.layout,
+        part_channel_wise=part.channel_wise,
+        channel_wise=channel_wise,
+        name=name,
+    )
 
 
 def balance(channel_range, kernel: np.ndarray, part: QuantPart, strength: float, key: str):
-    """DMQ ``(tensor_balance_factor, balanced kernel, balanced activation (lo, hi))``.
-
-    ``channel_range`` is the per-input-channel [min, max] seen in-graph ([2, Cin]). AMCT divides
-    activations by the factor and multiplies weights by it, so scale_w is computed on the
-    returned kernel and scale_d on the returned activation range.
+    """DMQ ``(tensor_balance_factor, balanced kernel, balanced activation (lo, hi))``, see
+    :func:`amct_bridge.calibration.weights.balance`.
 
     Example:
         >>> from amct_bridge.keras.layers import QUANTIZABLE
@@ -112,30 +119,16 @@ def balance(channel_range, kernel: np.ndarray, part: QuantPart, strength: float,
         >>> f, k.ravel().tolist(), r
         ([2.0, 0.5], [2.0, 2.0], (0.0, 2.0))
     """
-    if channel_range is None:
-        raise CalibrationError(f"layer {key!r}: DMQ needs per-channel activation ranges; none seen")
-    lo, hi = np.asarray(channel_range, np.float64)
-    factors = balance_factors(
-        np.maximum(np.abs(lo), np.abs(hi)), kernel, part.layout, strength, name=key
-    )
-    factors = np.asarray(factors, np.float64)
-    shape = [1] * kernel.ndim
-    shape[get_layout(kernel, part.layout).in_axis] = -1
-    balanced = (kernel * factors.reshape(shape)).astype(np.float32)
-    act = (float(np.min(lo / factors)), float(np.max(hi / factors)))
-    return [float(f) for f in factors], balanced, act
+    return core.balance(channel_range, kernel, part.layout, strength, key)
 
 
 def shift_bits(kernel: np.ndarray, part: QuantPart, scale_w, act_bits: int, symmetric: bool):
-    """shift_bit per scale_w entry (joint_quant): the worst-case accumulator bound, see
-    :mod:`amct_bridge.quant.shift_bit` (never overflows int16).
+    """shift_bit per scale_w entry (joint_quant), see :func:`amct_bridge.calibration.weights.
+    shift_bits`.
 
     Example:
         >>> from amct_bridge.keras.layers import QUANTIZABLE
         >>> shift_bits(np.ones((300, 2)), QUANTIZABLE["Dense"][0], [1 / 127], 8, False)
         [9]
     """
-    shifts = shift_bits_from_weights(
-        kernel, part.layout, scale_w, act_bits=act_bits, symmetric=symmetric
-    )
-    return [int(s) for s in shifts]
+    return core.shift_bits(kernel, part.layout, scale_w, act_bits, symmetric)

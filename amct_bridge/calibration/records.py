@@ -1,0 +1,265 @@
+"""Observers + weights -> AMCT record and calibration sidecar, written atomically.
+
+Everything is built in memory first and written only when all pieces exist, so a failure (bad
+factors, a key that cannot be resolved...) never leaves a partial record.
+
+Per quantized part: ``scale_d``/``offset_d`` from its input observer (act_type bits,
+activation_offset), ``scale_w``/``offset_w`` by ARQ on the (BN-folded unless skip_fusion) kernel,
+``tensor_balance_factor`` with DMQ, ``shift_bit`` with joint_quant, ``skip_fusion: true`` for
+layers the user excluded from fusion, ``act_type`` only when it is not the default INT8.
+The record is built in the "inner" flavor and converted to the requested one at the end
+(:func:`finish_record`).
+
+Example:
+    >>> import numpy as np
+    >>> from amct_bridge.quant.observers import make_observer
+    >>> obs = make_observer("minmax")
+    >>> obs.update(np.array([-1.0, 2.0], np.float32))
+    >>> search_clip_ranges([obs])
+    [(-1.0, 2.0)]
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from amct_bridge.calibration import weights as cw
+from amct_bridge.calibration.plan import Plan, Target
+from amct_bridge.calibration.protocol import PartWeights
+from amct_bridge.errors import CalibrationError
+from amct_bridge.quant.factors import activation_factors, bits_of
+from amct_bridge.records import LayerFactors, Record, convert, dumps
+from amct_bridge.records.atomic import atomic_write_bytes
+from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange, sidecar_path
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class FoldedPart:
+    """A part whose BatchNorm was folded: the folded weights the record describes, and the
+    part's own weights (an adapter baking the fold into a graph needs both)."""
+
+    target: Target
+    folded: PartWeights
+    original: PartWeights
+
+
+@dataclass
+class Built:
+    """What one write produces: record text, sidecar, and extra files (path -> bytes)."""
+
+    record: Record
+    record_text: str
+    stats: CalibrationStats
+    extra: dict[Path, bytes] = field(default_factory=dict)
+
+
+def build_record(session) -> tuple[Record, CalibrationStats, list[FoldedPart]]:
+    """The "inner" record, the sidecar and the BN folds from a session's observers.
+
+    Example:
+        >>> # used by the adapters' write step; see tests/calibration/test_keras_pins.py
+    """
+    ranges = _clip_ranges(session)
+    record = Record(flavor="inner")
+    folds = []
+    source = (
+        session.weight_source() if any(t.part.has_weights for t in session.plan.quantized) else None
+    )
+    for target in session.plan.quantized:
+        factors, fold = _layer_factors(session, source, target, ranges)
+        record.layers[target.key] = factors
+        if fold is not None:
+            folds.append(fold)
+    return record, _sidecar(session, ranges), folds
+
+
+def finish_record(record: Record, flavor: str) -> tuple[Record, str]:
+    """Convert an "inner" record to ``flavor`` (dropped fields are logged) and dump it.
+
+    Example:
+        >>> rec, text = finish_record(Record({"fc": LayerFactors(scale_d=0.5, offset_d=0)}),
+        ...                           "inner")
+        >>> 'key: "fc"' in text
+        True
+    """
+    if flavor != "inner":
+        record, dropped = convert(record, flavor)
+        for line in dropped:
+            log.warning("record flavor %r cannot hold %s: dropped", flavor, line)
+    record.flavor = flavor
+    text = dumps(record, flavor)
+    if not record.layers:
+        raise CalibrationError("no record entry was produced; nothing written")
+    return record, text
+
+
+def write_outputs(built: Built, record_path: str | os.PathLike) -> None:
+    """Write the record, its sidecar and any extra files (each atomically).
+
+    Example:
+        >>> # see build_record
+    """
+    atomic_write_bytes(Path(record_path), built.record_text.encode())
+    atomic_write_bytes(sidecar_path(record_path), built.stats.to_json().encode())
+    for path, data in built.extra.items():
+        atomic_write_bytes(Path(path), data)
+
+
+def _clip_ranges(session) -> dict[int, tuple[float, float]]:
+    """Each observed tensor's clip range, searched once (HFMG/IFMR searches are not cheap)."""
+    seen = [(i, obs.observer) for i, obs in enumerate(session.observed) if obs.observer.batches]
+    ranges = search_clip_ranges([observer for _, observer in seen])
+    return {i: found for (i, _), found in zip(seen, ranges, strict=True)}
+
+
+def search_clip_ranges(observers: list) -> list[tuple[float, float]]:
+    """``clip_range()`` of each observer, the histogram searches spread over all cores.
+
+    HFMG/IFMR searches (tens of ms per tensor; numpy releases the GIL) dominate the end of a
+    calibration run, so they run in a thread pool; the observers are only read.
+
+    Example:
+        >>> # see the module docstring
+    """
+    workers = min(sum(1 for obs in observers if obs.bins), os.cpu_count() or 1)
+    if workers <= 1:
+        return [obs.clip_range() for obs in observers]
+    with ThreadPoolExecutor(workers, thread_name_prefix="amct_bridge_search") as pool:
+        return list(pool.map(lambda obs: obs.clip_range(), observers))
+
+
+def _part_index(target: Target) -> int:
+    parts = target.desc.parts if target.desc is not None else ()
+    return parts.index(target.part) if target.part in parts else 0
+
+
+def _input_index(session, target: Target) -> int:
+    role = "inner" if _part_index(target) > 0 else "input"
+    return session.tensors[(target.layer_key, role)]
+
+
+def _layer_factors(session, source, target: Target, ranges):
+    cfg, config = target.config, session.config
+    index = _input_index(session, target)
+    observed = session.observed[index]
+    bits, symmetric = bits_of(cfg.act_type), not config.activation_offset
+    if index not in ranges:
+        raise CalibrationError(f"layer {target.key!r}: its input was never observed")
+    scale_d, offset_d = activation_factors(*ranges[index], bits, symmetric=symmetric)
+    factors = LayerFactors(act_type=cfg.act_type if cfg.act_type != "INT8" else None)
+    fold = None
+    if target.part.has_weights:
+        own = source.part_weights(target.desc, target.part)
+        weights = own
+        if target.bn_desc is not None:
+            bn = source.batch_norm(target.bn_desc)
+            weights = cw.fold(own, bn, target.key)
+            fold = FoldedPart(target, weights, own)
+        kernel, layout = weights.kernel, weights.layout
+        if cfg.migration_strength is not None:
+            balance, kernel, (lo, hi) = cw.balance(
+                observed.channel_range, kernel, layout, cfg.migration_strength, target.key
+            )
+            factors.tensor_balance_factor = balance
+            scale_d, offset_d = activation_factors(lo, hi, bits, symmetric=symmetric)
+        factors.scale_w, factors.offset_w = cw.weight_factors(
+            kernel,
+            layout,
+            part_channel_wise=target.part.channel_wise,
+            channel_wise=cfg.channel_wise,
+            name=target.key,
+        )
+        if target.skip_fusion:
+            factors.skip_fusion = True
+        if config.joint_quant:
+            factors.shift_bit = cw.shift_bits(kernel, layout, factors.scale_w, bits, symmetric)
+    factors.scale_d, factors.offset_d = float(scale_d), int(offset_d)
+    return factors, fold
+
+
+def _range(observed, clip: tuple[float, float]) -> TensorRange:
+    obs = observed.observer
+    return TensorRange(float(clip[0]), float(clip[1]), float(obs.min), float(obs.max))
+
+
+def _observed_tensors(session) -> dict[str, int]:
+    """Graph tensor id -> index of an observed point holding its range."""
+    result: dict[str, int] = {}
+    for target in session.plan.targets:
+        for tid, role in zip(target.tensors, ("input", "output"), strict=True):
+            index = session.tensors.get((target.layer_key, role))
+            if tid is not None and index is not None:
+                result.setdefault(tid, index)
+    return result
+
+
+def _union(ranges: list[TensorRange | None]) -> TensorRange | None:
+    """One range covering all of ``ranges`` (None if any is unknown)."""
+    if not ranges or any(r is None for r in ranges):
+        return None
+    raw = [r for r in ranges if r.observed_min is not None and r.observed_max is not None]
+    return TensorRange(
+        min(r.min for r in ranges),
+        max(r.max for r in ranges),
+        min(r.observed_min for r in raw) if len(raw) == len(ranges) else None,
+        max(r.observed_max for r in raw) if len(raw) == len(ranges) else None,
+    )
+
+
+def _runtime_stats(session, target: Target, clip: dict, by_tensor: dict[str, int]) -> LayerStats:
+    """Sidecar entry of a runtime layer: input = union over ALL its inputs (Add, concat)
+    when each is observed somewhere; output = its own observed output."""
+
+    def of(index):
+        seen = index is not None and index in clip
+        return _range(session.observed[index], clip[index]) if seen else None
+
+    inputs = [of(by_tensor.get(tid)) if tid is not None else None for tid in target.inputs]
+    if len(target.inputs) <= 1:
+        inputs = [of(session.tensors.get((target.layer_key, "input")))]
+    output = of(session.tensors.get((target.layer_key, "output")))
+    return LayerStats(target.kind, input=_union(inputs), output=output)
+
+
+def _sidecar(session, clip: dict) -> CalibrationStats:
+    # runtime layers get minmax points of their own: not an algorithm the user chose
+    algorithms = sorted({t.config.algorithm for t in session.plan.targets if not t.runtime})
+    stats = CalibrationStats(algorithm=",".join(algorithms), batches=session.batches)
+    by_tensor = _observed_tensors(session)
+    for target in session.plan.targets:
+        get = session.tensors.get
+        if target.runtime:
+            stats.layers[target.key] = _runtime_stats(session, target, clip, by_tensor)
+            continue
+        if target.desc is not None and len(target.desc.parts) > 1:
+            roles = ("input", "inner") if _part_index(target) == 0 else ("inner", "output")
+        else:
+            roles = ("input", "output")
+        ranges = []
+        for role in roles:
+            index = get((target.layer_key, role))
+            seen = index is not None and index in clip
+            ranges.append(_range(session.observed[index], clip[index]) if seen else None)
+        stats.layers[target.key] = LayerStats(target.kind, input=ranges[0], output=ranges[1])
+        if target.bn_key is not None:  # the folded BN's output is the same tensor
+            kind = target.bn_desc.kind if target.bn_desc is not None else "BatchNormalization"
+            stats.layers[target.bn_key] = LayerStats(kind, output=ranges[1])
+    return _in_execution_order(stats, session.plan)
+
+
+def _in_execution_order(stats: CalibrationStats, plan: Plan) -> CalibrationStats:
+    """Runtime targets come last in the plan; the sidecar lists layers in execution order."""
+    layer_of = {t.key: t.layer_key for t in plan.targets}
+    end = len(plan.rank)
+
+    def rank(key: str) -> int:
+        return plan.rank.get(layer_of.get(key, key), end)
+
+    stats.layers = dict(sorted(stats.layers.items(), key=lambda kv: rank(kv[0])))  # stable
+    return stats
