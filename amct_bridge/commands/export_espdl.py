@@ -85,9 +85,20 @@ def _preview_set(args: argparse.Namespace) -> int:
     return 0
 
 
+def _exporter(args: argparse.Namespace):
+    """``(export entry, model)`` of the framework adapter ``args`` name.
+
+    The core exporter takes framework-free layers only; each adapter has its own entry
+    ``export_espdl(model, record, out_dir, **options)``. Keras: ``--model``. (A MindSpore
+    branch, e.g. ``--mindspore module:factory``, dispatches here too.)
+    """
+    from amct_bridge.keras import export_espdl
+
+    return export_espdl, load_keras_model(args.model)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the export; returns the exit code."""
-    from amct_bridge.espdl import export
     from amct_bridge.espdl.report import format_preview
 
     if args.input_set is not None:
@@ -100,10 +111,10 @@ def run(args: argparse.Namespace) -> int:
         raise ExportError("give --record and/or --stats: the exponents come from them")
     if args.record is not None and not Path(args.record).is_file():
         raise ExportError(f"{args.record}: record file not found")
-    model = load_keras_model(args.model)
-    result = export(
-        args.record,
+    export_espdl, model = _exporter(args)
+    result = export_espdl(
         model,
+        args.record,
         None if args.preview else args.out,
         stats=args.stats,
         feature_type=args.feature_type,

@@ -1,8 +1,9 @@
 """ESP-DL v1 exporter: record + weights -> config.json + coefficient .npy, and an exact preview.
 
 Framework-free: :func:`export` takes the model as a list of
-:class:`~amct_bridge.espdl.source.SourceLayer` or, for convenience, a Keras model (the Keras
-adapter is imported only then). :mod:`amct_bridge.espdl.preview` predicts convert.py's integers.
+:class:`~amct_bridge.espdl.source.SourceLayer` only. Adapters translate their models and offer
+their own entry (``amct_bridge.keras.export_espdl(model, record, out_dir, ...)``); the core never
+imports them. :mod:`amct_bridge.espdl.preview` predicts convert.py's integers.
 
 Example:
     >>> import numpy as np, tempfile, pathlib
@@ -76,13 +77,10 @@ def _resolve_layers(model_or_weights: object) -> list[SourceLayer]:
         isinstance(x, SourceLayer) for x in model_or_weights
     ):
         return list(model_or_weights)
-    if type(model_or_weights).__module__.startswith(("keras", "tf_keras", "tensorflow")):
-        from amct_bridge.keras.espdl_weights import source_layers  # TF only when given a model
-
-        return source_layers(model_or_weights)
+    # the core never imports an adapter: framework models go through the adapter's own entry
     raise ExportError(
-        f"cannot export a {type(model_or_weights).__name__}: pass a Keras model or a list of "
-        "amct_bridge.espdl.SourceLayer"
+        f"cannot export a {type(model_or_weights).__name__}: pass a Keras model to "
+        "amct_bridge.keras.export_espdl, or a list of amct_bridge.espdl.SourceLayer here"
     )
 
 
@@ -103,7 +101,8 @@ def export(
 
     Args:
         record: AMCT record (object or path); None to rely on the sidecar alone.
-        model_or_weights: a Keras model, or a list of SourceLayer in execution order.
+        model_or_weights: a list of SourceLayer in execution order (framework models: the
+            adapter's entry, e.g. ``amct_bridge.keras.export_espdl(model, record, out_dir)``).
         out_dir: directory to create (built beside it, then renamed: never half-written).
         stats: calibration sidecar (object or path). Default: ``<record>.calib.json`` when
             ``record`` is a path and that file exists.
@@ -115,7 +114,7 @@ def export(
         >>> export(None, "model.keras", None)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        amct_bridge.errors.ExportError: cannot export a str: pass a Keras model or a list of ...
+        amct_bridge.errors.ExportError: cannot export a str: pass a Keras model to ...
     """
     layers = _resolve_layers(model_or_weights)
     return export_layers(

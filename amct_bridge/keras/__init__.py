@@ -1,4 +1,6 @@
-"""Keras adapter: calibration callback, simulated accuracy, QAT, graph extraction, freezing.
+"""Keras adapter: calibration callback, simulated accuracy, QAT, graph extraction, freezing,
+ESP-DL export. It translates Keras objects for the framework-free core
+(:mod:`amct_bridge.calibration`, :mod:`amct_bridge.graph`, :mod:`amct_bridge.espdl`).
 
 Importing this package imports TensorFlow/Keras (the core packages never do).
 
@@ -9,6 +11,7 @@ Example:
 """
 
 from amct_bridge.keras.calibrate import calibrate
+from amct_bridge.keras.espdl_weights import export_espdl
 from amct_bridge.keras.freeze import freeze_model
 from amct_bridge.keras.graph import extract_graph
 from amct_bridge.keras.prune import (
@@ -27,6 +30,7 @@ __all__ = [
     "SelectivePruneCallback",
     "apply_selective_masks",
     "calibrate",
+    "export_espdl",
     "extract_graph",
     "freeze_model",
     "prune_discovery",

@@ -1,4 +1,5 @@
-"""Keras model -> the ESP-DL exporter's framework-free layer list (:class:`SourceLayer`).
+"""Keras model -> the ESP-DL exporter's framework-free layer list (:class:`SourceLayer`), and
+:func:`export_espdl` (``amct_bridge.keras.export_espdl``), the Keras entry to the exporter.
 
 Execution order and connectivity come from :func:`amct_bridge.keras.graph.extract_graph`
 (nested models are named ``"outer/inner"``); this module only says what each Keras class is
@@ -16,15 +17,18 @@ Example:
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import keras
 import numpy as np
 
+from amct_bridge.espdl import ExportResult, export
 from amct_bridge.espdl.source import SourceLayer
 from amct_bridge.graph.ir import Graph, Node
 from amct_bridge.keras.graph import extract_graph, find_layer
 from amct_bridge.keras.layers import class_name
+from amct_bridge.records.model import Record
 
 #: Coefficient-free Keras layers the ESP-DL v1 runtime has -> whether the output exponent
 #: equals the input exponent (MaxPool, Concat, reshapes) or is chosen anew (Add2D, pools).
@@ -227,3 +231,30 @@ def source_layers(model: keras.Model) -> list[SourceLayer]:
         inputs = list(dict.fromkeys(_input_name(graph, t) for t in node.inputs))
         result.append(SourceLayer(node.name, op, inputs, node.kind, weights, attrs))
     return result
+
+
+def export_espdl(
+    model: keras.Model,
+    record: Record | str | os.PathLike | None,
+    out_dir: str | os.PathLike | None,
+    **options: Any,
+) -> ExportResult:
+    """Export a calibrated Keras model for ESP-DL v1: :func:`source_layers`, then the core's
+    :func:`amct_bridge.espdl.export` (which takes framework-free layers only).
+
+    Args:
+        model: a built Functional or Sequential Keras 3 model.
+        record: AMCT record (object or path); None to rely on the sidecar alone.
+        out_dir: directory to create (None: compute only, write nothing).
+        **options: :func:`amct_bridge.espdl.export`'s options (stats, feature_type,
+            granularity, target, skip_unsupported, overwrite, cpp).
+
+    Example:
+        >>> from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange
+        >>> m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, name="fc")])
+        >>> r = TensorRange(-1.0, 1.0)
+        >>> st = CalibrationStats(layers={"fc": LayerStats("Dense", input=r, output=r)})
+        >>> export_espdl(m, None, None, stats=st).config["fc"]["output_exponent"]
+        -7
+    """
+    return export(record, source_layers(model), out_dir, **options)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from espdl_stats import layer_activations
 
-from amct_bridge.espdl import export
+from amct_bridge.keras import export_espdl
 from amct_bridge.keras.calibrate import calibrate
 from amct_bridge.records import load
 from amct_bridge.records.calibration import load_stats, sidecar_path
@@ -52,7 +52,7 @@ def test_calibrate_then_export(tmp_path):
     record = tmp_path / "record.txt"
     calibrate(model, data, record, algorithm="minmax", batch_size=8)
 
-    res = export(record, model, tmp_path / "espdl", skip_unsupported=True)  # sidecar found
+    res = export_espdl(model, record, tmp_path / "espdl", skip_unsupported=True)  # sidecar found
     acts = layer_activations(model, data)
     config = json.loads((tmp_path / "espdl" / "config.json").read_text())
     assert list(config) == ["c1", "dw", "pw", "fc"]
@@ -91,7 +91,7 @@ def mobilenet_calibrated(mobilenet, tmp_path_factory):
 def test_calibrate_then_export_mobilenet_v2(mobilenet, mobilenet_calibrated, tmp_path):
     model, data, acts, _ = mobilenet
     record = mobilenet_calibrated
-    res = export(record, model, tmp_path / "espdl", skip_unsupported=True, target="esp32s3")
+    res = export_espdl(model, record, tmp_path / "espdl", skip_unsupported=True, target="esp32s3")
     assert len(res.layers) == 53 and len(res.skipped) == 35
     stats = load_stats(sidecar_path(record))
     only_add = _only_add_readers(model)
@@ -119,7 +119,7 @@ def test_export_mobilenet_v2_sidecar_without_bn_entries(mobilenet, mobilenet_cal
     model, data, acts, _ = mobilenet
     stats = load_stats(sidecar_path(mobilenet_calibrated))
     stats.layers = {k: v for k, v in stats.layers.items() if v.kind != "BatchNormalization"}
-    res = export(load(mobilenet_calibrated), model, None, stats=stats, skip_unsupported=True)
+    res = export_espdl(model, load(mobilenet_calibrated), None, stats=stats, skip_unsupported=True)
     bounded = [x for x in res.layers if x.sources["output_exponent"].startswith("bound")]
     # only BNs read by nothing but an Add lack a calibrated range (others: a reader's input)
     assert sorted(x.fused[-1] for x in bounded) == _only_add_readers(model)

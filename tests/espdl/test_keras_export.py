@@ -11,8 +11,8 @@ import pytest
 from espdl_stats import layer_activations, sidecar_from
 
 from amct_bridge.errors import ExportError
-from amct_bridge.espdl import export
 from amct_bridge.espdl.preview import load_set, preview_set
+from amct_bridge.keras import export_espdl
 from amct_bridge.keras.espdl_weights import source_layers
 
 
@@ -82,7 +82,7 @@ EXPECTED = {  # chain head -> (fused layers, activation type, has bias, last lay
 
 def test_small_cnn_export_files_json_and_exponents(cnn, tmp_path):
     model, acts, stats = cnn
-    res = export(None, model, tmp_path / "out", stats=stats)
+    res = export_espdl(model, None, tmp_path / "out", stats=stats)
     assert [layer.name for layer in res.layers] == list(EXPECTED)
     files = sorted(p.name for p in (tmp_path / "out").iterdir())
     want = ["config.json", "export.json", "names.json"]
@@ -125,7 +125,7 @@ def _keras_layer_output(layer_cls, filt, bias, x, **kw):
 
 def test_exported_weights_reproduce_keras_outputs(cnn, tmp_path):
     model, acts, stats = cnn
-    export(None, model, tmp_path / "o", stats=stats)
+    export_espdl(model, None, tmp_path / "o", stats=stats)
     _, arrays = load_set(tmp_path / "o")
     assert arrays["c1_filter"].shape == (3, 3, 3, 8) and arrays["c1_bias"].shape == (8,)
     assert arrays["dw_filter"].shape == (3, 3, 8, 1) and arrays["dw_activation"].shape == (8,)
@@ -159,8 +159,8 @@ def test_exported_weights_reproduce_keras_outputs(cnn, tmp_path):
 
 def test_preview_of_exported_set_per_channel_s3(cnn, tmp_path):
     model, acts, stats = cnn
-    res = export(
-        None, model, tmp_path / "o", stats=stats, granularity="per-channel", target="esp32s3"
+    res = export_espdl(
+        model, None, tmp_path / "o", stats=stats, granularity="per-channel", target="esp32s3"
     )
     config, arrays = load_set(tmp_path / "o")
     assert "filter_exponent" not in config["c1"]
@@ -185,11 +185,11 @@ def test_relu6_refused_then_skipped(tmp_path):
     data = np.random.default_rng(0).uniform(0, 1, (4, 8, 8, 3)).astype("float32")
     stats = sidecar_from(layer_activations(model, data))
     with pytest.raises(ExportError) as info:
-        export(None, model, tmp_path / "o", stats=stats)
+        export_espdl(model, None, tmp_path / "o", stats=stats)
     assert "layer 'r6' (ReLU): ReLU6" in str(info.value)
     assert "layer 'c6' (Conv2D): activation relu6" in str(info.value)
     assert not (tmp_path / "o").exists()
-    res = export(None, model, tmp_path / "o", stats=stats, skip_unsupported=True)
+    res = export_espdl(model, None, tmp_path / "o", stats=stats, skip_unsupported=True)
     assert [x.name for x in res.layers] == ["c", "tail"]
     assert [p.layer for p in res.skipped] == ["r6", "c6"]
     report = json.loads((tmp_path / "o" / "export.json").read_text())
@@ -208,7 +208,7 @@ def test_keras_refusals():
     model = keras.Model(x, [a, b, c, d, e, f, g])
     _randomize_bn_and_prelu(model)  # alpha differs per position
     with pytest.raises(ExportError) as info:
-        export(None, model, None)
+        export_espdl(model, None, None)
     msg = str(info.value)
     for part in [
         "'dm2' (DepthwiseConv2D): depth_multiplier 2",
@@ -238,7 +238,7 @@ def test_nested_model_names(tmp_path):
     model = keras.Model(x, y)
     data = np.random.default_rng(0).uniform(0, 1, (4, 6, 6, 3)).astype("float32")
     acts = layer_activations(model, data)
-    res = export(None, model, tmp_path / "o", stats=sidecar_from(acts))
+    res = export_espdl(model, None, tmp_path / "o", stats=sidecar_from(acts))
     assert res.names == {"block_1_conv": "block.1/conv", "head": "head"}
     assert res.layers[0].fused == ["block.1/conv", "block.1/bn", "block.1/relu"]
     names = json.loads((tmp_path / "o" / "names.json").read_text())
@@ -273,7 +273,7 @@ def test_mobilenet_v2_relu6_refused_listing_each(mobilenet):
     ]
     assert len(relu6) == 35
     with pytest.raises(ExportError) as info:
-        export(None, model, None, stats=stats)
+        export_espdl(model, None, None, stats=stats)
     listed = [line for line in str(info.value).splitlines() if line.startswith("  layer ")]
     assert [line.split("'")[1] for line in listed] == relu6
     assert all("ReLU6" in line for line in listed)
@@ -281,8 +281,8 @@ def test_mobilenet_v2_relu6_refused_listing_each(mobilenet):
 
 def test_mobilenet_v2_skip_unsupported_exports_every_conv(mobilenet, tmp_path):
     model, _, acts, stats = mobilenet
-    res = export(
-        None, model, tmp_path / "mnv2", stats=stats, skip_unsupported=True, target="esp32s3"
+    res = export_espdl(
+        model, None, tmp_path / "mnv2", stats=stats, skip_unsupported=True, target="esp32s3"
     )
     weight_layers = [
         layer.name
@@ -326,7 +326,7 @@ def test_mobilenet_v2_skip_unsupported_exports_every_conv(mobilenet, tmp_path):
 
 def test_cpp_constructors_in_report(cnn, tmp_path):
     model, _, stats = cnn
-    res = export(None, model, tmp_path / "o", stats=stats, granularity="per-channel")
+    res = export_espdl(model, None, tmp_path / "o", stats=stats, granularity="per-channel")
     cpp = {
         x["name"]: x["cpp"]
         for x in json.loads((tmp_path / "o" / "export.json").read_text())["layers"]
@@ -358,8 +358,8 @@ def test_concatenated_branches_share_an_exponent():
     data = np.random.default_rng(0).uniform(0, 1, (4, 6, 6, 3)).astype("float32")
     acts = layer_activations(model, data)
     with pytest.raises(ExportError, match="'big' \\(Rescaling\\)"):
-        export(None, model, None, stats=sidecar_from(acts))
-    res = export(None, model, None, stats=sidecar_from(acts), skip_unsupported=True)
+        export_espdl(model, None, None, stats=sidecar_from(acts))
+    res = export_espdl(model, None, None, stats=sidecar_from(acts), skip_unsupported=True)
     cfg = res.config
     shared = max(ref_exponent(acts["a"][1]), ref_exponent(acts["b2"][1]))
     assert ref_exponent(acts["a"][1]) != ref_exponent(acts["b2"][1])  # the test means something

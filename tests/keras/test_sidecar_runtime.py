@@ -15,8 +15,8 @@ import pytest
 
 from amct_bridge.cli import main
 from amct_bridge.config import QuantConfig
-from amct_bridge.espdl import export
 from amct_bridge.espdl.report import format_preview
+from amct_bridge.keras import export_espdl
 from amct_bridge.keras.calibrate import calibrate
 from amct_bridge.keras.session import Session
 from amct_bridge.records.calibration import load_stats, sidecar_path
@@ -113,7 +113,7 @@ def test_runtime_points_add_no_histogram():
 
 def test_export_reports_runtime_exponents(calibrated, tmp_path):
     model, data, record, acts = calibrated
-    res = export(record, model, tmp_path / "espdl")
+    res = export_espdl(model, record, tmp_path / "espdl")
     e = {name: ref_exponent(max(abs(v) for v in _minmax(acts[name]))) for name in acts}
     # chains: output exponent of their own range
     config = res.config
@@ -151,7 +151,7 @@ def test_export_reports_runtime_exponents(calibrated, tmp_path):
 
 def test_export_runtime_s16(calibrated):
     model, data, record, acts = calibrated
-    res = export(record, model, None, feature_type="s16")
+    res = export_espdl(model, record, None, feature_type="s16")
     gap = next(r for r in res.runtime if r.source == "gap")
     assert gap.output_exponent == ref_exponent(max(abs(v) for v in _minmax(acts["gap"])), 16)
     assert gap.cpp.startswith("dl::layer::GlobalAveragePool2D<int16_t>(")
