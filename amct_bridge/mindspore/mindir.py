@@ -249,8 +249,8 @@ def parse_graph(graph: Any) -> tuple[list[Prim], list[tuple[int, ...]], list[Val
             values[out] = ("tuple", ins)
         elif op == "TupleGetItem":
             values[out] = _item(ins[0], ins[1])
-        elif node.op_type.startswith("REF::") or op:
-            if any(v[0] == "graph" for v in ins) or op.startswith(("FuncGraph", "Switch")):
+        else:
+            if op in ("Switch", "SwitchLayer", "Partial"):
                 raise GraphError(f"{node.domain}: control flow ({op}) is not supported")
             scope = node.domain
             prims.append(Prim(len(prims), op, scope, cell_path_of(scope), ins, _shapes(node)))
