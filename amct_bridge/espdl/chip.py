@@ -55,24 +55,45 @@ S3_ACC_BITS = {16: 40, 8: 20}
 _DTYPE = {8: np.int8, 16: np.int16}
 
 
-@dataclass
 class ChipTensor:
     """One layer's output on the chip: integers (batch axis first) and their exponent.
 
     ``approximate`` is True when this layer or one it reads uses arithmetic no v1 source fixes.
+    The simulator keeps integers in float32 internally (exact for int8/int16); ``values``
+    converts them to ``dtype`` (int8/int16) on first use.
 
     Example:
         >>> ChipTensor(np.array([3, -2], np.int8), -1).to_float().tolist()
         [1.5, -1.0]
     """
 
-    values: np.ndarray
-    exponent: int
-    approximate: bool = False
+    def __init__(
+        self, values: np.ndarray, exponent: int, approximate: bool = False, dtype: type = None
+    ) -> None:
+        self._raw = values
+        self._dtype = dtype or values.dtype
+        self._values = values if values.dtype == self._dtype else None
+        self.exponent = int(exponent)
+        self.approximate = bool(approximate)
+
+    @property
+    def values(self) -> np.ndarray:
+        """The integers (int8 for s8, int16 for s16)."""
+        if self._values is None:
+            self._values = self._raw.astype(self._dtype)
+        return self._values
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape of ``values``."""
+        return self._raw.shape
 
     def to_float(self) -> np.ndarray:
         """The real values the integers stand for (``values · 2^exponent``)."""
-        return np.ldexp(self.values.astype(np.float64), self.exponent)
+        return np.ldexp(self._raw.astype(np.float64), self.exponent)
+
+    def __repr__(self) -> str:
+        return f"ChipTensor(shape={self.shape}, exponent={self.exponent})"
 
 
 @dataclass
@@ -139,26 +160,38 @@ def _activation(y: np.ndarray, layer: NetLayer, bits: int) -> np.ndarray:
 
 
 def _leaky(y: np.ndarray, alpha: np.ndarray, alpha_exp: int, bits: int) -> np.ndarray:
-    alpha = np.asarray(alpha, np.int64)
-    neg = ops.floor_shift(y * (alpha if alpha.size > 1 else alpha.reshape(())), -alpha_exp)
+    alpha = np.asarray(alpha, np.float64)  # y·α reaches 2^30: float64 keeps it exact
+    scaled = y.astype(np.float64) * (alpha if alpha.size > 1 else alpha.reshape(()))
+    neg = ops.floor_shift(scaled, -alpha_exp)
     return ops.saturate(np.where(y < 0, neg, y), bits)
+
+
+def _acc_bound(layer: NetLayer, bits: int) -> float:
+    """max |Σ x·w| over inputs in the feature range: K · 2^(bits-1) · max|w|."""
+    w = layer.filter.values
+    k = w.shape[0] * w.shape[1] * (1 if layer.kind == "DepthwiseConv2D" else w.shape[2])
+    return float(k * 2 ** (bits - 1) * np.abs(w).max(initial=0))
 
 
 def _requantize(acc: np.ndarray, layer: NetLayer, e_in: int, bits: int, target: str) -> np.ndarray:
     if target == "esp32s3":
-        lane = S3_ACC_BITS[bits]
-        acc = np.clip(acc, -(2 ** (lane - 1)), 2 ** (lane - 1) - 1)
+        lane = 2 ** (S3_ACC_BITS[bits] - 1)
+        if _acc_bound(layer, bits) >= lane:  # only then can the 40/20-bit lanes saturate
+            acc = np.clip(acc, -lane, lane - 1)
     e_w = layer.filter.exponent
     e_out = layer.output_exponent
+    bias = None if layer.bias is None else layer.bias.values.astype(acc.dtype)
     if isinstance(e_w, np.ndarray):  # int8 per-channel: two stages through int16
-        b16 = 0 if layer.bias is None else layer.bias.values
-        t = ops.saturate((acc >> 4) + b16, 16)
+        t = ops.floor_shift(acc, 4)
+        t = ops.saturate(t if bias is None else t + bias, 16)
         d = e_out - (e_in + e_w + spec.PER_CHANNEL_BIAS_SHIFT)
-        y = np.where(d > 12, 0, ops.floor_shift(t, np.minimum(d, 12)))
+        y = ops.floor_shift(t, np.minimum(d, 12))
+        if np.any(d > 12):  # m_c = ⌊2^(12 − d)⌋ = 0
+            y = np.where(d > 12, 0, y)
     else:
         y = ops.floor_shift(acc, e_out - e_in - e_w)
-        if layer.bias is not None:
-            y = y + layer.bias.values
+        if bias is not None:
+            y = y + bias
     return _activation(ops.saturate(y, bits), layer, bits)
 
 
@@ -171,24 +204,25 @@ def _align_sum(xs: list[np.ndarray], exps: list[int], sign: int) -> tuple[np.nda
 
 
 def _run(layer: NetLayer, xs: list[np.ndarray], exps: list[int], bits: int, target: str):
-    """One layer: inputs (int64, batch first) -> output int64."""
+    """One layer: inputs (integers in float32, batch first) -> output integers."""
     k, a, what = layer.kind, layer.attrs, layer.describe()
     x, e_in = xs[0], exps[0]
+    top = 2.0 ** (bits - 1)  # bound on |x|: every tensor is saturated to the feature range
     if k in ("Conv2D", "DepthwiseConv2D", "FullyConnected"):
         w = layer.filter.values
         if k == "Conv2D":
-            acc = ops.conv2d_acc(x, w, a, what)
+            acc = ops.conv2d_acc(x, w, a, what, top)
         elif k == "DepthwiseConv2D":
-            acc = ops.depthwise_acc(x, w, a, what)
+            acc = ops.depthwise_acc(x, w, a, what, top)
         else:
-            acc = ops.fully_connected_acc(x, w, bool(a.get("flatten", True)), what)
+            acc = ops.fully_connected_acc(x, w, bool(a.get("flatten", True)), what, top)
         return _requantize(acc, layer, e_in, bits, target)
     if k in ("Add2D", "Sub2D"):
         total, e_hi = _align_sum(xs, exps, 1 if k == "Add2D" else -1)
         y = ops.saturate(ops.floor_shift(total, layer.output_exponent - e_hi), bits)
         return _activation(y, layer, bits)
     if k == "Mul2D":
-        prod = xs[0] * xs[1]
+        prod = xs[0].astype(np.float64) * xs[1]  # up to 2^30: exact in float64
         y = ops.saturate(ops.floor_shift(prod, layer.output_exponent - exps[0] - exps[1]), bits)
         return _activation(y, layer, bits)
     if k in ("Max2D", "Min2D"):
@@ -196,10 +230,11 @@ def _run(layer: NetLayer, xs: list[np.ndarray], exps: list[int], bits: int, targ
     if k == "AvgPool2D":
         win = ops.pool_windows(x, a, what, 0)
         n = win.shape[-1] * win.shape[-2]
-        return ops.average(win.sum(axis=(-2, -1)), n, e_in, layer.output_exponent, bits)
+        total = win.sum(axis=(-2, -1), dtype=np.float64)
+        return ops.average(total, n, e_in, layer.output_exponent, bits)
     if k == "GlobalAveragePool2D":
         n = x.shape[1] * x.shape[2]
-        total = x.sum(axis=(1, 2), keepdims=True)
+        total = x.sum(axis=(1, 2), keepdims=True, dtype=np.float64)
         return ops.average(total, n, e_in, layer.output_exponent, bits)
     if k == "MaxPool2D":
         return ops.pool_windows(x, a, what, -(2 ** (bits - 1))).max(axis=(-2, -1))
@@ -249,8 +284,8 @@ def _input(net: Network, x: np.ndarray, exponent: int | None) -> tuple[np.ndarra
         lo, hi = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
         if x.size and (x.min() < lo or x.max() > hi):
             raise ExportError(f"chip input: integers outside [{lo}, {hi}] ({net.feature_type})")
-        return x.astype(np.int64), exp, batched
-    return quantize_input(x, exp, bits), exp, batched
+        return x.astype(np.float32), exp, batched
+    return quantize_input(x, exp, bits).astype(np.float32), exp, batched
 
 
 def simulate_chip(
@@ -294,12 +329,12 @@ def simulate_chip(
                 f"chip layer {layer.describe()}: input exponents {ins} differ (the runtime "
                 "asserts they are equal)"
             )
-        y = _run(layer, xs, ins, bits, target)
+        y = _run(layer, xs, ins, bits, target).astype(np.float32, copy=False)  # saturated: exact
         e_out = layer.output_exponent if not layer.keeps_exponent else max(ins)
         values[layer.name], exps[layer.name] = y, int(e_out)
         approx[layer.name] = layer.approximate or any(approx[s] for s in layer.inputs)
-        out = y.astype(dtype) if batched else y[0].astype(dtype)
-        result[layer.name] = ChipTensor(out, int(e_out), approx[layer.name])
-    inp = ChipTensor((q if batched else q[0]).astype(dtype), e_in)
+        out = y if batched else y[0]
+        result[layer.name] = ChipTensor(out, int(e_out), approx[layer.name], dtype)
+    inp = ChipTensor(q if batched else q[0], e_in, False, dtype)
     approximate = [x.name for x in net.layers if x.approximate]
     return ChipResult(target, inp, result, list(net.outputs), approximate)

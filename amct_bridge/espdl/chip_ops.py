@@ -1,10 +1,11 @@
 """Integer kernels of the ESP-DL v1 chip simulator (numpy, vectorised, batch axis first).
 
-Every function takes and returns int64 arrays shaped ``(N, *chip_shape)`` (HWC tensors:
-``(N, H, W, C)``). The arithmetic follows docs/espdl-export.md, "Chip simulator":
-``floor_shift`` is an arithmetic shift (floor, never rounded); dot products are exact
-integers (BLAS in float32/float64 only when every partial sum provably fits the mantissa,
-else an int64 ``einsum``).
+Every function takes and returns integer-valued arrays shaped ``(N, *chip_shape)`` (HWC
+tensors: ``(N, H, W, C)``): int64, or float32/float64 holding integers exactly (cheaper; the
+dtype is chosen by :func:`work_dtype` from a bound on the values, so nothing is ever rounded).
+The arithmetic follows docs/espdl-export.md, "Chip simulator": ``floor_shift`` is an arithmetic
+shift (floor, never rounded); dot products are exact integers (BLAS in float32/float64 only
+when every partial sum provably fits the mantissa, else an int64 ``einsum``).
 
 Example:
     >>> import numpy as np
@@ -22,14 +23,23 @@ from amct_bridge.errors import ExportError
 
 def floor_shift(v: np.ndarray, s: int | np.ndarray) -> np.ndarray:
     """⌊v / 2^s⌋ for s > 0 (arithmetic right shift), ``v · 2^-s`` for s <= 0; ``s`` may be
-    per channel (broadcast on the last axis).
+    per channel (broadcast on the last axis). ``v`` holds integers: int64, or floats with
+    integer values (exact: scaling by a power of two and ``floor`` lose nothing below 2^53).
 
     Example:
         >>> floor_shift(np.array([[-5, 5]]), np.array([1, -1])).tolist()
         [[-3, 10]]
+        >>> floor_shift(np.array([-5.0, 5.0]), 1).tolist()
+        [-3.0, 2.0]
     """
-    v = np.asarray(v, dtype=np.int64)
+    v = np.asarray(v)
     s = np.asarray(s, dtype=np.int64)
+    if v.dtype.kind == "f":
+        if s.ndim == 0 and int(s) == 0:
+            return v
+        scale = np.exp2(-s).astype(v.dtype)
+        return np.floor(v * scale) if (s.ndim or int(s) > 0) else v * scale
+    v = v.astype(np.int64, copy=False)
     if s.ndim == 0:
         k = int(s)
         return v >> k if k > 0 else v << -k
@@ -99,29 +109,50 @@ def _windows(x: np.ndarray, k: tuple[int, int], strides: tuple[int, int]) -> np.
     return win[:, :: strides[0], :: strides[1]]
 
 
-def exact_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def work_dtype(bound: float) -> type:
+    """The cheapest dtype holding every integer of magnitude <= ``bound`` exactly
+    (float32 below 2^24, float64 below 2^53, else int64).
+
+    Example:
+        >>> work_dtype(2.0**20), work_dtype(2.0**40), work_dtype(2.0**60)
+        (<class 'numpy.float32'>, <class 'numpy.float64'>, <class 'numpy.int64'>)
+    """
+    if bound < 2.0**24:
+        return np.float32
+    if bound < 2.0**53:
+        return np.float64
+    return np.int64
+
+
+def _absmax(a: np.ndarray, known: float | None) -> float:
+    return float(np.abs(a).max(initial=0)) if known is None else known
+
+
+def exact_matmul(a: np.ndarray, b: np.ndarray, a_max: float | None = None) -> np.ndarray:
     """``a @ b`` on integers, exact: float32/float64 BLAS when ``K·max|a|·max|b|`` fits the
     mantissa (every partial sum is then an exactly representable integer), else int64.
+    ``a_max`` bounds ``|a|`` when known (saves a pass over ``a``).
 
     Example:
         >>> exact_matmul(np.array([[2**30, 1]]), np.array([[2**30], [1]])).tolist()
         [[1152921504606846977]]
     """
-    bound = a.shape[-1] * float(np.abs(a).max(initial=0)) * float(np.abs(b).max(initial=0))
-    if bound < 2.0**24:
-        return (a.astype(np.float32) @ b.astype(np.float32)).astype(np.int64)
-    if bound < 2.0**53:
-        return (a.astype(np.float64) @ b.astype(np.float64)).astype(np.int64)
-    return np.einsum("...k,kn->...n", a.astype(np.int64), b.astype(np.int64))
+    bound = a.shape[-1] * _absmax(a, a_max) * float(np.abs(b).max(initial=0))
+    dtype = work_dtype(bound)
+    if dtype is np.int64:
+        return np.einsum("...k,kn->...n", a.astype(np.int64), b.astype(np.int64))
+    return a.astype(dtype, copy=False) @ b.astype(dtype)
 
 
-def conv2d_acc(x: np.ndarray, w: np.ndarray, attrs: dict, what: str) -> np.ndarray:
-    """Σ x·w of a Conv2D: ``x`` (N, H, W, C), ``w`` HWCN -> (N, Ho, Wo, N_out) int64.
+def conv2d_acc(
+    x: np.ndarray, w: np.ndarray, attrs: dict, what: str, x_max: float | None = None
+) -> np.ndarray:
+    """Σ x·w of a Conv2D: ``x`` (N, H, W, C), ``w`` HWCN -> (N, Ho, Wo, N_out) integers.
 
     Example:
         >>> x = np.arange(4).reshape(1, 2, 2, 1); w = np.ones((2, 2, 1, 1), np.int64)
-        >>> conv2d_acc(x, w, {}, "c").ravel().tolist()
-        [6]
+        >>> conv2d_acc(x, w, {}, "c").ravel().tolist()  # float32 holds these integers exactly
+        [6.0]
     """
     kh, kw, c, n = w.shape
     if x.shape[-1] != c:
@@ -131,19 +162,21 @@ def conv2d_acc(x: np.ndarray, w: np.ndarray, attrs: dict, what: str) -> np.ndarr
     xp = _pad_hw(x, pads)
     if (kh, kw) == (1, 1):
         cols = xp[:, :: strides[0], :: strides[1], :]
-        return exact_matmul(cols, w.reshape(c, n))
+        return exact_matmul(cols, w.reshape(c, n), x_max)
     win = _windows(xp, (kh, kw), strides)  # (N, Ho, Wo, C, kh, kw)
     cols = win.reshape(win.shape[:3] + (c * kh * kw,))
-    return exact_matmul(cols, w.transpose(2, 0, 1, 3).reshape(c * kh * kw, n))
+    return exact_matmul(cols, w.transpose(2, 0, 1, 3).reshape(c * kh * kw, n), x_max)
 
 
-def depthwise_acc(x: np.ndarray, w: np.ndarray, attrs: dict, what: str) -> np.ndarray:
+def depthwise_acc(
+    x: np.ndarray, w: np.ndarray, attrs: dict, what: str, x_max: float | None = None
+) -> np.ndarray:
     """Σ x·w of a DepthwiseConv2D (multiplier 1): ``w`` (H, W, C, 1) -> (N, Ho, Wo, C).
 
     Example:
         >>> x = np.ones((1, 3, 3, 2), np.int64); w = np.ones((3, 3, 2, 1), np.int64)
         >>> depthwise_acc(x, w, {"padding": "SAME_END"}, "d")[0, 0, 0].tolist()
-        [4, 4]
+        [4.0, 4.0]
     """
     kh, kw, c, _ = w.shape
     if x.shape[-1] != c:
@@ -153,27 +186,32 @@ def depthwise_acc(x: np.ndarray, w: np.ndarray, attrs: dict, what: str) -> np.nd
     xp = _pad_hw(x, pads)
     ho = (xp.shape[1] - kh) // sy + 1
     wo = (xp.shape[2] - kw) // sx + 1
-    acc = np.zeros((x.shape[0], ho, wo, c), dtype=np.int64)
+    dtype = work_dtype(kh * kw * _absmax(x, x_max) * float(np.abs(w).max(initial=0)))
+    xp = xp.astype(dtype, copy=False)
+    wd = w.astype(dtype)
+    acc = np.zeros((x.shape[0], ho, wo, c), dtype=dtype)
     for i in range(kh):  # a loop over the kernel taps, each a whole-tensor multiply-add
         for j in range(kw):
             tap = xp[:, i : i + (ho - 1) * sy + 1 : sy, j : j + (wo - 1) * sx + 1 : sx, :]
-            acc += tap * w[i, j, :, 0]
+            acc += tap * wd[i, j, :, 0]
     return acc
 
 
-def fully_connected_acc(x: np.ndarray, w: np.ndarray, flatten: bool, what: str) -> np.ndarray:
+def fully_connected_acc(
+    x: np.ndarray, w: np.ndarray, flatten: bool, what: str, x_max: float | None = None
+) -> np.ndarray:
     """Σ x·w of a FullyConnected, ``w`` (1, 1, in, out); flatten: any input of size ``in``.
 
     Example:
         >>> fully_connected_acc(np.ones((1, 2, 2)), np.ones((1, 1, 4, 3), np.int64), True,
         ...                     "f").tolist()
-        [[4, 4, 4]]
+        [[4.0, 4.0, 4.0]]
     """
     n_in, n_out = w.shape[2], w.shape[3]
     a = x.reshape(x.shape[0], -1) if flatten else x
     if a.shape[-1] != n_in:
         raise ExportError(f"chip layer {what}: input {x.shape[1:]} does not give {n_in} inputs")
-    return exact_matmul(a.astype(np.int64), w.reshape(n_in, n_out))
+    return exact_matmul(a, w.reshape(n_in, n_out), x_max)
 
 
 def pool_windows(x: np.ndarray, attrs: dict, what: str, pad_value: int) -> np.ndarray:

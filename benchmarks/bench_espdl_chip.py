@@ -1,0 +1,173 @@
+"""Chip simulator speed: simulate_chip vs the float Keras predict of the same batch.
+
+Run: .venv/bin/python benchmarks/bench_espdl_chip.py [--batch 32] [--alpha 0.25] [--size 96]
+
+Models (weights=None, seeded): keras.applications.MobileNet (v1) with every ReLU6 replaced by
+ReLU (the exporter refuses ReLU6: ESP-DL v1 cannot clip), include_top=False + global average
+pooling + Dense(10); and a hand-built MobileNetV2-style network (inverted residuals with Add,
+ReLU). Exported at s8 per-tensor, s8 per-channel and s16, simulated for esp32 and esp32s3.
+Prints for each the best-of-3 wall time of ``model.predict(batch)`` (baseline, same run) and
+of ``simulate_chip(network, batch)``, their ratio (target: < 10), and the chip-vs-float error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+from amct_bridge.espdl.chip import simulate_chip  # noqa: E402
+from amct_bridge.espdl.export import export_layers  # noqa: E402
+from amct_bridge.espdl.network import network_from_result  # noqa: E402
+from amct_bridge.keras.espdl_weights import source_layers  # noqa: E402
+from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange  # noqa: E402
+
+
+def mobilenet_v1_relu(size: int, alpha: float) -> keras.Model:
+    keras.utils.set_random_seed(0)
+    base = keras.applications.MobileNet(
+        input_shape=(size, size, 3), alpha=alpha, include_top=False, weights=None, pooling="avg"
+    )
+
+    def clone(layer):
+        if isinstance(layer, keras.layers.ReLU):
+            return keras.layers.ReLU(name=layer.name)
+        return layer.__class__.from_config(layer.get_config())
+
+    body = keras.models.clone_model(base, clone_function=clone)
+    body.set_weights(base.get_weights())
+    out = keras.layers.Dense(10, name="logits")(body.output)
+    return keras.Model(body.input, out, name="mobilenet_v1_relu")
+
+
+def mobilenet_v2_style(size: int, alpha: float) -> keras.Model:
+    keras.utils.set_random_seed(0)
+    L = keras.layers
+    x = keras.Input((size, size, 3))
+    c = max(8, int(32 * alpha) // 8 * 8)
+    y = L.ReLU(name="stem_relu")(
+        L.BatchNormalization(name="stem_bn")(
+            L.Conv2D(c, 3, strides=2, padding="same", use_bias=False, name="stem")(x)
+        )
+    )
+    for i, (t, out, stride) in enumerate(
+        [
+            (1, 16, 1),
+            (6, 24, 2),
+            (6, 24, 1),
+            (6, 32, 2),
+            (6, 32, 1),
+            (6, 64, 2),
+            (6, 64, 1),
+            (6, 96, 1),
+        ]
+    ):
+        out = max(8, int(out * alpha * 4) // 8 * 8)
+        h = L.ReLU(name=f"b{i}_er")(
+            L.BatchNormalization(name=f"b{i}_ebn")(
+                L.Conv2D(c * t, 1, use_bias=False, name=f"b{i}_expand")(y)
+            )
+        )
+        h = L.ReLU(name=f"b{i}_dr")(
+            L.BatchNormalization(name=f"b{i}_dbn")(
+                L.DepthwiseConv2D(
+                    3, strides=stride, padding="same", use_bias=False, name=f"b{i}_dw"
+                )(h)
+            )
+        )
+        h = L.BatchNormalization(name=f"b{i}_pbn")(
+            L.Conv2D(out, 1, use_bias=False, name=f"b{i}_project")(h)
+        )
+        y = L.Add(name=f"b{i}_add")([y, h]) if stride == 1 and out == c else h
+        c = out
+    y = L.GlobalAveragePooling2D(name="gap")(y)
+    return keras.Model(x, L.Dense(10, name="logits")(y), name="mobilenet_v2_style_relu")
+
+
+def randomize_bn(model: keras.Model) -> None:
+    rng = np.random.default_rng(1)
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            c = layer.gamma.shape[0]
+            layer.set_weights(
+                [
+                    rng.uniform(0.5, 1.5, c),
+                    rng.normal(0, 0.1, c),
+                    rng.normal(0, 0.1, c),
+                    rng.uniform(0.5, 1.5, c),
+                ]
+            )
+
+
+def sidecar(model: keras.Model, data: np.ndarray) -> CalibrationStats:
+    """min/max of every layer's input and output over ``data`` (what calibration records)."""
+    layers = [x for x in model.layers if not isinstance(x, keras.layers.InputLayer)]
+    outs = keras.Model(model.inputs, [x.output for x in layers]).predict(data, verbose=0)
+    by_name = dict(zip([x.name for x in layers], outs, strict=True))
+    stats = CalibrationStats(algorithm="minmax", batches=1)
+    for layer in layers:
+        ins = layer.input if isinstance(layer.input, list) else [layer.input]
+        vals = [
+            data
+            if isinstance(t._keras_history.operation, keras.layers.InputLayer)
+            else by_name[t._keras_history.operation.name]
+            for t in ins
+        ]
+        lo = min(float(v.min()) for v in vals)
+        hi = max(float(v.max()) for v in vals)
+        out = by_name[layer.name]
+        stats.layers[layer.name] = LayerStats(
+            "Layer", TensorRange(lo, hi), TensorRange(float(out.min()), float(out.max()))
+        )
+    return stats
+
+
+def best_of(fn, repeats: int = 3) -> float:
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--size", type=int, default=96)
+    parser.add_argument("--alpha", type=float, default=0.25)
+    args = parser.parse_args()
+    data = np.random.default_rng(0).uniform(-1, 1, (args.batch, args.size, args.size, 3))
+    data = data.astype("float32")
+    print(f"batch {args.batch} x {args.size}x{args.size}x3, alpha {args.alpha}")
+    print(
+        f"{'model':<24} {'export':<16} {'target':<8} {'keras s':>8} {'chip s':>8} "
+        f"{'ratio':>6} {'rel err':>8}"
+    )
+    for build in (mobilenet_v1_relu, mobilenet_v2_style):
+        model = build(args.size, args.alpha)
+        randomize_bn(model)
+        stats = sidecar(model, data)
+        want = model.predict(data, verbose=0)
+        keras_s = best_of(lambda m=model: m.predict(data, batch_size=args.batch, verbose=0))
+        layers = source_layers(model)
+        for ftype, gran in (("s8", "per-tensor"), ("s8", "per-channel"), ("s16", "per-tensor")):
+            res = export_layers(layers, None, stats=stats, feature_type=ftype, granularity=gran)
+            net = network_from_result(res)
+            for target in ("esp32", "esp32s3"):
+                chip_s = best_of(lambda n=net, t=target: simulate_chip(n, data, target=t))
+                got = simulate_chip(net, data, target=target).output.to_float()
+                err = float(np.abs(got - want).max() / np.abs(want).max())
+                print(
+                    f"{model.name:<24} {ftype + ' ' + gran:<16} {target:<8} {keras_s:>8.3f} "
+                    f"{chip_s:>8.3f} {chip_s / keras_s:>6.2f} {err:>8.4f}"
+                )
+
+
+if __name__ == "__main__":
+    main()
