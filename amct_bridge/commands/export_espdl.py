@@ -8,6 +8,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -46,8 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--granularity",
         choices=("per-tensor", "per-channel"),
-        default="per-tensor",
-        help="filter exponents: convert.py -q 0 / -q 1 (per-channel: s8 only)",
+        default=None,
+        help="filter exponents: convert.py -q 0 / -q 1 (per-channel: s8 only); default "
+        "per-tensor, with --preview --set the granularity in the set's export.json",
     )
     parser.add_argument(
         "--target",
@@ -79,10 +81,29 @@ def _preview_set(args: argparse.Namespace) -> int:
     if not args.preview:
         raise ExportError("--set reads an existing set: use it with --preview")
     config, arrays = load_set(args.input_set)
-    per_channel = args.granularity == "per-channel"
+    exported = _set_granularity(Path(args.input_set) / "export.json")
+    granularity = args.granularity or exported or "per-tensor"
+    if exported and granularity != exported:
+        print(
+            f"warning: previewing {granularity} but {args.input_set}/export.json says the set "
+            f"was exported {exported}",
+            file=sys.stderr,
+        )
+    per_channel = granularity == "per-channel"
     previews = preview_set(config, arrays, target=args.target, per_channel=per_channel)
     print(format_set_preview(previews))
     return 0
+
+
+def _set_granularity(path: Path) -> str | None:
+    """The granularity an exported set was made with (its export.json), None if unknown."""
+    if not path.is_file():
+        return None  # a set made by hand or by another tool
+    try:
+        value = json.loads(path.read_text()).get("granularity")
+    except (OSError, ValueError, AttributeError) as err:
+        raise ExportError(f"{path}: cannot read the export report: {err}") from None
+    return value if value in ("per-tensor", "per-channel") else None
 
 
 def _exporter(args: argparse.Namespace):
@@ -118,17 +139,17 @@ def run(args: argparse.Namespace) -> int:
         None if args.preview else args.out,
         stats=args.stats,
         feature_type=args.feature_type,
-        granularity=args.granularity,
+        granularity=args.granularity or "per-tensor",
         target=args.target,
         skip_unsupported=args.skip_unsupported,
         overwrite=args.overwrite,
         cpp=args.cpp,
     )
+    for warning in result.warnings:  # in the preview too: e.g. biases that round to 0
+        print(f"warning: {warning}", file=sys.stderr)
     if args.preview:
         print(format_preview(result))
         return 0
-    for warning in result.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
     print(f"wrote {len(result.layers)} layers to {result.out_dir}")
     for problem in result.skipped:
         print(f"skipped: {problem}")

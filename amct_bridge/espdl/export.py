@@ -157,7 +157,8 @@ def _entry(
 
 
 def _saturation_warnings(name: str, preview: LayerPreview) -> list[str]:
-    """One line per coefficient tensor that convert.py will clip."""
+    """One line per coefficient tensor that convert.py will clip, and one when most of the
+    biases round to 0 (the preview's ``bias0`` column above 50 %)."""
     result = []
     for what, t in (("bias", preview.bias), ("activation alpha", preview.activation)):
         if t is not None and t.saturated:
@@ -166,6 +167,14 @@ def _saturation_warnings(name: str, preview: LayerPreview) -> list[str]:
                 f"layer {name!r}: {t.saturated} of {t.values.size} {what} values saturate at "
                 f"exponent {exp} ({t.ctype}): the chip will use clipped values"
             )
+    bias = preview.bias
+    if bias is not None and 2 * bias.zeroed > bias.values.size:  # most channels lose their bias
+        exp = bias.exponent if isinstance(bias.exponent, int) else "per-channel"
+        result.append(
+            f"layer {name!r}: {bias.zeroed} of {bias.values.size} bias values are nonzero but "
+            f"round to 0 at exponent {exp} ({bias.ctype}): the chip runs those channels without "
+            "their bias"
+        )
     return result
 
 

@@ -49,7 +49,10 @@ def _prepare_target(out_dir: Path, overwrite: bool) -> None:
         if not out_dir.is_dir() or out_dir.is_symlink():
             raise ExportError(f"{out_dir}: exists and is not a directory")
         if any(out_dir.iterdir()) and not overwrite:
-            raise ExportError(f"{out_dir}: directory exists and is not empty (use overwrite)")
+            raise ExportError(
+                f"{out_dir}: directory exists and is not empty; to replace it pass "
+                "overwrite=True (CLI: --overwrite)"
+            )
     if not out_dir.parent.is_dir():
         raise ExportError(f"{out_dir.parent}: directory does not exist")
 

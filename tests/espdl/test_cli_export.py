@@ -127,3 +127,59 @@ def test_preview_existing_set_matches_golden_exponents(capsys):
     assert rows["fc"][6] == "LeakyReLU:" + golden["fc_activation"]["args"].split(", ")[2]
     assert main(["export-espdl", "--set", str(s8_set)]) == 2
     assert "use it with --preview" in capsys.readouterr().err
+
+
+def test_overwrite_message_names_the_cli_flag(tmp_path, capsys):
+    model, record, _ = _files(tmp_path)
+    out = tmp_path / "o"
+    argv = ["export-espdl", "--record", str(record), "--model", str(model), "--out", str(out)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{out}: directory exists and is not empty" in err
+    assert "--overwrite" in err and "(use overwrite)" not in err
+    assert main([*argv, "--overwrite"]) == 0
+
+
+def test_preview_of_a_per_channel_set_reads_its_granularity(tmp_path, capsys):
+    """--preview --set DIR previews the set as exported (export.json), not per-tensor."""
+    model, record, _ = _files(tmp_path)
+    keras_model = keras.models.load_model(model)
+    kernel, bias = keras_model.get_layer("c1").get_weights()
+    kernel[..., 0] *= 40  # channel 0 needs a far smaller filter exponent than the others
+    keras_model.get_layer("c1").set_weights([kernel, bias])
+    keras_model.save(model)
+    out = tmp_path / "o"
+    argv = ["export-espdl", "--record", str(record), "--model", str(model), "--out", str(out)]
+    assert main([*argv, "--granularity", "per-channel"]) == 0
+    capsys.readouterr()
+
+    def preview(*extra):
+        assert main(["export-espdl", "--preview", "--set", str(out), *extra]) == 0
+        return capsys.readouterr()
+
+    default = preview()
+    assert default.out == preview("--granularity", "per-channel").out
+    assert default.err == ""
+    per_tensor = preview("--granularity", "per-tensor")
+    assert per_tensor.out != default.out
+    assert "export.json says the set was exported per-channel" in per_tensor.err
+
+
+def test_biases_rounding_to_zero_are_a_cli_warning(tmp_path, capsys):
+    model, record, _ = _files(tmp_path)
+    keras_model = keras.models.load_model(model)
+    kernel, _ = keras_model.get_layer("c1").get_weights()
+    keras_model.get_layer("c1").set_weights([kernel, np.float32([1e-6, -2e-6, 3e-6, 0.0])])
+    keras_model.save(model)
+    out = tmp_path / "o"
+    argv = ["export-espdl", "--record", str(record), "--model", str(model)]
+    assert main([*argv, "--preview"]) == 0
+    assert "warning: layer 'c1': 3 of 4 bias values are nonzero but round to 0" in (
+        capsys.readouterr().err
+    )
+    assert main([*argv, "--out", str(out)]) == 0
+    assert "warning: layer 'c1': 3 of 4 bias values" in capsys.readouterr().err
+    warnings = json.loads((out / "export.json").read_text())["warnings"]
+    assert [w for w in warnings if w.startswith("layer 'c1': 3 of 4 bias values")]

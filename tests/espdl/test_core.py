@@ -439,3 +439,23 @@ def test_written_files_get_normal_permissions(tmp_path):
         os.umask(umask)
     assert (tmp_path / "o").stat().st_mode & 0o777 == 0o755
     assert {p.stat().st_mode & 0o777 for p in (tmp_path / "o").iterdir()} == {0o644}
+
+
+def test_biases_that_round_to_zero_on_most_channels_are_a_warning(tmp_path):
+    """Issue 14: only the preview's bias0 column showed it; now export.json and the CLI do."""
+    layers = [SourceLayer("in", "input"), conv("c", ["in"])]
+    layers[1].weights["bias"] = np.array([0.001, -0.002, 0.5, 0.0], np.float32)
+    e = ref_exponent(-1, 1)
+    assert 0.002 < 2.0 ** (e - 1) < 0.5  # 0.001 and -0.002 round to 0 at e, 0.5 does not
+    res = export_layers(layers, tmp_path / "o", stats=stats_for(c=(None, (-1, 1))))
+    want = (
+        f"layer 'c': 2 of 4 bias values are nonzero but round to 0 at exponent {e} (int8_t): "
+        "the chip runs those channels without their bias"
+    )
+    assert res.layers[0].preview.bias.zeroed == 2
+    assert res.warnings == []  # 2 of 4 is not most
+    layers[1].weights["bias"][3] = 0.003
+    res = export_layers(layers, tmp_path / "o2", stats=stats_for(c=(None, (-1, 1))))
+    assert res.warnings == [want.replace("2 of 4", "3 of 4")]
+    report = json.loads((tmp_path / "o2" / "export.json").read_text())
+    assert report["warnings"] == res.warnings
