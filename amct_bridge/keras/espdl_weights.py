@@ -255,6 +255,6 @@ def export_espdl(
         >>> r = TensorRange(-1.0, 1.0)
         >>> st = CalibrationStats(layers={"fc": LayerStats("Dense", input=r, output=r)})
         >>> export_espdl(m, None, None, stats=st).config["fc"]["output_exponent"]
-        -7
+        -6
     """
     return export(record, source_layers(model), out_dir, **options)

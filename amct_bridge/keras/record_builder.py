@@ -6,8 +6,11 @@ only Keras has: ``keys="tf_op"`` (record keys renamed to the TF op names of the 
 and ``frozen_graph_path`` (that GraphDef with the Conv+BN folds baked in). Nothing is written
 until every piece was built.
 
-Example:
-    >>> # used by Session.write; see tests/keras/test_quant_calibration.py
+Example (``keys="tf_op"``: one record entry per TF op of the layer):
+    >>> from amct_bridge.records import LayerFactors
+    >>> rec = Record({"c1": LayerFactors(scale_d=0.5, offset_d=0)})
+    >>> list(_rekey(rec, {"c1": ["model/c1/convolution"]}).layers)
+    ['model/c1/convolution']
 """
 
 from __future__ import annotations
