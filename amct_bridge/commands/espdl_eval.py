@@ -131,6 +131,18 @@ def snr_db(ref: np.ndarray, got: np.ndarray) -> float:
     return 10.0 * math.log10(signal / noise) if signal > 0 else -math.inf
 
 
+def _predict(model, x: np.ndarray, batch: int) -> list[np.ndarray]:
+    """Eager batched calls: ``predict`` on several models retraces and floods stderr."""
+    import keras
+
+    parts: list[list[np.ndarray]] = []
+    for start in range(0, len(x), batch):
+        outs = model(x[start : start + batch], training=False)
+        outs = outs if isinstance(outs, list | tuple) else [outs]
+        parts.append([np.asarray(keras.ops.convert_to_numpy(o)) for o in outs])
+    return [np.concatenate(col) for col in zip(*parts, strict=True)]
+
+
 def _float_outputs(model, x: np.ndarray, names: list[str], batch: int) -> dict[str, np.ndarray]:
     import keras
 
@@ -140,10 +152,9 @@ def _float_outputs(model, x: np.ndarray, names: list[str], batch: int) -> dict[s
             found[name] = model.get_layer(name).output
         except ValueError:
             continue  # nested ("outer/inner") or not a layer: no float reference
-    probe = keras.Model(model.inputs, list(found.values()))
-    outs = probe.predict(x, batch_size=batch, verbose=0)
-    outs = outs if isinstance(outs, list) else [outs]
-    return dict(zip(found, outs, strict=True))
+    inputs = model.inputs[0] if len(model.inputs) == 1 else model.inputs  # as the model is called
+    probe = keras.Model(inputs, list(found.values()))
+    return dict(zip(found, _predict(probe, x, batch), strict=True))
 
 
 def _layer_errors(net, chip: dict, floats: dict, bits: int) -> list[LayerError]:
@@ -195,13 +206,12 @@ def evaluate(
     from amct_bridge.espdl.network import load_network
 
     net = load_network(export_dir)
-    float_scores = model.predict(x, batch_size=batch_size, verbose=0)
+    float_scores = _predict(model, x, batch_size)[0]
     fq_acc = None
     if record is not None:
         from amct_bridge.keras import simulate
 
-        fq = simulate(model, record).predict(x, batch_size=batch_size, verbose=0)
-        fq_acc = _accuracy(fq, y)
+        fq_acc = _accuracy(_predict(simulate(model, record), x, batch_size)[0], y)
     chip: dict = {}
     parts: dict[str, list[np.ndarray]] = {layer.name: [] for layer in net.layers}
     for start in range(0, len(x), batch_size):
@@ -249,7 +259,7 @@ def format_evaluation(ev: Evaluation) -> str:
         f"chip accuracy:       {ev.chip_acc:.4f} ({ev.target}, bit-exact simulator)",
     ]
     if ev.layers:
-        width = max(len(e.name) for e in ev.layers)
+        width = max(len("layer"), *(len(e.name) for e in ev.layers))
         lines += ["", "per-layer error of the chip against the float model:"]
         lines.append(
             f"{'layer':<{width}}  {'class':<19} {'exp':>4} {'SNR dB':>7} {'max abs':>10} "
