@@ -2,20 +2,22 @@
 
 Data: tests/data/espdl_v1_tutorial (convert.py input set) and tests/data/espdl_v1_tutorial_app
 (the tutorial's app_main.cpp with its int16 input and the logits printed on four chips, its
-mnist_model.hpp, and mnist_graph.json, our transcription of that header), see their READMEs.
+mnist_model.hpp, and mnist_graph.json, our transcription of that header) and
+tests/data/espdl_v1_golden (the arrays convert.py wrote for that set), see their READMEs.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from amct_bridge.espdl import chip_ops
+from amct_bridge.espdl import chip_ops, layout
 from amct_bridge.espdl.chip import simulate_chip
-from amct_bridge.espdl.network import graph_from_json, load_network
+from amct_bridge.espdl.network import IntTensor, graph_from_json, load_network
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 APP = DATA / "espdl_v1_tutorial_app"
@@ -99,3 +101,44 @@ def test_tutorial_batch_equals_single_and_rounding_breaks_it(monkeypatch):
     rounded = simulate_chip(net, x).output.values.ravel().tolist()
     wrong = sum(a != b for a, b in zip(rounded, chip_logits()["esp32"], strict=True))
     assert wrong >= 5
+
+
+def _golden_network(target: str):
+    """The tutorial graph with the integers convert.py itself wrote (golden .cpp arrays, chip
+    element order put back to HWCN here), not our preview's."""
+    golden = json.loads((DATA / "espdl_v1_golden" / f"tutorial.{target}.q0.json").read_text())
+    arrays, consts = golden["arrays"], golden["constants"]
+    net = load_network(DATA / "espdl_v1_tutorial", APP / "mnist_graph.json")
+    for layer in net.layers:
+        if layer.filter is None:
+            continue
+        args = [a.strip() for a in consts[f"{layer.name}_filter"]["args"].split(",")]
+        shape = tuple(int(re.sub(r"\D", "", a)) for a in args[2:6])
+        values = np.array(arrays[f"{layer.name}_filter_element"]["values"], np.int64)
+        op = "depthwise_conv2d" if layer.kind == "DepthwiseConv2D" else "conv2d"
+        index = np.arange(values.size).reshape(shape)
+        hwcn = np.empty(values.size, np.int64)
+        hwcn[layout.element_order(index, op, target, "s16")] = values
+        layer.filter = IntTensor(hwcn.reshape(shape), int(args[1]))
+        if layer.bias is not None:
+            b_args = consts[f"{layer.name}_bias"]["args"].split(",")
+            b = np.array(arrays[f"{layer.name}_bias_element"]["values"], np.int64)
+            layer.bias = IntTensor(b, int(b_args[1]))
+        act = consts[f"{layer.name}_activation"]["args"].split(",") if layer.activation else []
+        if len(act) > 1:
+            a = np.array(arrays[f"{layer.name}_activation_element"]["values"], np.int64)
+            layer.alpha = IntTensor(a, int(act[2]))
+    return net
+
+
+@pytest.mark.parametrize("target", ["esp32", "esp32s3"])
+def test_tutorial_logits_from_convert_tool_output(target):
+    """Checklist item: the tool's own golden arrays + the app input give the chip's logits."""
+    net = _golden_network(target)
+    ours = load_network(DATA / "espdl_v1_tutorial", APP / "mnist_graph.json")
+    for mine, tool in zip(ours.layers, net.layers, strict=True):
+        if mine.filter is not None:
+            assert np.array_equal(mine.filter.values, tool.filter.values)
+            assert mine.filter.exponent == tool.filter.exponent
+    out = simulate_chip(net, app_input(), target=target).output.values.ravel().tolist()
+    assert out == chip_logits()[target]
