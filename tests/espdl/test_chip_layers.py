@@ -393,3 +393,27 @@ def test_inputs_errors_and_exact_matmul():
         [sum(int(a) * int(b) for a, b in zip(row, col, strict=True)) for col in w.T] for row in big
     ]
     assert exact_matmul(big, w).tolist() == want
+
+
+def test_per_channel_shift_extremes():
+    """d_c < 0 multiplies (m_c = 2^(12 - d_c)), d_c > 12 gives 0 (m_c = 0), 0..12 floors."""
+    x = np.array([[[40, -7]]])
+    w = np.array([[[[3, 1, -2], [1, 5, 1]]]])  # 1x1, C=2 -> N=3
+    e_in, e_out = 0, -2
+    e_w = np.array([-8, -3, 10])  # d = e_out - (e_in + e_w + 4) = [2, -3, -16]
+    bias = IntTensor(np.array([100, -3, 7]), e_in + e_w + 4)
+    layer = NetLayer("c", "Conv2D", [INPUT], e_out, filter=IntTensor(w, e_w), bias=bias)
+    got = run([layer], x, e_in, "s8", per_channel=True)["c"].values.ravel().tolist()
+    acc = [40 * 3 - 7 * 1, 40 * 1 - 7 * 5, 40 * -2 - 7 * 1]
+    t = [sat(a // 16 + int(b), 16) for a, b in zip(acc, bias.values, strict=True)]
+    assert got == [sat(t[0] // 4, 8), sat(t[1] * 8, 8), sat(t[2] * 2**16, 8)]
+    layer.output_exponent = 14  # d = [18, 13, 0]: both > 12 -> 0
+    got = run([layer], x, e_in, "s8", per_channel=True)["c"].values.ravel().tolist()
+    assert got == [0, 0, sat(t[2], 8)]
+
+
+def test_input_exponent_required():
+    net = Network("s8", False, [NetLayer("r", "ReLU", [INPUT])])
+    with pytest.raises(ExportError, match="exponent unknown.*input_exponent"):
+        simulate_chip(net, np.zeros((1, 2), np.int8))
+    assert simulate_chip(net, np.zeros((1, 2), np.int8), input_exponent=-3)["r"].exponent == -3
