@@ -80,21 +80,9 @@ WEIGHTED: dict[str, str] = {
 #: Classes whose output exponent is chosen (given in the constructor).
 REQUANTIZING = ("Add2D", "Sub2D", "Mul2D", "AvgPool2D", "GlobalAveragePool2D", *WEIGHTED)
 #: Classes that keep their input's exponent (the runtime copies or compares elements).
-KEEPING = (
-    "MaxPool2D",
-    "GlobalMaxPool2D",
-    "Concat",
-    "Flatten",
-    "Reshape",
-    "Pad",
-    "ReLU",
-    "LeakyReLU",
-    "PReLU",
-    "Max2D",
-    "Min2D",
-    "Transpose",
-    "Squeeze",
-    "ExpandDims",
+KEEPING: tuple[str, ...] = tuple(
+    "MaxPool2D GlobalMaxPool2D Concat Flatten Reshape Pad ReLU LeakyReLU PReLU Max2D Min2D "
+    "Transpose Squeeze ExpandDims".split()
 )
 CLASSES = (*REQUANTIZING, *KEEPING)
 #: Classes whose arithmetic no ESP-DL v1 source fixes (the simulator marks them approximate).
