@@ -179,7 +179,11 @@ class _Walk:
         if cls in ("AvgPool2D", "MaxPool2D"):
             attrs = _pool_attrs(layer)
         elif cls == "Concat":
-            attrs = {"axis": int(layer.attrs.get("axis", -1))}
+            axis = int(layer.attrs.get("axis", -1))
+            if axis == 0:
+                raise ExportError(f"layer {layer.describe()}: Concat on the batch axis")
+            # a framework axis counts the batch axis; the chip's tensors are HWC
+            attrs = {"axis": axis - 1 if axis > 0 else axis}
         if item.output_exponent is None and cls not in ("MaxPool2D", "GlobalMaxPool2D"):
             raise ExportError(f"layer {layer.describe()} ({cls}): no output exponent")
         extra = {"attrs": attrs}

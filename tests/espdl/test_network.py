@@ -198,3 +198,44 @@ def test_keras_zero_padding_then_valid_stride_two(tmp_path):
     assert out.output.values.shape == want.shape == (4, 4, 4, 4)
     assert np.abs(out.output.to_float() - want).max() < 0.005 * np.abs(want).max()
     assert res.graph_error is None
+
+
+@pytest.mark.parametrize("axis, chip_axis", [(3, 2), (-1, -1), (2, 1)])
+def test_concat_axis_counts_the_batch_axis(axis, chip_axis):
+    rng = np.random.default_rng(1)
+    conv = {"padding": "same", "strides": (1, 1)}
+    layers = [
+        SourceLayer("in", "input", attrs={"shape": (4, 4, 2)}),
+        SourceLayer(
+            "a",
+            "conv2d",
+            ["in"],
+            "Conv2D",
+            {"kernel": rng.normal(0, 1, (1, 1, 2, 3)).astype(np.float32)},
+            conv,
+        ),
+        SourceLayer(
+            "b",
+            "conv2d",
+            ["in"],
+            "Conv2D",
+            {"kernel": rng.normal(0, 1, (1, 1, 2, 3)).astype(np.float32)},
+            conv,
+        ),
+        SourceLayer(
+            "cat",
+            "runtime",
+            ["a", "b"],
+            "Concatenate",
+            attrs={"keeps_exponent": True, "axis": axis, "model_output": True},
+        ),
+    ]
+    stats = _stats({"a": ((-1, 1), (-4, 4)), "b": ((-1, 1), (-4, 4)), "cat": ((-4, 4), (-4, 4))})
+    res = export_layers(layers, None, stats=stats)
+    assert res.graph["layers"][2]["attrs"] == {"axis": chip_axis}
+    x = rng.integers(-128, 128, (2, 4, 4, 2))
+    out = simulate_chip(res, x)
+    want = np.concatenate([out["a"].values, out["b"].values], axis=axis)
+    assert np.array_equal(out["cat"].values, want)
+    layers[3].attrs["axis"] = 0
+    assert "batch axis" in export_layers(layers, None, stats=stats).graph_error
