@@ -9,10 +9,10 @@ layer's own activation, LeakyReLU slope, PReLU alpha. The model is never modifie
 
 Example:
     >>> import keras
-    >>> x = keras.Input((8, 8, 3))
+    >>> x = keras.Input((8, 8, 3), name="img")
     >>> y = keras.layers.Conv2D(4, 3, activation="relu", name="c1")(x)
     >>> [(s.name, s.op, s.attrs.get("activation")) for s in source_layers(keras.Model(x, y))]
-    [('input_layer', 'input', None), ('c1', 'conv2d', 'relu')]
+    [('img', 'input', None), ('c1', 'conv2d', 'relu')]
 """
 
 from __future__ import annotations
