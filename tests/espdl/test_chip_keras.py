@@ -208,3 +208,21 @@ def test_espdl_eval_cli(tmp_path, capsys):
     assert float(rows["c1"][3]) > 40  # int16: SNR far above 40 dB
     assert main([*argv[:-2], "--batch-size", "0"]) == 2
     assert "--batch-size 0" in capsys.readouterr().err
+
+
+def test_espdl_eval_dataset_errors(tmp_path):
+    from amct_bridge.commands.espdl_eval import load_dataset
+    from amct_bridge.errors import AmctBridgeError
+
+    np.savez(tmp_path / "no_y.npz", x=np.zeros((3, 2)))
+    with pytest.raises(AmctBridgeError, match="no_y.npz: expected an .npz with arrays 'x' and 'y'"):
+        load_dataset(str(tmp_path / "no_y.npz"))
+    np.save(tmp_path / "x.npy", np.zeros((3, 2)))
+    np.save(tmp_path / "y.npy", np.array([0, 1]))
+    with pytest.raises(AmctBridgeError, match="3 inputs but 2 labels"):
+        load_dataset(str(tmp_path / "x.npy"), str(tmp_path / "y.npy"))
+    np.save(tmp_path / "y.npy", np.array([[0, 1], [1, 0], [0, 1]]))  # one-hot
+    assert load_dataset(str(tmp_path / "x.npy"), str(tmp_path / "y.npy"))[1].tolist() == [1, 0, 1]
+    (tmp_path / "bad.npz").write_text("not numpy")
+    with pytest.raises(AmctBridgeError, match="bad.npz"):
+        load_dataset(str(tmp_path / "bad.npz"))
