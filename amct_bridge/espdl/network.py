@@ -228,7 +228,7 @@ def _layer_from_json(doc: dict, where: str) -> NetLayer:
         raise ExportError(
             f"{where}: layer {name!r}: padding {attrs['padding']!r} not in {PADDINGS}"
         )
-    return NetLayer(
+    layer = NetLayer(
         name,
         kind,
         [str(s) for s in doc.get("inputs", [])],
@@ -238,6 +238,19 @@ def _layer_from_json(doc: dict, where: str) -> NetLayer:
         coefficients=doc.get("coefficients", name) if kind in WEIGHTED else None,
         fused=list(doc.get("fused", [])),
     )
+    act = doc.get("activation")  # Add2D & co.: an Activation constant (ints in attrs)
+    if act and kind not in WEIGHTED:
+        if act not in ("ReLU", "LeakyReLU", "PReLU"):
+            raise ExportError(f"{where}: layer {name!r}: activation {act!r}")
+        layer.activation = act
+        if act != "ReLU":
+            if "alpha" not in attrs or "alpha_exponent" not in attrs:
+                raise ExportError(
+                    f"{where}: layer {name!r}: {act} needs attrs alpha/alpha_exponent"
+                )
+            alpha = np.asarray(attrs["alpha"], np.int64).reshape(-1)
+            layer.alpha = IntTensor(alpha, int(attrs["alpha_exponent"]))
+    return layer
 
 
 def _resolve(net: Network, where: str) -> None:

@@ -239,3 +239,26 @@ def test_concat_axis_counts_the_batch_axis(axis, chip_axis):
     assert np.array_equal(out["cat"].values, want)
     layers[3].attrs["axis"] = 0
     assert "batch axis" in export_layers(layers, None, stats=stats).graph_error
+
+
+def test_add2d_activation_from_json():
+    g = graph(
+        {"name": "r", "class": "ReLU", "inputs": ["input"]},
+        {
+            "name": "add",
+            "class": "Add2D",
+            "inputs": ["input", "r"],
+            "output_exponent": -6,
+            "activation": "LeakyReLU",
+            "attrs": {"alpha": 26, "alpha_exponent": -7},
+        },
+    )
+    net = network_from_parts(g, {}, {})
+    x = np.array([[-100, 50, -3]])
+    got = simulate_chip(net, x)["add"].values.ravel().tolist()
+    sums = [v + max(v, 0) for v in (-100, 50, -3)]  # both at -7: e_hi = -7
+    shifted = [s // 2 for s in sums]  # to e_out -6
+    assert got == [v if v >= 0 else (v * 26) // 128 for v in shifted]
+    bad = graph({**g["layers"][1], "inputs": ["input", "input"], "attrs": {}})
+    with pytest.raises(ExportError, match="LeakyReLU needs attrs alpha/alpha_exponent"):
+        network_from_parts(bad, {}, {})
