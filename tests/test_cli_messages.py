@@ -138,3 +138,9 @@ def test_level_zero_keeps_tensorflow_logs(files):
     )
     assert result.returncode == 0, result.stderr
     assert "absl::InitializeLog" in result.stderr
+
+
+def test_act_type_in_lower_case_is_accepted(files, tmp_path):
+    out = tmp_path / "r.txt"
+    assert calibrate(files, files / "x.npy", out, "--act-type", "int16") == 0
+    assert {f.act_type for f in load(out).layers.values()} == {"INT16"}

@@ -55,7 +55,12 @@ def register(subparsers) -> None:
         default=None,
         help="per-channel weight scales (default: on)",
     )
-    p.add_argument("--act-type", choices=("INT8", "INT16"), help="activation type (default INT8)")
+    p.add_argument(
+        "--act-type",
+        type=str.upper,  # any case, as the API
+        choices=("INT8", "INT16"),
+        help="activation type (default INT8; any case)",
+    )
     p.add_argument("--skip-layers", default="", help="comma-separated layer names not to quantize")
     p.add_argument(
         "--skip-fusion-layers",

@@ -240,13 +240,10 @@ def _require_factors(record: Record) -> None:
     """A record with nothing to simulate (e.g. prune-only) is a mistake, not a float copy."""
     if any(f.scale_d is not None or f.scale_w for f in record.layers.values()):
         return
-    what = (
-        f"{len(record.layers)} layer entries without scale_d/scale_w"
-        if record.layers
-        else "no layer entries"
-    )
-    if record.prune_records:
-        what += f" and {len(record.prune_records)} prune record(s)"
+    n, p = len(record.layers), len(record.prune_records)
+    what = f"{n} layer entr{'y' if n == 1 else 'ies'} without scale_d/scale_w" if n else "no layers"
+    if p:
+        what += f" and {p} prune record{'' if p == 1 else 's'}"
     source = f"record {record.source}" if record.source else "the record"
     raise RecordError(
         f"{source} has no quantization factors ({what}); simulate() needs scale_d/scale_w "

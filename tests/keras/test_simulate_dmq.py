@@ -117,7 +117,9 @@ def test_record_without_quantization_factors_is_refused():
         {"conv": LayerFactors(prune_producer=["conv"])},
         prune_records=[PruneRecord([PruneNode.channel("conv", "Conv2D", 0, 3)], [])],
     )
-    with pytest.raises(RecordError, match=r"no quantization factors .*1 prune record"):
+    with pytest.raises(
+        RecordError, match=r"no quantization factors \(1 layer entry .* and 1 prune record\)"
+    ):
         simulate(tiny_model(), prune)
     with pytest.raises(RecordError, match="no quantization factors"):
         simulate(tiny_model(), Record())
@@ -166,3 +168,48 @@ def test_dmq_accuracy_is_within_a_point_of_plain_int8(trained, strength, tmp_pat
     print(f"float {float_acc:.3f}  INT8 {int8:.3f}  DMQ({strength}) {got:.3f}")
     assert float_acc > 0.9  # trained enough for the comparison to mean something
     assert abs(got - int8) <= 0.01
+
+
+def test_separable_conv_balances_both_parts():
+    """sep/depthwise divides the layer input, sep/pointwise the depthwise output."""
+    x_in = keras.Input((5, 5, 2))
+    model = keras.Model(
+        x_in, keras.layers.SeparableConv2D(3, 2, depth_multiplier=2, name="sep")(x_in)
+    )
+    rng = np.random.default_rng(7)
+    model.set_weights([rng.normal(0, 0.5, w.shape).astype("float32") for w in model.get_weights()])
+    dw, pw, bias = model.get_layer("sep").get_weights()
+    x = rng.uniform(-1, 1, (4, 5, 5, 2)).astype("float32")
+    f_dw, f_pw = np.float32([3.0, 0.25]), rng.uniform(0.2, 5, 4).astype("float32")
+    xb = x / f_dw
+    s_dw, o_dw = act_factors(xb)
+    kd = (dw * f_dw.reshape(1, 1, 2, 1)).astype(np.float32)
+    sw_dw = arq(kd.reshape(2, 2, -1), 2)
+    mid = depthwise(
+        np_fq(xb, s_dw, o_dw, 8), fq_weights(kd.reshape(2, 2, -1), sw_dw, 2).reshape(kd.shape), 0
+    )
+    mb = mid / f_pw
+    s_pw, o_pw = act_factors(mb)
+    kp = (pw * f_pw.reshape(1, 1, 4, 1)).astype(np.float32)
+    sw_pw = arq(kp, 3)
+    want = conv2d(np_fq(mb, s_pw, o_pw, 8), fq_weights(kp, sw_pw, 3), bias)
+    rec = Record(
+        {
+            "sep/depthwise": LayerFactors(
+                scale_d=s_dw,
+                offset_d=o_dw,
+                scale_w=sw_dw.tolist(),
+                offset_w=[0] * 4,
+                tensor_balance_factor=f_dw.tolist(),
+            ),
+            "sep/pointwise": LayerFactors(
+                scale_d=s_pw,
+                offset_d=o_pw,
+                scale_w=sw_pw.tolist(),
+                offset_w=[0] * 3,
+                tensor_balance_factor=f_pw.tolist(),
+            ),
+        }
+    )
+    got = simulate(model, rec).predict(x, verbose=0)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
