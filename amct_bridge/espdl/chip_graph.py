@@ -132,7 +132,7 @@ class _Walk:
         node["output_exponent"] = exp
         node.update(extra)
         self.nodes.append(node)
-        for member in extra.get("fused") or [layer.name]:
+        for member in [layer.name, *(extra.get("fused") or [])]:
             self.producer[member] = name
 
     def visit(self, layer: SourceLayer) -> None:
@@ -186,10 +186,15 @@ class _Walk:
             attrs = {"axis": axis - 1 if axis > 0 else axis}
         if item.output_exponent is None and cls not in ("MaxPool2D", "GlobalMaxPool2D"):
             raise ExportError(f"layer {layer.describe()} ({cls}): no output exponent")
-        extra = {"attrs": attrs}
+        extra: dict = {"attrs": attrs}
         act = getattr(item, "activation", None)  # an Add2D may carry a fused activation
         if act:
             extra["activation"] = act
+            if act == "LeakyReLU":
+                attrs.update(_leaky(float(getattr(item, "alpha", 0.2)), self.bits))
+        fused = getattr(item, "fused", None)  # e.g. [add, add_relu]: readers of either read it
+        if fused:
+            extra["fused"] = list(fused)
         self.emit(layer, item.name, cls, item.output_exponent, **extra)
         reading = [s in self.from_input for s in self.nodes[-1]["inputs"]]
         if self.input and self.input["exponent"] is None and any(reading):
