@@ -62,134 +62,19 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 
-import mindspore as ms
 import numpy as np
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Tensor, nn
 
 from amct_bridge.calibration.protocol import Point, Row
 from amct_bridge.errors import CalibrationError
+from amct_bridge.mindspore.instrument_cells import NO_LIMIT, Probe, Summary, places, put
 from amct_bridge.quant.stats import BatchStats
 
+__all__ = ["Instrumentation", "Probe", "Summary"]
+
 _ACC_LIMIT = 2**31 - 1  # int32 accumulator
-_NO_LIMIT = 2**31 - 1
-_NO_GRID = np.array([np.inf, -np.inf], np.float32)  # a grid no batch is inside
 _OWN_HIST = 2.0  # ring marker: the row's histogram is the batch's own
 _uids = itertools.count()
-
-
-def _param(value: np.ndarray, name: str) -> Parameter:
-    return Parameter(Tensor(value), name=name, requires_grad=False)
-
-
-class Summary(nn.Cell):
-    """The buffers and ops of one observed tensor (one point) inside a :class:`Probe`.
-
-    Args:
-        prefix: unique Parameter name prefix.
-        point: the observed point (``bins``, ``channel_axis``, ``channels`` are used).
-        slots: ring rows.
-
-    Example:
-        >>> s = Summary("doc.0", Point("fc", "input", None, bins=4), 2)
-        >>> s.mm.shape, s.hist.shape, s.acc.shape
-        ((2, 4), (2, 4), (4,))
-    """
-
-    def __init__(self, prefix: str, point: Point, slots: int) -> None:
-        super().__init__(auto_prefix=False)
-        self.slots = int(slots)
-        self.bins = int(point.bins)
-        self.channel_axis = point.channel_axis
-        self.mm = _param(np.zeros((slots, 4), np.float64), f"{prefix}.minmax")
-        if self.bins:
-            self.hist = _param(np.zeros((slots, self.bins), np.int32), f"{prefix}.hist")
-            self.acc = _param(np.zeros(self.bins, np.int32), f"{prefix}.hist_acc")
-            self.grid = _param(_NO_GRID.copy(), f"{prefix}.grid")
-        if self.channel_axis is not None:
-            chans = (slots, 2, int(point.channels))
-            self.chan = _param(np.zeros(chans, np.float32), f"{prefix}.channels")
-
-    def construct(self, x, n, limit):
-        """Summarise ``x`` into ring row ``n % slots``; ``n < limit``: may bin onto the grid."""
-        x = ops.stop_gradient(ops.cast(x, ms.float32))
-        lo = ops.reduce_min(x)
-        hi = ops.reduce_max(x)
-        slot = ops.reshape(ops.floor_mod(n, self.slots), (1,))
-        marker = ops.scalar_to_tensor(1.0, ms.float64)
-        if self.bins:
-            grid = self.grid
-            inside = ops.logical_and(lo >= grid[0], hi <= grid[1])
-            inside = ops.logical_and(inside, n < limit)
-            top = ops.select(hi > lo, hi, lo + 1.0)  # constant batch: everything in bin 0
-            start = ops.cast(ops.select(inside, grid[0], lo), ms.float64)
-            end = ops.cast(ops.select(inside, grid[1], top), ms.float64)
-            pos = (ops.cast(ops.reshape(x, (-1,)), ms.float64) - start) / (
-                (end - start) / self.bins
-            )
-            # NaN/Inf batches bin garbage into valid bins; the host stops on their min/max
-            index = ops.clip_by_value(ops.cast(ops.floor(pos), ms.int32), 0, self.bins - 1)
-            hist = ops.unsorted_segment_sum(ops.ones_like(index), index, self.bins)
-            ops.assign_add(self.acc, hist * ops.cast(inside, ms.int32))
-            ops.scatter_update(self.hist, slot, ops.reshape(hist, (1, self.bins)))
-            marker = 2.0 - ops.cast(inside, ms.float64)
-        size = ops.scalar_to_tensor(ops.size(x), ms.float64)
-        row = ops.stack([ops.cast(lo, ms.float64), ops.cast(hi, ms.float64), size, marker])
-        ops.scatter_update(self.mm, slot, ops.reshape(row, (1, 4)))
-        if self.channel_axis is not None:
-            per = ops.swapaxes(x, 0, self.channel_axis)
-            per = ops.reshape(per, (per.shape[0], -1))
-            chan = ops.stack([ops.reduce_min(per, 1), ops.reduce_max(per, 1)])
-            ops.scatter_update(self.chan, slot, ops.expand_dims(chan, 0))
-        return lo
-
-
-class Probe(nn.Cell):
-    """The wrapper put in place of an observed cell: summaries around the cell's own call.
-
-    ``getattr`` falls through to the wrapped cell, so ``self.conv.weight`` in a parent's
-    ``construct`` still works while the probe is installed.
-
-    Example:
-        >>> p = Probe(nn.ReLU(), [], [], "doc", slots=1, calls=1)
-        >>> type(p.cell).__name__, int(p.count.asnumpy())
-        ('ReLU', 0)
-    """
-
-    def __init__(
-        self, cell, inputs: list[Summary], outputs: list[Summary], prefix: str, slots: int, calls
-    ) -> None:
-        super().__init__(auto_prefix=False)
-        self.insert_child_to_cell("cell", cell)  # setattr would rename the cell's parameters
-        self.inputs = nn.CellList(inputs, auto_prefix=False)
-        self.outputs = nn.CellList(outputs, auto_prefix=False)
-        self.has_inputs, self.has_outputs = bool(inputs), bool(outputs)
-        self.slots, self.calls = int(slots), int(calls)
-        self.count = _param(np.zeros((), np.int32), f"{prefix}.count")
-        self.limit = _param(np.full((), _NO_LIMIT, np.int32), f"{prefix}.limit")
-        self.last = 0  # host side: counter at the last drain
-
-    def construct(self, *inputs):
-        """Summarise the input(s), run the cell, summarise its output, count the call."""
-        n = self.count + 0  # this call's number, read before the increment below
-        if self.has_inputs:
-            for summary in self.inputs:
-                summary(inputs[0], n, self.limit)
-        out = self.cell(*inputs)
-        if self.has_outputs:
-            first = out[0] if isinstance(out, tuple) else out
-            for summary in self.outputs:
-                summary(first, n, self.limit)
-        ops.assign_add(self.count, ops.ones_like(self.count))
-        return out
-
-    def __getattr__(self, name: str):
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            cells = self.__dict__.get("_cells")
-            if not cells or cells.get("cell") is None:
-                raise
-            return getattr(cells["cell"], name)
 
 
 class Instrumentation:
@@ -269,10 +154,10 @@ class Instrumentation:
         compile caches. Idempotent."""
         if self._installed:
             return
-        places = _places(self.net)
+        holders = places(self.net)
         for k, probe in enumerate(self._probes):
             cell = probe.cell
-            found = places.get(id(cell), [])
+            found = holders.get(id(cell), [])
             if not found:
                 key = self.points[self._by_probe[k][0]].key
                 self.remove()
@@ -282,7 +167,7 @@ class Instrumentation:
                 )
             for parent, name in found:
                 self._installed.append((parent, name, cell))
-                _put(parent, name, probe)
+                put(parent, name, probe)
         self._clear()
 
     def remove(self) -> None:
@@ -291,7 +176,7 @@ class Instrumentation:
             return
         while self._installed:
             parent, name, cell = self._installed.pop()
-            _put(parent, name, cell)
+            put(parent, name, cell)
         self._clear()
 
     def _clear(self) -> None:
@@ -308,7 +193,7 @@ class Instrumentation:
     def set_limit(self, steps: int | None) -> None:
         """Steps after which no batch bins onto a grid any more (None: never)."""
         for probe in self._probes:
-            limit = _NO_LIMIT if steps is None else min(_NO_LIMIT, max(0, steps) * probe.calls)
+            limit = NO_LIMIT if steps is None else min(NO_LIMIT, max(0, steps) * probe.calls)
             probe.limit.set_data(Tensor(np.array(limit, np.int32)))
 
     def set_grid(self, index: int, lo: float, hi: float) -> None:
@@ -395,27 +280,3 @@ class Instrumentation:
             )
             rows.append(Row(index, 0, n, stats, ranges))
         return rows
-
-
-def _places(net) -> dict[int, list[tuple[object, str]]]:
-    """id(cell) -> every (parent, child name) holding it, over the whole cell tree."""
-    out: dict[int, list[tuple[object, str]]] = {}
-    seen: set[int] = set()
-    stack = [net]
-    while stack:
-        parent = stack.pop()
-        if id(parent) in seen:
-            continue
-        seen.add(id(parent))
-        for name, child in parent._cells.items():
-            if child is not None:
-                out.setdefault(id(child), []).append((parent, name))
-                stack.append(child)
-    return out
-
-
-def _put(parent, name: str, cell) -> None:
-    """``parent.name = cell`` without renaming parameters; SequentialCell runs its cell_list."""
-    parent.insert_child_to_cell(name, cell)
-    if isinstance(parent, nn.SequentialCell):
-        parent.cell_list = list(parent._cells.values())

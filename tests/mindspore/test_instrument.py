@@ -71,6 +71,13 @@ def batches() -> list[np.ndarray]:
     return x
 
 
+def _recorder(store: list, role: str):
+    """A forward (pre-)hook appending the cell's input / output as numpy to ``store``."""
+    if role == "input":
+        return lambda cell, args: store.append(args[0].asnumpy())
+    return lambda cell, args, out: store.append(out.asnumpy())
+
+
 @pytest.fixture(scope="module")
 def reference():
     """Per point, per call: the observed tensor (PYNATIVE forward hooks)."""
@@ -81,11 +88,9 @@ def reference():
     handles = []
     for i, p in enumerate(points):
         if p.role == "input":
-            hook = (lambda i: lambda cell, args: seen[i].append(args[0].asnumpy()))(i)
-            handles.append(p.layer.register_forward_pre_hook(hook))
+            handles.append(p.layer.register_forward_pre_hook(_recorder(seen[i], "input")))
         else:
-            hook = (lambda i: lambda cell, args, out: seen[i].append(out.asnumpy()))(i)
-            handles.append(p.layer.register_forward_hook(hook))
+            handles.append(p.layer.register_forward_hook(_recorder(seen[i], "output")))
     outputs = [net(ms.Tensor(x)).asnumpy() for x in batches()]
     for h in handles:
         h.remove()
@@ -323,3 +328,24 @@ def test_bad_points():
     with pytest.raises(CalibrationError, match="top-level cell itself cannot be observed"):
         inst.install()
     assert not inst._installed
+
+
+def test_nan_and_inf_reach_the_host(mode):
+    """A NaN/Inf batch gives a non-finite min/max row (the core stops on it), no crash, and
+    nothing of it lands on the grid."""
+    net = make_net()
+    inst = Instrumentation(net, [Point("conv", "input", net.conv, bins=8)], steps_per_read=4)
+    inst.set_grid(0, -10.0, 10.0)
+    inst.install()
+    x = batches()[1]
+    bad = [x.copy(), x.copy()]
+    bad[0][0, 0, 0, 0] = np.nan
+    bad[1][1, 2, 3, 4] = np.inf
+    for b in bad:
+        net(ms.Tensor(b))
+    rows = inst.drain()
+    inst.remove()
+    assert np.isnan(rows[0].stats.min) and np.isnan(rows[0].stats.max)
+    assert rows[1].stats.max == np.inf and rows[1].stats.min == x.min()
+    assert all(r.stats.hist is not None for r in rows)  # not inside the grid: own rows
+    assert inst.take_histograms([0]) == []

@@ -1,0 +1,182 @@
+"""The cells :mod:`amct_bridge.mindspore.instrument` puts into a network: :class:`Probe` (in
+place of an observed cell) holding one :class:`Summary` per observed tensor, and the swap itself
+(:func:`places`, :func:`put`).
+
+Everything here runs as graph ops on Parameters (see the instrument module for the design):
+no Python side effect in a ``construct``, so GRAPH_MODE compiles it into the network's graph.
+
+Example:
+    >>> from mindspore import nn
+    >>> net = nn.SequentialCell([nn.ReLU()])
+    >>> [(type(p).__name__, n) for p, n in places(net)[id(net[0])]]
+    [('SequentialCell', '0')]
+"""
+
+from __future__ import annotations
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+
+from amct_bridge.calibration.protocol import Point
+
+NO_LIMIT = 2**31 - 1  # int32 call counter: no limit
+NO_GRID = np.array([np.inf, -np.inf], np.float32)  # a grid no batch is inside
+
+
+def _param(value: np.ndarray, name: str) -> Parameter:
+    return Parameter(Tensor(value), name=name, requires_grad=False)
+
+
+class Summary(nn.Cell):
+    """The buffers and ops of one observed tensor (one point) inside a :class:`Probe`.
+
+    Args:
+        prefix: unique Parameter name prefix.
+        point: the observed point (``bins``, ``channel_axis``, ``channels`` are used).
+        slots: ring rows.
+
+    Example:
+        >>> s = Summary("doc.0", Point("fc", "input", None, bins=4), 2)
+        >>> s.mm.shape, s.hist.shape, s.acc.shape
+        ((2, 4), (2, 4), (4,))
+    """
+
+    def __init__(self, prefix: str, point: Point, slots: int) -> None:
+        super().__init__(auto_prefix=False)
+        self.slots = int(slots)
+        self.bins = int(point.bins)
+        self.channel_axis = point.channel_axis
+        self.mm = _param(np.zeros((slots, 4), np.float64), f"{prefix}.minmax")
+        if self.bins:
+            self.hist = _param(np.zeros((slots, self.bins), np.int32), f"{prefix}.hist")
+            self.acc = _param(np.zeros(self.bins, np.int32), f"{prefix}.hist_acc")
+            self.grid = _param(NO_GRID.copy(), f"{prefix}.grid")
+        if self.channel_axis is not None:
+            chans = (slots, 2, int(point.channels))
+            self.chan = _param(np.zeros(chans, np.float32), f"{prefix}.channels")
+
+    def construct(self, x, slot, within):
+        """Summarise ``x`` into ring row ``slot`` (shape (1,)); ``within``: the call is within
+        the limit and may bin onto the grid."""
+        if x.dtype != ms.float32:
+            x = ops.cast(x, ms.float32)
+        x = ops.stop_gradient(x)
+        lo = ops.reduce_min(x)
+        hi = ops.reduce_max(x)
+        size = ops.scalar_to_tensor(ops.size(x), ms.float64)
+        lo64, hi64 = ops.cast(lo, ms.float64), ops.cast(hi, ms.float64)
+        if self.bins:
+            grid = self.grid
+            inside = ops.logical_and(ops.logical_and(lo >= grid[0], hi <= grid[1]), within)
+            top = ops.select(hi > lo, hi64, lo64 + 1.0)  # constant batch: all in bin 0
+            start = ops.select(inside, ops.cast(grid[0], ms.float64), lo64)
+            end = ops.select(inside, ops.cast(grid[1], ms.float64), top)
+            pos = (ops.cast(ops.reshape(x, (-1,)), ms.float64) - start) / (
+                (end - start) / self.bins
+            )
+            # pos >= 0, so the cast truncates like floor; NaN/Inf batches bin garbage into
+            # valid bins (the clamp), the host stops on their min/max anyway
+            index = ops.clamp(ops.cast(pos, ms.int32), 0, self.bins - 1)
+            hist = ops.unsorted_segment_sum(ops.ones_like(index), index, self.bins)
+            ops.assign_add(self.acc, hist * ops.cast(inside, ms.int32))
+            ops.scatter_update(self.hist, slot, ops.reshape(hist, (1, self.bins)))
+            row = ops.stack([lo64, hi64, size, 2.0 - ops.cast(inside, ms.float64)])
+        else:
+            row = ops.stack([lo64, hi64, size, ops.ones_like(size)])
+        ops.scatter_update(self.mm, slot, ops.reshape(row, (1, 4)))
+        if self.channel_axis is not None:
+            per = ops.swapaxes(x, 0, self.channel_axis)
+            per = ops.reshape(per, (per.shape[0], -1))
+            chan = ops.stack([ops.reduce_min(per, 1), ops.reduce_max(per, 1)])
+            ops.scatter_update(self.chan, slot, ops.expand_dims(chan, 0))
+        return lo
+
+
+class Probe(nn.Cell):
+    """The wrapper put in place of an observed cell: summaries around the cell's own call.
+
+    ``getattr`` falls through to the wrapped cell, so ``self.conv.weight`` in a parent's
+    ``construct`` still works while the probe is installed.
+
+    Example:
+        >>> p = Probe(nn.ReLU(), [], [], "doc", slots=1, calls=1)
+        >>> type(p.cell).__name__, int(p.count.asnumpy())
+        ('ReLU', 0)
+    """
+
+    def __init__(
+        self, cell, inputs: list[Summary], outputs: list[Summary], prefix: str, slots: int, calls
+    ) -> None:
+        super().__init__(auto_prefix=False)
+        self.insert_child_to_cell("cell", cell)  # setattr would rename the cell's parameters
+        self.inputs = nn.CellList(inputs, auto_prefix=False)
+        self.outputs = nn.CellList(outputs, auto_prefix=False)
+        self.has_inputs, self.has_outputs = bool(inputs), bool(outputs)
+        self.slots, self.calls = int(slots), int(calls)
+        self.count = _param(np.zeros((), np.int32), f"{prefix}.count")
+        self.limit = _param(np.full((), NO_LIMIT, np.int32), f"{prefix}.limit")
+        self.last = 0  # host side: counter at the last drain
+
+    def construct(self, *inputs):
+        """Summarise the input(s), run the cell, summarise its output, count the call."""
+        n = self.count + 0  # this call's number, read before the increment below
+        slot = ops.reshape(ops.floor_mod(n, self.slots), (1,))
+        within = n < self.limit
+        if self.has_inputs:
+            for summary in self.inputs:
+                summary(inputs[0], slot, within)
+        out = self.cell(*inputs)
+        if self.has_outputs:
+            first = out[0] if isinstance(out, tuple) else out
+            for summary in self.outputs:
+                summary(first, slot, within)
+        ops.assign_add(self.count, ops.ones_like(self.count))
+        return out
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            cells = self.__dict__.get("_cells")
+            if not cells or cells.get("cell") is None:
+                raise
+            return getattr(cells["cell"], name)
+
+
+def places(net) -> dict[int, list[tuple[object, str]]]:
+    """id(cell) -> every (parent, child name) holding it, over the whole cell tree.
+
+    Example:
+        >>> from mindspore import nn
+        >>> relu = nn.ReLU()
+        >>> [n for _, n in places(nn.SequentialCell([relu, nn.Dense(2, 2), relu]))[id(relu)]]
+        ['0', '2']
+    """
+    out: dict[int, list[tuple[object, str]]] = {}
+    seen: set[int] = set()
+    stack = [net]
+    while stack:
+        parent = stack.pop()
+        if id(parent) in seen:
+            continue
+        seen.add(id(parent))
+        for name, child in parent._cells.items():
+            if child is not None:
+                out.setdefault(id(child), []).append((parent, name))
+                stack.append(child)
+    return out
+
+
+def put(parent, name: str, cell) -> None:
+    """``parent.name = cell`` without renaming parameters; SequentialCell runs its cell_list.
+
+    Example:
+        >>> from mindspore import nn
+        >>> seq = nn.SequentialCell([nn.ReLU()]); put(seq, "0", nn.ReLU6())
+        >>> type(seq.cell_list[0]).__name__
+        'ReLU6'
+    """
+    parent.insert_child_to_cell(name, cell)
+    if isinstance(parent, nn.SequentialCell):
+        parent.cell_list = list(parent._cells.values())
