@@ -153,7 +153,7 @@ def _activation(y: np.ndarray, layer: NetLayer, bits: int) -> np.ndarray:
     if kind is None:
         return y
     if kind == "ReLU":
-        return np.maximum(y, 0)
+        return np.maximum(y, 0, out=y if y.dtype.kind == "f" else None)  # y: a fresh array
     if layer.alpha is None:
         raise ExportError(f"chip layer {layer.describe()}: {kind} without its alpha")
     return _leaky(y, layer.alpha.values, int(layer.alpha.exponent), bits)
@@ -174,6 +174,7 @@ def _acc_bound(layer: NetLayer, bits: int) -> float:
 
 
 def _requantize(acc: np.ndarray, layer: NetLayer, e_in: int, bits: int, target: str) -> np.ndarray:
+    """Accumulators (a fresh array: changed in place) -> the layer's saturated, activated output."""
     if target == "esp32s3":
         lane = 2 ** (S3_ACC_BITS[bits] - 1)
         if _acc_bound(layer, bits) >= lane:  # only then can the 40/20-bit lanes saturate
@@ -182,17 +183,17 @@ def _requantize(acc: np.ndarray, layer: NetLayer, e_in: int, bits: int, target: 
     e_out = layer.output_exponent
     bias = None if layer.bias is None else layer.bias.values.astype(acc.dtype)
     if isinstance(e_w, np.ndarray):  # int8 per-channel: two stages through int16
-        t = ops.floor_shift(acc, 4)
-        t = ops.saturate(t if bias is None else t + bias, 16)
+        t = ops.floor_shift(acc, 4, inplace=True)
+        t = ops.saturate(t if bias is None else t + bias, 16, inplace=True)
         d = e_out - (e_in + e_w + spec.PER_CHANNEL_BIAS_SHIFT)
-        y = ops.floor_shift(t, np.minimum(d, 12))
+        y = ops.floor_shift(t, np.minimum(d, 12), inplace=True)
         if np.any(d > 12):  # m_c = ⌊2^(12 − d)⌋ = 0
             y = np.where(d > 12, 0, y)
     else:
-        y = ops.floor_shift(acc, e_out - e_in - e_w)
+        y = ops.floor_shift(acc, e_out - e_in - e_w, inplace=True)
         if bias is not None:
             y = y + bias
-    return _activation(ops.saturate(y, bits), layer, bits)
+    return _activation(ops.saturate(y, bits, inplace=True), layer, bits)
 
 
 def _align_sum(xs: list[np.ndarray], exps: list[int], sign: int) -> tuple[np.ndarray, int]:

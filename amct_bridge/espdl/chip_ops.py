@@ -21,7 +21,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from amct_bridge.errors import ExportError
 
 
-def floor_shift(v: np.ndarray, s: int | np.ndarray) -> np.ndarray:
+def floor_shift(v: np.ndarray, s: int | np.ndarray, inplace: bool = False) -> np.ndarray:
     """⌊v / 2^s⌋ for s > 0 (arithmetic right shift), ``v · 2^-s`` for s <= 0; ``s`` may be
     per channel (broadcast on the last axis). ``v`` holds integers: int64, or floats with
     integer values (exact: scaling by a power of two and ``floor`` lose nothing below 2^53).
@@ -37,8 +37,9 @@ def floor_shift(v: np.ndarray, s: int | np.ndarray) -> np.ndarray:
     if v.dtype.kind == "f":
         if s.ndim == 0 and int(s) == 0:
             return v
-        scale = np.exp2(-s).astype(v.dtype)
-        return np.floor(v * scale) if (s.ndim or int(s) > 0) else v * scale
+        out = v if inplace else None  # ``inplace``: ``v`` is a temporary the caller owns
+        scaled = np.multiply(v, np.exp2(-s).astype(v.dtype), out=out)
+        return np.floor(scaled, out=scaled) if (s.ndim or int(s) > 0) else scaled
     v = v.astype(np.int64, copy=False)
     if s.ndim == 0:
         k = int(s)
@@ -46,14 +47,15 @@ def floor_shift(v: np.ndarray, s: int | np.ndarray) -> np.ndarray:
     return (v >> np.maximum(s, 0)) << np.maximum(-s, 0)
 
 
-def saturate(v: np.ndarray, bits: int) -> np.ndarray:
+def saturate(v: np.ndarray, bits: int, inplace: bool = False) -> np.ndarray:
     """Clip to the signed ``bits``-bit range.
 
     Example:
         >>> saturate(np.array([200, -200, 5]), 8).tolist()
         [127, -128, 5]
     """
-    return np.clip(v, -(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+    out = v if inplace and v.dtype.kind == "f" else None
+    return np.clip(v, -(2 ** (bits - 1)), 2 ** (bits - 1) - 1, out=out)
 
 
 def same_pads(size: int, k: int, stride: int, begin: bool) -> tuple[int, int, int]:
@@ -189,11 +191,14 @@ def depthwise_acc(
     dtype = work_dtype(kh * kw * _absmax(x, x_max) * float(np.abs(w).max(initial=0)))
     xp = xp.astype(dtype, copy=False)
     wd = w.astype(dtype)
-    acc = np.zeros((x.shape[0], ho, wo, c), dtype=dtype)
-    for i in range(kh):  # a loop over the kernel taps, each a whole-tensor multiply-add
-        for j in range(kw):
-            tap = xp[:, i : i + (ho - 1) * sy + 1 : sy, j : j + (wo - 1) * sx + 1 : sx, :]
-            acc += tap * wd[i, j, :, 0]
+    acc = np.empty((x.shape[0], ho, wo, c), dtype=dtype)
+    tmp = np.empty_like(acc)
+    for t in range(kh * kw):  # a loop over the kernel taps, each a whole-tensor multiply-add
+        i, j = divmod(t, kw)
+        tap = xp[:, i : i + (ho - 1) * sy + 1 : sy, j : j + (wo - 1) * sx + 1 : sx, :]
+        np.multiply(tap, wd[i, j, :, 0], out=acc if t == 0 else tmp)  # in place: no temporaries
+        if t:
+            acc += tmp
     return acc
 
 

@@ -93,7 +93,7 @@ def test_tutorial_batch_equals_single_and_rounding_breaks_it(monkeypatch):
     assert np.array_equal(out[0], out[2])
     assert np.array_equal(out[1], simulate_chip(net, x[::-1]).output.values)
 
-    def rounding_shift(v, s):
+    def rounding_shift(v, s, inplace=False):
         v, s = np.asarray(v, np.int64), int(s)
         return (v + (1 << (s - 1))) >> s if s > 0 else v << -s
 
