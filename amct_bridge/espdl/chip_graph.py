@@ -107,6 +107,7 @@ class _Walk:
         self.producer: dict[str, str] = {}
         self.nodes: list[dict] = []
         self.outputs: list[str] = []
+        self.notes: list[str] = []
         self.input: dict = {}
         self.from_input = {INPUT}  # chip tensors carrying the input's exponent (ReLU, Pad...)
 
@@ -123,9 +124,12 @@ class _Walk:
         try:
             return [self.producer[s] for s in layer.inputs]
         except KeyError as err:
-            raise ExportError(
-                f"layer {layer.describe()}: its input {err.args[0]!r} is not computed on the chip"
-            ) from None
+            name = err.args[0]
+            if name in self.skipped:
+                why = f"was skipped ({self.skipped[name].reason})"
+            else:
+                why = "is not computed on the chip"
+            raise ExportError(f"layer {layer.describe()}: its input {name!r} {why}") from None
 
     def emit(self, layer: SourceLayer, name: str, cls: str, exp: int | None, **extra) -> None:
         node = {"name": name, "class": cls, "source": layer.name, "inputs": self.inputs_of(layer)}
@@ -138,8 +142,10 @@ class _Walk:
     def visit(self, layer: SourceLayer) -> None:
         if layer.name in self.producer:  # fused into a chain already emitted
             return
-        if layer.name in self.skipped:
-            raise ExportError(f"layer {layer.describe()} was skipped: {self.skipped[layer.name]}")
+        if layer.name in self.skipped:  # fine unless a chip layer reads it (then inputs_of says)
+            if layer.attrs.get("model_output"):
+                self.skipped_output(layer)
+            return
         if layer.op == "input":
             if self.input:
                 raise ExportError(f"layer {layer.describe()}: a second model input")
@@ -159,6 +165,18 @@ class _Walk:
                 raise ExportError(f"layer {layer.describe()}: the model output is its input")
             if out not in self.outputs:
                 self.outputs.append(out)
+
+    def skipped_output(self, layer: SourceLayer) -> None:
+        """A skipped last layer (Softmax...): the chip's output is its input, with a note."""
+        ins = [self.producer.get(s) for s in layer.inputs]
+        if len(ins) != 1 or ins[0] in (None, INPUT):
+            raise ExportError(f"layer {layer.describe()} was skipped: {self.skipped[layer.name]}")
+        if ins[0] not in self.outputs:
+            self.outputs.append(ins[0])
+        self.notes.append(
+            f"model output {layer.describe()} was skipped ({self.skipped[layer.name].reason}): "
+            f"the chip's output is its input {ins[0]!r}; apply it on the host"
+        )
 
     def chain(self, layer: SourceLayer) -> None:
         ex = self.chains[layer.name]
@@ -242,4 +260,5 @@ def chip_graph(layers: list[SourceLayer], result: ExportResult) -> dict:
         "input": walk.input or {"name": INPUT, "source": INPUT, "exponent": None, "shape": None},
         "layers": walk.nodes,
         "outputs": walk.outputs or [walk.nodes[-1]["name"]],
+        **({"notes": walk.notes} if walk.notes else {}),
     }

@@ -262,3 +262,22 @@ def test_add2d_activation_from_json():
     bad = graph({**g["layers"][1], "inputs": ["input", "input"], "attrs": {}})
     with pytest.raises(ExportError, match="LeakyReLU needs attrs alpha/alpha_exponent"):
         network_from_parts(bad, {}, {})
+
+
+def test_skipped_softmax_at_the_end_leaves_the_logits_as_output(tmp_path):
+    keras.utils.set_random_seed(8)
+    x = keras.Input((4, 4, 1))
+    y = keras.layers.Conv2D(2, 3, name="c")(x)
+    y = keras.layers.Flatten(name="f")(y)
+    y = keras.layers.Dense(3, name="fc")(y)
+    y = keras.layers.Softmax(name="sm")(y)
+    model = keras.Model(x, y)
+    data = np.random.default_rng(4).uniform(-1, 1, (6, 4, 4, 1)).astype("float32")
+    stats = sidecar_from(layer_activations(model, data))
+    res = export_layers(source_layers(model), None, stats=stats, skip_unsupported=True)
+    assert res.graph["outputs"] == ["fc"]
+    (note,) = res.graph["notes"]
+    assert note.startswith("model output 'sm' (Softmax) was skipped (Keras Softmax has no ")
+    assert note.endswith("the chip's output is its input 'fc'; apply it on the host")
+    got = simulate_chip(res, data).output.values.argmax(axis=1)
+    assert np.mean(got == model.predict(data, verbose=0).argmax(axis=1)) >= 5 / 6
