@@ -233,7 +233,11 @@ class Instrumentation(RingBuffers):
             # nothing over [0, 1] instead; histogram_fixed_width raises on NaN and bins an
             # infinite range wrongly, and the host names the layer and batch anyway
             ok = hi - lo < frame.const(np.inf)
-            own = tf.stack([lo, tf.where(hi > lo, hi, lo + frame.const(1.0))])
+            # a constant tensor: [lo, lo + 1], or [lo, next float] where lo + 1 == lo
+            # (|lo| >= 2^24): an empty range would divide by a zero bin width
+            up = lo + frame.const(1.0)
+            up = tf.where(up > lo, up, tf.math.nextafter(lo, frame.const(np.inf)))
+            own = tf.stack([lo, tf.where(hi > lo, hi, up)])
             own = tf.where(ok, own, frame.const([0.0, 1.0]))
             n = tf.where(ok, entry.size, frame.const(0, tf.int64))
             values = tf.reshape(x, frame.const([-1], tf.int32))

@@ -40,7 +40,9 @@ def stock_summary(x: np.ndarray, grid, nbins: int):
     inside = bool(lo >= grid[0] and hi <= grid[1])
     if not (np.isfinite(lo) and np.isfinite(hi)):
         return lo, hi, x.size, inside, np.zeros(nbins, np.int32)
-    top = hi if hi > lo else float(np.float32(lo) + np.float32(1.0))
+    up = np.float32(lo) + np.float32(1.0)  # a constant tensor: [lo, lo + 1] or the next float
+    up = up if up > lo else np.nextafter(np.float32(lo), np.float32(np.inf))
+    top = hi if hi > lo else float(up)
     value_range = tf.constant(grid if inside else [lo, top], tf.float32)
     hist = tf.histogram_fixed_width(tf.reshape(t, [-1]), value_range, nbins, dtype=tf.int32)
     return lo, hi, x.size, inside, hist.numpy()
@@ -124,6 +126,8 @@ normal = rng.normal(0, 3, size=(7, 300)).astype(np.float32)
         ("one bin", normal, [-30.0, 30.0], 1),
         ("constant tensor", np.full((5, 5), 2.5, np.float32), NO_GRID, 4096),
         ("constant on a grid", np.full((5, 5), 2.5, np.float32), [2.5, 3.0], 16),
+        ("constant 2^24 (lo + 1 == lo)", np.full((5, 5), 2.0**24, np.float32), NO_GRID, 4096),
+        ("constant -3e38", np.full((3, 7), -3e38, np.float32), NO_GRID, 2048),
         ("bin edges, own range", edge_values(-3.7, 11.3, 4096), NO_GRID, 4096),
         ("bin edges, on the grid", edge_values(-3.7, 11.3, 4096), [-3.7, 11.3], 4096),
         ("bin edges, 2048 bins", edge_values(0.0, 6.0, 2048), [0.0, 6.0], 2048),
@@ -207,6 +211,24 @@ def test_records_equal_with_and_without_native_ops(
     assert native.load() is None
     assert with_native[0] == stock[0]
     assert with_native[1].replace("native.txt", "stock.txt") == stock[1]
+
+
+@pytest.mark.parametrize("algorithm", ["ifmr", "hfmg"])
+def test_constant_input_beyond_float_step_one_calibrates(tmp_path, monkeypatch, algorithm):
+    """Constant data at 2^24: lo + 1 == lo in float32, so the batch's own histogram range was
+    empty (a segfault in the native op, a TF error in the stock one); both give one record."""
+    x = np.full((16, *sequential_model().input_shape[1:]), 2.0**24, np.float32)
+    native_text = _calibrate(sequential_model, x, tmp_path / "native.txt", algorithm)[0]
+    monkeypatch.setenv("AMCT_BRIDGE_NATIVE_OPS", "0")
+    native.reset()
+    try:
+        stock_text = _calibrate(sequential_model, x, tmp_path / "stock.txt", algorithm)[0]
+    finally:
+        monkeypatch.delenv("AMCT_BRIDGE_NATIVE_OPS")
+        native.reset()
+    assert native_text == stock_text
+    first = load(tmp_path / "native.txt").layers["c1"]
+    assert first.scale_d == pytest.approx(2.0**24 / 255, rel=0.35)  # clip search may trim
 
 
 def test_failed_build_falls_back_with_one_warning(tmp_path, monkeypatch, fresh_native, caplog):

@@ -12,7 +12,8 @@
 // Same results as amct_bridge.keras.instrument's TF-op path, bit for bit:
 //   lo, hi  = min(x), max(x); both NaN if any value is NaN (reduce_min/max propagate NaN)
 //   inside  = lo >= grid[0] and hi <= grid[1]
-//   range   = grid if inside, else [lo, hi] ([lo, lo + 1] when lo == hi)
+//   range   = grid if inside, else [lo, hi] ([lo, lo + 1] when lo == hi, or [lo, next float
+//             above lo] when lo + 1 rounds back to lo: |lo| >= 2^24)
 //   hist    = tf.histogram_fixed_width(x, range, nbins) (TF 2.21 CPU formula:
 //             step = hi / nbins - lo / nbins in float64,
 //             idx = int32(min((float64(clamp(x, lo, hi)) - lo) / step, nbins - 1)))
@@ -40,6 +41,13 @@ constexpr int kCopies = 4;        // interleaved sub-histograms
 constexpr int64_t kChunk = 2048;  // values per vectorised pass (an 8 KiB index buffer)
 
 constexpr int kSpread = 16;       // extra counters for each edge bin, see Index
+
+// The top of a constant tensor's range: lo + 1, or the next float when lo + 1 rounds back to lo
+// (|lo| >= 2^24): an empty range would make the bin step zero.
+float Above(float lo) {
+  const float up = lo + 1.0f;
+  return up > lo ? up : std::nextafter(lo, std::numeric_limits<float>::infinity());
+}
 
 // A histogram range [lo, hi] over nbins bins, in TF's float64 terms.
 struct Range {
@@ -233,7 +241,7 @@ class SummaryOp : public OpKernel {
       return;
     }
     // Pass 2: the batch's own range (no grid yet, or the range grew).
-    const Range own = MakeRange(lo, hi > lo ? hi : lo + 1.0f, nbins_);
+    const Range own = MakeRange(lo, hi > lo ? hi : Above(lo), nbins_);
     counter.Clear();
     for (int64_t start = 0; start < n; start += kChunk) {
       const int64_t m = std::min(kChunk, n - start);
