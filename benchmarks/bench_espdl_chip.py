@@ -2,10 +2,10 @@
 
 Run: .venv/bin/python benchmarks/bench_espdl_chip.py [--batch 32] [--alpha 0.25] [--size 96]
 
-Models (weights=None, seeded): keras.applications.MobileNet (v1) with every ReLU6 replaced by
-ReLU (the exporter refuses ReLU6: ESP-DL v1 cannot clip), include_top=False + global average
-pooling + Dense(10); and a hand-built MobileNetV2-style network (inverted residuals with Add,
-ReLU). Exported at s8 per-tensor, s8 per-channel and s16, simulated for esp32 and esp32s3.
+Models (weights=None, seeded, BatchNorm statistics randomised): keras.applications.MobileNet and
+MobileNetV2 with every ReLU6 replaced by ReLU (the exporter refuses ReLU6: ESP-DL v1 cannot
+clip), include_top=False + global average pooling + Dense(10). Exported at s8 per-tensor, s8
+per-channel and s16, simulated for esp32 and esp32s3.
 Prints for each the best-of-3 wall time of ``model.predict(batch)`` (baseline, same run) and
 of ``simulate_chip(network, batch)``, their ratio (target: < 10), and the chip-vs-float error.
 """
@@ -28,11 +28,8 @@ from amct_bridge.keras.espdl_weights import source_layers  # noqa: E402
 from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange  # noqa: E402
 
 
-def mobilenet_v1_relu(size: int, alpha: float) -> keras.Model:
-    keras.utils.set_random_seed(0)
-    base = keras.applications.MobileNet(
-        input_shape=(size, size, 3), alpha=alpha, include_top=False, weights=None, pooling="avg"
-    )
+def relu_instead_of_relu6(base: keras.Model, name: str) -> keras.Model:
+    """A copy of ``base`` with every ReLU(6) a plain ReLU, plus a Dense(10) head."""
 
     def clone(layer):
         if isinstance(layer, keras.layers.ReLU):
@@ -42,51 +39,23 @@ def mobilenet_v1_relu(size: int, alpha: float) -> keras.Model:
     body = keras.models.clone_model(base, clone_function=clone)
     body.set_weights(base.get_weights())
     out = keras.layers.Dense(10, name="logits")(body.output)
-    return keras.Model(body.input, out, name="mobilenet_v1_relu")
+    return keras.Model(body.input, out, name=name)
 
 
-def mobilenet_v2_style(size: int, alpha: float) -> keras.Model:
+def mobilenet_v1_relu(size: int, alpha: float) -> keras.Model:
     keras.utils.set_random_seed(0)
-    L = keras.layers
-    x = keras.Input((size, size, 3))
-    c = max(8, int(32 * alpha) // 8 * 8)
-    y = L.ReLU(name="stem_relu")(
-        L.BatchNormalization(name="stem_bn")(
-            L.Conv2D(c, 3, strides=2, padding="same", use_bias=False, name="stem")(x)
-        )
+    base = keras.applications.MobileNet(
+        input_shape=(size, size, 3), alpha=alpha, include_top=False, weights=None, pooling="avg"
     )
-    for i, (t, out, stride) in enumerate(
-        [
-            (1, 16, 1),
-            (6, 24, 2),
-            (6, 24, 1),
-            (6, 32, 2),
-            (6, 32, 1),
-            (6, 64, 2),
-            (6, 64, 1),
-            (6, 96, 1),
-        ]
-    ):
-        out = max(8, int(out * alpha * 4) // 8 * 8)
-        h = L.ReLU(name=f"b{i}_er")(
-            L.BatchNormalization(name=f"b{i}_ebn")(
-                L.Conv2D(c * t, 1, use_bias=False, name=f"b{i}_expand")(y)
-            )
-        )
-        h = L.ReLU(name=f"b{i}_dr")(
-            L.BatchNormalization(name=f"b{i}_dbn")(
-                L.DepthwiseConv2D(
-                    3, strides=stride, padding="same", use_bias=False, name=f"b{i}_dw"
-                )(h)
-            )
-        )
-        h = L.BatchNormalization(name=f"b{i}_pbn")(
-            L.Conv2D(out, 1, use_bias=False, name=f"b{i}_project")(h)
-        )
-        y = L.Add(name=f"b{i}_add")([y, h]) if stride == 1 and out == c else h
-        c = out
-    y = L.GlobalAveragePooling2D(name="gap")(y)
-    return keras.Model(x, L.Dense(10, name="logits")(y), name="mobilenet_v2_style_relu")
+    return relu_instead_of_relu6(base, "mobilenet_v1_relu")
+
+
+def mobilenet_v2_relu(size: int, alpha: float) -> keras.Model:
+    keras.utils.set_random_seed(0)
+    base = keras.applications.MobileNetV2(
+        input_shape=(size, size, 3), alpha=alpha, include_top=False, weights=None, pooling="avg"
+    )
+    return relu_instead_of_relu6(base, "mobilenet_v2_relu")
 
 
 def randomize_bn(model: keras.Model) -> None:
@@ -149,7 +118,7 @@ def main() -> None:
         f"{'model':<24} {'export':<16} {'target':<8} {'keras s':>8} {'chip s':>8} "
         f"{'ratio':>6} {'rel err':>8}"
     )
-    for build in (mobilenet_v1_relu, mobilenet_v2_style):
+    for build in (mobilenet_v1_relu, mobilenet_v2_relu):
         model = build(args.size, args.alpha)
         randomize_bn(model)
         stats = sidecar(model, data)
