@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,6 +116,7 @@ class Evaluation:
     chip_acc: float
     target: str
     layers: list[LayerError] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
 
 def snr_db(ref: np.ndarray, got: np.ndarray) -> float:
@@ -213,9 +215,11 @@ def evaluate(
 
         fq_acc = _accuracy(_predict(simulate(model, record), x, batch_size)[0], y)
     chip: dict = {}
+    warnings: list[str] = []
     parts: dict[str, list[np.ndarray]] = {layer.name: [] for layer in net.layers}
     for start in range(0, len(x), batch_size):
         res = simulate_chip(net, x[start : start + batch_size], target, input_exponent)
+        warnings = res.warnings
         for name, tensor in res.layers.items():
             parts[name].append(tensor.values)
             chip["exp:" + name] = tensor.exponent
@@ -237,6 +241,7 @@ def evaluate(
         _accuracy(scores, y),
         target,
         _layer_errors(net, chip, floats, net.bits),
+        warnings,
     )
 
 
@@ -303,5 +308,7 @@ def run(args: argparse.Namespace) -> int:
         input_exponent=args.input_exponent,
         batch_size=args.batch_size,
     )
+    for warning in ev.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     print(format_evaluation(ev))
     return 0

@@ -111,6 +111,7 @@ class ChipResult:
     layers: dict[str, ChipTensor]
     outputs: list[str]
     approximate_layers: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     def __getitem__(self, name: str) -> ChipTensor:
         if name == INPUT:
@@ -268,6 +269,28 @@ def _run(layer: NetLayer, xs: list[np.ndarray], exps: list[int], bits: int, targ
     raise ExportError(f"chip layer {what}: the simulator has no kernel for {k}")
 
 
+def _bias_mismatch(layer: NetLayer, e_in: int) -> list[str]:
+    """The chip adds bias integers as they are: say when they were quantized for another scale
+    (per-tensor: bias exponent != output exponent; per-channel: input exponent != the tensor's)."""
+    if layer.bias is None or layer.filter is None:
+        return []
+    b_exp = layer.bias.exponent
+    if isinstance(b_exp, np.ndarray):
+        meant = int(b_exp[0] - layer.filter.exponent[0] - spec.PER_CHANNEL_BIAS_SHIFT)
+        if meant == e_in:
+            return []
+        return [
+            f"layer {layer.describe()}: per-channel bias quantized for input exponent {meant}, "
+            f"but its input tensor has exponent {e_in}: the chip adds it scaled by 2^{meant - e_in}"
+        ]
+    if b_exp == layer.output_exponent:
+        return []
+    return [
+        f"layer {layer.describe()}: bias quantized at exponent {b_exp}, output exponent is "
+        f"{layer.output_exponent}: the chip adds it scaled by 2^{b_exp - layer.output_exponent}"
+    ]
+
+
 def _input(net: Network, x: np.ndarray, exponent: int | None) -> tuple[np.ndarray, int, bool]:
     exp = net.input_exponent if exponent is None else int(exponent)
     if exp is None:
@@ -322,6 +345,7 @@ def simulate_chip(
     exps: dict[str, int] = {INPUT: e_in}
     approx: dict[str, bool] = {INPUT: False}
     result: dict[str, ChipTensor] = {}
+    warnings: list[str] = []
     for layer in net.layers:
         xs = [values[s] for s in layer.inputs]
         ins = [exps[s] for s in layer.inputs]
@@ -330,6 +354,7 @@ def simulate_chip(
                 f"chip layer {layer.describe()}: input exponents {ins} differ (the runtime "
                 "asserts they are equal)"
             )
+        warnings += _bias_mismatch(layer, ins[0])
         y = _run(layer, xs, ins, bits, target).astype(np.float32, copy=False)  # saturated: exact
         e_out = layer.output_exponent if not layer.keeps_exponent else max(ins)
         values[layer.name], exps[layer.name] = y, int(e_out)
@@ -338,4 +363,4 @@ def simulate_chip(
         result[layer.name] = ChipTensor(out, int(e_out), approx[layer.name], dtype)
     inp = ChipTensor(q if batched else q[0], e_in, False, dtype)
     approximate = [x.name for x in net.layers if x.approximate]
-    return ChipResult(target, inp, result, list(net.outputs), approximate)
+    return ChipResult(target, inp, result, list(net.outputs), approximate, warnings)

@@ -103,6 +103,7 @@ def test_export_simulates_close_to_float(model_data, tmp_path, ftype, granularit
             assert np.array_equal(a.filter.exponent, b.filter.exponent)
     chip = simulate_chip(from_dir, data, target=target)
     assert chip.approximate_layers == ["ap", "gap"] and chip.output.approximate
+    assert chip.warnings == []  # every bias matches the scale the chip adds it at
     want = model.predict(data, verbose=0)
     got = chip.output.to_float()
     assert got.shape == want.shape

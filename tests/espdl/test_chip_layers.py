@@ -417,3 +417,26 @@ def test_input_exponent_required():
     with pytest.raises(ExportError, match="exponent unknown.*input_exponent"):
         simulate_chip(net, np.zeros((1, 2), np.int8))
     assert simulate_chip(net, np.zeros((1, 2), np.int8), input_exponent=-3)["r"].exponent == -3
+
+
+def test_bias_scale_mismatch_warns():
+    w = np.ones((1, 1, 1, 2), np.int64)
+    tensor = NetLayer(
+        "c", "Conv2D", [INPUT], -3, filter=IntTensor(w, -2), bias=IntTensor(np.array([1, 2]), -4)
+    )
+    res = run([tensor], np.ones((1, 1, 1)), -1)
+    assert res.warnings == [
+        "layer 'c' (Conv2D): bias quantized at exponent -4, output exponent is -3: the chip adds "
+        "it scaled by 2^-1"
+    ]
+    channel = NetLayer(
+        "c",
+        "Conv2D",
+        [INPUT],
+        -3,
+        filter=IntTensor(w, np.array([-2, -3])),
+        bias=IntTensor(np.array([1, 2]), np.array([-2, -3]) + (-5) + 4),
+    )
+    assert run([channel], np.ones((1, 1, 1)), -5, "s8", per_channel=True).warnings == []
+    (msg,) = run([channel], np.ones((1, 1, 1)), -4, "s8", per_channel=True).warnings
+    assert "quantized for input exponent -5, but its input tensor has exponent -4" in msg

@@ -79,7 +79,7 @@ def test_tutorial_logits_bit_exact(target):
     out = result.output
     assert out.exponent == -9 and out.values.shape == (1, 1, 10)
     assert out.values.ravel().tolist() == chip_logits()[target]
-    assert not out.approximate and result.approximate_layers == []
+    assert not out.approximate and result.approximate_layers == [] and result.warnings == []
 
 
 def test_tutorial_batch_equals_single_and_rounding_breaks_it(monkeypatch):
