@@ -5,7 +5,9 @@ first used.
 
 - ``extract_graph(net, sample_input)``: the graph IR (:mod:`amct_bridge.mindspore.graph`);
 - ``prune_discovery(net, sample_input)``, ``prune_record(net, sample_input, ...)``,
-  ``selective_masks``, ``apply_selective_masks`` (:mod:`amct_bridge.mindspore.prune`).
+  ``selective_masks``, ``apply_selective_masks`` (:mod:`amct_bridge.mindspore.prune`);
+- ``export_espdl(net, record, out_dir, sample_input=...)``: ESP-DL v1 export
+  (:mod:`amct_bridge.mindspore.espdl_weights`).
 
 Example:
     >>> import amct_bridge.mindspore as ams
@@ -24,6 +26,7 @@ _LAZY = {
     "prune_record": "amct_bridge.mindspore.prune",
     "selective_masks": "amct_bridge.mindspore.prune",
     "apply_selective_masks": "amct_bridge.mindspore.prune",
+    "export_espdl": "amct_bridge.mindspore.espdl_weights",
 }
 
 __all__ = sorted(_LAZY)

@@ -1,0 +1,444 @@
+"""MindSpore network -> the ESP-DL exporter's framework-free layer list (:class:`SourceLayer`),
+and :func:`export_espdl` (``amct_bridge.mindspore.export_espdl``), the MindSpore entry.
+
+Execution order, connectivity and names come from
+:func:`amct_bridge.mindspore.graph.extract_graph` (``cells_and_names()`` names; functional ops
+``layer1.0.add_op0``); this module says what each cell / op is for ESP-DL and copies the
+numbers, **turned into the chip's NHWC layouts** (the Keras adapter hands over the same arrays
+for a Keras twin):
+
+- ``nn.Conv2d`` weight OIHW -> HWIO (``(kH, kW, Cin, Cout)``); depthwise (``group ==
+  in_channels``) ``(C*m, 1, kH, kW)`` -> ``(kH, kW, C, m)`` (ESP-DL v1 takes m = 1 only);
+- ``nn.Dense`` weight ``(out, in)`` -> ``(in, out)``. After a ``Flatten`` of an NCHW map
+  (H*W > 1) its rows are reordered from MindSpore's channel-major ``c*HW + s`` to the chip's
+  NHWC order ``s*C + c``, so the chip computes the same outputs;
+- ``nn.BatchNorm2d`` gamma, beta, moving mean / variance and ``eps``; ``nn.ReLU``,
+  ``nn.LeakyReLU`` (``alpha``), ``nn.PReLU`` (``w``); pools with ``kernel_size`` / ``stride``
+  / ``pad_mode``; ``AdaptiveAvg/MaxPool2d(1)`` and ``ops.mean`` over H, W are global pools;
+  functional ``x + y`` and ``ops.concat`` (channel axis 1 -> the chip's last axis);
+- the model input's shape as the chip's ``(H, W, C)``.
+
+Anything else becomes an ``unsupported`` layer with the reason (the exporter refuses it, or
+leaves it out with ``skip_unsupported``). The network is not modified.
+
+Example:
+    >>> from mindspore import nn
+    >>> net = nn.SequentialCell([nn.Conv2d(3, 4, 3, has_bias=True), nn.ReLU()])
+    >>> [(s.name, s.op, s.weights["kernel"].shape if s.weights else None)
+    ...  for s in source_layers(net, (1, 3, 8, 8))]
+    [('input0', 'input', None), ('0', 'conv2d', (3, 3, 3, 4)), ('1', 'relu', None)]
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+from typing import Any
+
+import numpy as np
+from mindspore import nn
+
+from amct_bridge.errors import ExportError
+from amct_bridge.espdl import ExportResult, export
+from amct_bridge.espdl.source import SourceLayer
+from amct_bridge.graph.ir import Graph, Node
+from amct_bridge.mindspore.graph import extract_graph
+from amct_bridge.mindspore.weights import batch_norm_params, bias_of, kernel_of
+from amct_bridge.records.calibration import CalibrationStats, load_stats, sidecar_path
+from amct_bridge.records.model import Record
+
+#: Coefficient-free graph kinds the ESP-DL v1 runtime has -> whether the output exponent is
+#: the input's (as :data:`amct_bridge.keras.espdl_weights.RUNTIME_KINDS`).
+RUNTIME_KINDS: dict[str, bool] = {
+    "MaxPooling2D": True,
+    "GlobalMaxPooling2D": True,
+    "Flatten": True,
+    "Concatenate": True,
+    "Maximum": True,
+    "Minimum": True,
+    "Dropout": True,
+    "Identity": True,
+    "AveragePooling2D": False,
+    "GlobalAveragePooling2D": False,
+    "Add": False,
+    "Subtract": False,
+    "Multiply": False,
+}
+_ELEMENTWISE = ("Add", "Subtract", "Multiply", "Maximum", "Minimum")
+_PASS = ("Dropout", "Identity")
+#: What to do instead, for cells users often have.
+HINTS: dict[str, str] = {
+    "Softmax": "apply softmax on the host to the int outputs (it keeps the arg max)",
+    "Conv2DTranspose": "ESP-DL v1 has no transposed convolution",
+    "ReLU6": "retrain with nn.ReLU",
+}
+
+Translated = tuple[str, dict, dict]
+
+
+def _pair(value: Any) -> tuple[int, int]:
+    """MindSpore's int / (h, w) / (1, 1, h, w) sizes -> (h, w)."""
+    if isinstance(value, int):
+        return int(value), int(value)
+    vals = [int(v) for v in value]
+    return vals[-2], vals[-1]
+
+
+def _unsupported(reason: str) -> Translated:
+    return "unsupported", {}, {"reason": reason}
+
+
+def _same_pads(hw: tuple[int, int], kernel: tuple[int, int], strides: tuple[int, int]) -> list:
+    """[top, bottom, left, right] of TF/ESP-DL SAME padding (the extra row/column at the end)."""
+    pads = []
+    for size, k, s in zip(hw, kernel, strides, strict=True):
+        need = max((math.ceil(size / s) - 1) * s + k - size, 0)
+        pads += [need // 2, need - need // 2]
+    return pads
+
+
+def _padding(cell: Any, hw: tuple[int, int], kernel: tuple[int, int], strides: tuple) -> str:
+    """``"same"`` / ``"valid"``, or a reason (``pad_mode='pad'`` that is neither)."""
+    mode = str(cell.pad_mode).lower()
+    if mode in ("same", "valid"):
+        return mode
+    pad = getattr(cell, "padding", 0)
+    pads = [int(pad)] * 4 if isinstance(pad, int) else [int(p) for p in pad]
+    if not any(pads):
+        return "valid"
+    if pads == _same_pads(hw, kernel, strides):
+        return "same"  # e.g. padding=1 around a 3x3 stride-1 kernel
+    return (
+        f"pad_mode='pad' with padding {tuple(pads)} on a {hw[0]}x{hw[1]} input is neither SAME "
+        "nor VALID: ESP-DL v1 convolutions pad SAME (extra at the end) or not at all"
+    )
+
+
+def _conv(cell: Any, node: Node, graph: Graph) -> Translated:
+    if isinstance(cell, nn.Conv2dTranspose):
+        return _unsupported(f"nn.Conv2dTranspose: {HINTS['Conv2DTranspose']}")
+    in_shape = graph.tensors[node.inputs[0]].shape
+    problems = []
+    if cell.data_format != "NCHW":
+        problems.append(f"data_format {cell.data_format}")
+    if _pair(cell.dilation) != (1, 1):
+        problems.append(f"dilation {_pair(cell.dilation)}")
+    group, cin = int(cell.group), int(cell.in_channels)
+    if group not in (1, cin):
+        problems.append(f"group {group} (grouped convolution; only 1 and in_channels)")
+    if node.shared:
+        problems.append("cell called more than once")
+    kernel = kernel_of(cell, node.layer)
+    strides = _pair(cell.stride)
+    padding = _padding(cell, tuple(in_shape[-2:]), kernel.shape[-2:], strides)
+    if padding not in ("same", "valid"):
+        problems.append(padding)
+    if problems:
+        return _unsupported(f"{', '.join(problems)}: not supported by the ESP-DL v1 exporter")
+    attrs: dict = {"activation": None, "strides": strides, "padding": padding}
+    if group == 1:
+        op, hwio = "conv2d", kernel.transpose(2, 3, 1, 0)  # OIHW -> HWIO (HWCN)
+    else:  # (C*m, 1, kH, kW): output c*m + k reads input c -> (kH, kW, C, m), as Keras
+        op, m = "depthwise_conv2d", kernel.shape[0] // cin
+        hwio = kernel.reshape(cin, m, *kernel.shape[-2:]).transpose(2, 3, 0, 1)
+        attrs["depth_multiplier"] = m  # m > 1: the exporter refuses it with the reason
+    weights = {"kernel": np.ascontiguousarray(hwio)}
+    bias = bias_of(cell)
+    if bias is not None:
+        weights["bias"] = bias
+    return op, weights, attrs
+
+
+def _dense_activation(cell: Any) -> dict:
+    if not getattr(cell, "activation_flag", False):
+        return {"activation": None}
+    act = cell.activation
+    if isinstance(act, nn.ReLU6):
+        return {"activation": "relu6"}
+    if isinstance(act, nn.ReLU):
+        return {"activation": "relu"}
+    if isinstance(act, nn.LeakyReLU):
+        return {"activation": "leaky_relu", "alpha": float(act.alpha)}
+    return {"activation": type(act).__name__}  # the exporter refuses it with this name
+
+
+def _flatten_input(graph: Graph, tid: str) -> tuple[int, ...] | None:
+    """Shape of the NCHW map a Flatten turned into ``tid`` (through Dropout/Identity), or None."""
+    node = graph.producer_of(tid)
+    while node is not None and node.kind in _PASS:
+        node = graph.producer_of(node.inputs[0])
+    if node is None or not _is_flatten(graph, node):
+        return None
+    return graph.tensors[node.inputs[0]].shape
+
+
+def _dense(cell: Any, node: Node, graph: Graph) -> Translated:
+    rank = len(graph.tensors[node.inputs[0]].shape)
+    if rank != 2:
+        return _unsupported(
+            f"nn.Dense on a rank-{rank} tensor works on its last axis (W of an NCHW map), the "
+            "chip's FullyConnected on all of it: insert nn.Flatten before it"
+        )
+    if node.shared:
+        return _unsupported("cell called more than once: not supported by the ESP-DL v1 exporter")
+    kernel = kernel_of(cell, node.layer).T  # (out, in) -> (in, out)
+    shape = _flatten_input(graph, node.inputs[0])
+    if shape is not None and len(shape) == 4 and shape[2] * shape[3] > 1:
+        c, hw = shape[1], shape[2] * shape[3]  # rows c*HW + s (NCHW) -> s*C + c (NHWC)
+        kernel = kernel.reshape(c, hw, -1).transpose(1, 0, 2).reshape(c * hw, -1)
+    weights = {"kernel": np.ascontiguousarray(kernel)}
+    bias = bias_of(cell)
+    if bias is not None:
+        weights["bias"] = bias
+    return "dense", weights, {**_dense_activation(cell), "input_rank": rank}
+
+
+def _batch_norm(cell: Any, node: Node) -> Translated:
+    p = batch_norm_params(cell, node.layer)
+    weights = {"gamma": p.gamma, "beta": p.beta, "mean": p.mean, "variance": p.var}
+    return "batch_norm", weights, {"epsilon": float(p.eps)}
+
+
+def _pool(cell: Any, node: Node, graph: Graph) -> Translated:
+    kind = node.kind
+    if isinstance(cell, (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)):
+        out = getattr(cell, "output_size", None)
+        if out is None:
+            out = cell.adaptive_avgpool2d.output_size
+        if _pair(out) != (1, 1):
+            return _unsupported(f"{type(cell).__name__} output_size {out}: only 1 (global pool)")
+        kind = "GlobalMaxPooling2D" if kind == "MaxPooling2D" else "GlobalAveragePooling2D"
+        return "runtime", {}, {"keeps_exponent": RUNTIME_KINDS[kind], "kind": kind}
+    if cell is None:
+        return _unsupported(f"functional {node.params.get('primitive')}: use nn.{kind[:3]}Pool2d")
+    pool, strides = _pair(cell.kernel_size), _pair(cell.stride)
+    in_shape = graph.tensors[node.inputs[0]].shape
+    padding = _padding(cell, tuple(in_shape[-2:]), pool, strides)
+    if padding not in ("same", "valid"):
+        return _unsupported(padding)
+    attrs = {"keeps_exponent": RUNTIME_KINDS[kind], "pool_size": pool, "strides": strides}
+    return "runtime", {}, {**attrs, "padding": padding}
+
+
+def _is_flatten(graph: Graph, node: Node) -> bool:
+    """``nn.Flatten`` / ``ops.flatten``, or a Reshape to ``(N, everything else)``."""
+    if node.kind == "Flatten":
+        return True
+    if node.kind != "Reshape":
+        return False
+    src, out = graph.tensors[node.inputs[0]].shape, graph.tensors[node.outputs[0]].shape
+    return len(out) == 2 and bool(src) and out == (src[0], int(np.prod(src[1:])))
+
+
+def _flatten(node: Node, graph: Graph) -> Translated:
+    shape = graph.tensors[node.inputs[0]].shape
+    if len(shape) == 4 and shape[2] * shape[3] > 1:
+        readers = _readers(graph, node)
+        if not readers or any(r.kind != "Dense" for r in readers):
+            return _unsupported(
+                "Flatten of an NCHW map with H*W > 1 read by something other than nn.Dense: "
+                "the chip flattens NHWC (s*C + c), MindSpore channel-major (c*HW + s); only a "
+                "following Dense's rows can be reordered"
+            )
+    elif len(shape) not in (2, 4):
+        return _unsupported(f"Flatten of a rank-{len(shape)} tensor")
+    return "runtime", {}, {"keeps_exponent": True, "kind": "Flatten"}
+
+
+def _readers(graph: Graph, node: Node) -> list[Node]:
+    """Nodes reading ``node``'s output through Dropout/Identity; [] if it is a model output."""
+    out, todo = [], list(node.outputs)
+    while todo:
+        tid = todo.pop()
+        if graph.is_output(tid):
+            return []
+        for user in graph.consumers_of(tid):
+            if user.kind in _PASS:
+                todo += user.outputs
+            else:
+                out.append(user)
+    return out
+
+
+def _functional(node: Node, graph: Graph) -> Translated:
+    kind, prim = node.kind, node.params.get("primitive", node.kind)
+    shapes = [graph.tensors[t].shape for t in node.inputs]
+    if kind == "Relu":
+        return "relu", {}, {}
+    if kind in _ELEMENTWISE:
+        if len(shapes) != 2 or node.params.get("const_operands", 0):
+            return _unsupported(f"{prim} with a constant operand: ESP-DL v1 has no such layer")
+        if shapes[0] != shapes[1]:
+            return _unsupported(f"{prim} of shapes {shapes[0]} and {shapes[1]} (broadcast)")
+        return "runtime", {}, {"keeps_exponent": RUNTIME_KINDS[kind]}
+    if kind == "Concatenate":
+        rank, axis = len(shapes[0]), int(node.params.get("axis", -1))
+        nhwc = {4: {-3: -1, -2: -3, -1: -2}, 2: {-1: -1}}.get(rank, {}).get(axis)
+        if nhwc is None:
+            return _unsupported(f"concat on axis {axis} of a rank-{rank} tensor (batch axis)")
+        return "runtime", {}, {"keeps_exponent": True, "axis": nhwc}
+    if kind == "GlobalAveragePooling2D" or kind == "GlobalMaxPooling2D":
+        return "runtime", {}, {"keeps_exponent": RUNTIME_KINDS[kind]}
+    if _is_flatten(graph, node):
+        return _flatten(node, graph)
+    return _unsupported(
+        f"functional {prim} has no ESP-DL v1 equivalent here (tensors are NCHW in MindSpore, "
+        "NHWC on the chip)"
+    )
+
+
+def _translate(cell: Any, node: Node, graph: Graph) -> Translated:
+    """(op, weights, attrs) of one graph node (``attrs["kind"]`` overrides the node's kind)."""
+    if cell is None:
+        if node.kind in ("MaxPooling2D", "AveragePooling2D"):
+            return _pool(None, node, graph)
+        return _functional(node, graph)
+    kind = node.kind
+    if isinstance(cell, nn.PReLU):  # not in the graph's cell table: an opaque leaf call
+        return "prelu", {"alpha": np.asarray(cell.w.asnumpy(), np.float32)}, {}
+    if kind in ("Conv2D", "Conv2DTranspose"):
+        return _conv(cell, node, graph)
+    if kind == "Dense":
+        return _dense(cell, node, graph)
+    if kind == "BatchNormalization":
+        return _batch_norm(cell, node)
+    if kind == "ReLU":
+        if node.params.get("max_value") is not None:
+            return "relu6", {}, {}
+        return "relu", {}, {}
+    if kind == "LeakyReLU":
+        return "leaky_relu", {}, {"alpha": float(cell.alpha)}
+    if kind in ("MaxPooling2D", "AveragePooling2D"):
+        return _pool(cell, node, graph)
+    if kind == "Flatten":
+        return _flatten(node, graph)
+    if kind in _PASS:
+        return "runtime", {}, {"keeps_exponent": True}
+    name = type(cell).__name__
+    reason = f"MindSpore nn.{name} has no ESP-DL v1 equivalent"
+    hint = HINTS.get(kind if kind in HINTS else name)
+    return _unsupported(f"{reason} ({hint})" if hint else reason)
+
+
+def _input_name(graph: Graph, tid: str) -> str:
+    producer = graph.producer_of(tid)
+    return producer.name if producer is not None else tid
+
+
+def _chip_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """An NCHW input's shape without the batch axis, as the chip's HWC."""
+    if len(shape) == 4:
+        return (shape[2], shape[3], shape[1])
+    return tuple(shape[1:])
+
+
+def source_layers(net: nn.Cell, sample_input: Any) -> list[SourceLayer]:
+    """Translate ``net`` into :class:`SourceLayer` objects in execution order (NHWC layouts).
+
+    Args:
+        net: the network (it must compile in GRAPH_MODE with ``sample_input``; not run).
+        sample_input: input shape such as ``(1, 3, 16, 16)``, an array or a Tensor.
+
+    Example:
+        >>> from mindspore import nn
+        >>> layers = source_layers(nn.Dense(4, 2), (1, 4))
+        >>> layers[0].attrs["shape"], layers[1].weights["kernel"].shape
+        ((4,), (4, 2))
+    """
+    graph = extract_graph(net, sample_input)
+    cells = dict(net.cells_and_names())
+    result = [
+        SourceLayer(tid, "input", kind="Input", attrs={"shape": _chip_shape(info.shape)})
+        for tid, info in ((t, graph.tensors[t]) for t in graph.inputs)
+    ]
+    for node in graph:
+        cell = cells.get(node.layer) if node.is_layer else None
+        op, weights, attrs = _translate(cell, node, graph)
+        kind = attrs.pop("kind", node.kind)
+        if op != "runtime":  # messages name the MindSpore class; runtime kinds are the core's
+            kind = type(cell).__name__ if cell is not None else str(node.params.get("primitive"))
+        if any(graph.is_output(t) for t in node.outputs):
+            attrs["model_output"] = True
+        inputs = list(dict.fromkeys(_input_name(graph, t) for t in node.inputs))
+        result.append(SourceLayer(node.name, op, inputs, kind, weights, attrs))
+    return result
+
+
+def _did_you_mean(key: str, names: list[str]) -> str:
+    close = difflib.get_close_matches(key, names, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _resolve(record: Any, stats: Any) -> tuple[Record | None, CalibrationStats | None]:
+    if isinstance(record, (str, os.PathLike)):
+        from amct_bridge.records import load
+
+        path, record = record, load(record)
+        if stats is None and sidecar_path(path).is_file():
+            stats = sidecar_path(path)
+    if isinstance(stats, (str, os.PathLike)):
+        stats = load_stats(stats)
+    return record, stats
+
+
+def _call_sites(stats: CalibrationStats | None, layers: list[SourceLayer]) -> Any:
+    """A cell called at several sites has one probe (merged ranges): every call site
+    (``relu@1``) gets the cell's ranges unless the sidecar has its own."""
+    if stats is None:
+        return None
+    extra = {
+        x.name: stats.layers[x.name.split("@")[0]]
+        for x in layers
+        if "@" in x.name and x.name not in stats.layers and x.name.split("@")[0] in stats.layers
+    }
+    if not extra:
+        return stats
+    return CalibrationStats(stats.algorithm, stats.batches, {**stats.layers, **extra})
+
+
+def export_espdl(
+    net: nn.Cell,
+    record: Record | str | os.PathLike | None,
+    out_dir: str | os.PathLike | None,
+    *,
+    sample_input: Any,
+    stats: CalibrationStats | str | os.PathLike | None = None,
+    **options: Any,
+) -> ExportResult:
+    """Export a calibrated MindSpore network for ESP-DL v1: :func:`source_layers`, then the
+    core's :func:`amct_bridge.espdl.export`. Coefficients are NHWC (the chip's layout) also for
+    NCHW networks; the chip takes its input as ``(H, W, C)``.
+
+    Args:
+        net: the network (record keys and sidecar keys are its ``cells_and_names()`` names).
+        record: AMCT record (MindSpore or inner flavor; object or path); None: sidecar only.
+        out_dir: directory to create (None: compute only, write nothing).
+        sample_input: input shape (``(1, 3, 16, 16)``), array or Tensor, for the graph.
+        stats: calibration sidecar (object or path); default ``<record>.calib.json``.
+        **options: :func:`amct_bridge.espdl.export`'s options (feature_type, granularity,
+            target, skip_unsupported, overwrite, cpp).
+
+    Example:
+        >>> from mindspore import nn
+        >>> from collections import OrderedDict
+        >>> from amct_bridge.records.calibration import LayerStats, TensorRange
+        >>> r = TensorRange(-1.0, 1.0)
+        >>> st = CalibrationStats(layers={"fc": LayerStats("Dense", input=r, output=r)})
+        >>> net = nn.SequentialCell(OrderedDict(fc=nn.Dense(4, 2)))
+        >>> entry = export_espdl(net, None, None, sample_input=(1, 4), stats=st).config["fc"]
+        >>> entry["operation"], entry["input_exponent"], entry["output_exponent"]
+        ('fully_connected', -6, -6)
+    """
+    layers = source_layers(net, sample_input)
+    record, stats = _resolve(record, stats)
+    if record is not None:
+        names = [x.name for x in layers]
+        unknown = [k for k in record.layers if k not in names]
+        if unknown:
+            listing = ", ".join(f"{k!r}{_did_you_mean(k, names)}" for k in unknown)
+            raise ExportError(
+                f"record keys that are no cell of {type(net).__name__} (is this the network the "
+                f"record was made for?): {listing}"
+            )
+    return export(record, layers, out_dir, stats=_call_sites(stats, layers), **options)
