@@ -18,6 +18,7 @@ CORE = (
     "amct_bridge.calibration",
     "amct_bridge.graph",
     "amct_bridge.espdl",
+    "amct_bridge.report",
 )
 ADAPTERS = ("amct_bridge.keras", "amct_bridge.mindspore")
 

@@ -16,4 +16,5 @@ COMMAND_MODULES = (
     "amct_bridge.commands.export_espdl",
     "amct_bridge.commands.espdl_convert",
     "amct_bridge.commands.espdl_eval",
+    "amct_bridge.commands.report",
 )

@@ -1,0 +1,92 @@
+"""``amct-bridge report --record r.txt --model m.keras --data x.npy [--labels y.npy]
+[--html out.html]``: per-layer quantization report of a record (docs/report.md).
+
+Prints the table (input and clip ranges, saturated share, scale/offset, weight scale spread,
+SNR of each layer alone and cumulative, model SNR, accuracy drop with labels), the most
+sensitive layers and an AMCT simple-config fragment keeping them in float. ``--html`` writes
+one self-contained page with the plots (matplotlib: ``pip install 'amct-bridge[report]'``).
+
+Example:
+    >>> import argparse
+    >>> sub = argparse.ArgumentParser().add_subparsers()
+    >>> register(sub)
+    >>> "report" in sub.choices
+    True
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from amct_bridge.commands.calibrate import _load_data, positive_int
+from amct_bridge.commands.common import load_keras_model
+from amct_bridge.errors import CalibrationError
+from amct_bridge.records.atomic import atomic_write_bytes
+
+
+def register(subparsers) -> None:
+    """Add the ``report`` subcommand."""
+    p = subparsers.add_parser(
+        "report",
+        help="per-layer quantization report of a record (SNR, ranges, sensitive layers)",
+        description="Run the Keras model float and simulated with the record (each layer "
+        "alone, and all layers) on the data; print per layer the input and clip ranges, the "
+        "saturated share, scale/offset, weight scale spread, SNR (dB) and, with --labels, the "
+        "accuracy drop; then the top-K sensitive layers and an AMCT config fragment "
+        "(skip_layers) with the accuracy when they are kept in float.",
+    )
+    p.add_argument("--record", required=True, help="AMCT record (its .calib.json is read too)")
+    p.add_argument("--model", required=True, help="float Keras model (.keras or .h5)")
+    p.add_argument("--data", required=True, help="inputs: .npy array or .npz (one per input)")
+    p.add_argument("--labels", help=".npy class labels (index or one-hot): accuracy columns")
+    p.add_argument("--html", help="write a self-contained HTML report with plots here")
+    p.add_argument("--json", help="write the table as JSON here")
+    p.add_argument("--top-k", type=int, default=3, help="sensitive layers to list (default 3)")
+    p.add_argument("--batch-size", type=positive_int, default=32, help="samples per batch")
+    p.add_argument("--max-samples", type=positive_int, help="use the first N samples only")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build the report, print it, write the files asked for."""
+    import numpy as np
+
+    from amct_bridge.keras.report import quant_report
+    from amct_bridge.report import plots, text_table, write_html
+
+    if args.top_k < 0:
+        raise CalibrationError(f"--top-k must be >= 0, got {args.top_k}")
+    model = load_keras_model(args.model)
+    data = _load_data(args.data, model)
+    labels = None
+    if args.labels:
+        try:
+            labels = np.load(args.labels, allow_pickle=False)
+        except (OSError, ValueError) as err:
+            raise CalibrationError(f"{args.labels}: cannot read labels (.npy): {err}") from None
+        n = len(data[0] if isinstance(data, list) else data)
+        if not isinstance(labels, np.ndarray) or labels.ndim == 0 or len(labels) != n:
+            got = labels.shape if isinstance(labels, np.ndarray) else "an .npz archive"
+            raise CalibrationError(
+                f"{args.labels}: expected one label per sample of {args.data} ({n}), got {got}"
+            )
+    if args.max_samples:
+        cut = slice(0, args.max_samples)
+        data = [a[cut] for a in data] if isinstance(data, list) else data[cut]
+        labels = None if labels is None else labels[cut]
+    report = quant_report(
+        model, args.record, data, labels, top_k=args.top_k, batch_size=args.batch_size
+    )
+    print(text_table(report), end="")
+    if args.json:
+        atomic_write_bytes(args.json, (json.dumps(report.to_dict(), indent=1) + "\n").encode())
+        print(f"wrote {args.json}")
+    if args.html:
+        write_html(report, args.html)
+        reason = plots.missing_reason()
+        print(f"wrote {args.html}" + (f" (tables only: {reason})" if reason else ""))
+        if reason:
+            print(f"amct-bridge report: note: no plots: {reason}", file=sys.stderr)
+    return 0
