@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 
+import keras
 import numpy as np
 import pytest
 from report_models import conv_valid, fq_act, fq_kernel, images, outlier_cnn, snr
@@ -178,3 +179,45 @@ def test_html_without_matplotlib(case, tmp_path):
     page = html.read_text()
     assert "No plots:</b> matplotlib is not installed" in page and "<img" not in page
     assert "<table" in page and "conv2" in page
+
+
+def test_separable_and_nested_layers(tmp_path):
+    """A SeparableConv2D has two rows (the pointwise input is inside the layer: no input
+    columns); a layer inside a nested model gets the model-level columns only."""
+    inner = keras.Sequential(
+        [keras.Input((6, 6, 4)), keras.layers.Conv2D(4, 1, name="inner_conv")], name="block"
+    )
+    inputs = keras.Input((8, 8, 3))
+    x = keras.layers.SeparableConv2D(4, 3, activation="relu", name="sep")(inputs)
+    x = inner(x)
+    x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
+    model = keras.Model(inputs, keras.layers.Dense(3, name="fc")(x))
+    x = images(16)
+    calibrate(model, x, tmp_path / "r.txt", algorithm="minmax")
+    rep = quant_report(model, tmp_path / "r.txt", x, top_k=1)
+    rows = {r.key: r for r in rep.rows}
+    assert list(rows) == ["sep/depthwise", "sep/pointwise", "block/inner_conv", "fc"]
+    assert rows["sep/depthwise"].input_max == pytest.approx(float(x.max()))
+    assert rows["sep/pointwise"].input_max is None and rows["sep/pointwise"].clip_max > 0
+    assert rows["sep/pointwise"].snr_alone is not None  # the layer's output is observable
+    nested = rows["block/inner_conv"]
+    assert nested.snr_alone is None and nested.input_max is None
+    assert nested.snr_model is not None and nested.clip_max > 0
+    assert all(r.rank for r in rep.rows) and len(rep.skip_layers) == 1
+    if rep.skip_layers == ["sep"]:  # both parts are kept in float together
+        assert sorted(rep.top) == ["sep/depthwise", "sep/pointwise"]
+
+
+def test_fragment_pasted_into_a_config_gives_the_kept_float_accuracy(case, tmp_path):
+    """The printed fragment, used as the callback's config, leaves conv2 out of the record;
+    that record simulates to the accuracy the report announced."""
+    from amct_bridge.keras import simulate
+
+    model, x, y, out = case
+    rep = quant_report(model, out / "record.txt", x, y, top_k=1)
+    config = tmp_path / "quant.cfg"
+    config.write_text("batch_num: 1\n" + rep.fragment)
+    record = calibrate(model, x[:32], tmp_path / "r.txt", algorithm="minmax", config=config)
+    assert list(record.layers) == ["conv1", "fc"]
+    predicted = np.argmax(simulate(model, record).predict(x, verbose=0), axis=1)
+    assert float(np.mean(predicted == y)) == rep.kept_float_accuracy
