@@ -1,13 +1,17 @@
-"""``amct-bridge export-espdl``: record + Keras model -> ESP-DL v1 config.json + npy set.
+"""``amct-bridge export-espdl``: record + Keras model or MindSpore network -> ESP-DL v1
+config.json + npy set.
 
 Example:
     amct-bridge export-espdl --record record.txt --model model.keras --out model_espdl \\
         --feature-type s8 --granularity per-channel --target esp32s3 --preview
+    amct-bridge export-espdl --mindspore my_nets:resnet --ckpt resnet.ckpt \\
+        --input-shape 1,3,32,32 --record record.txt --out resnet_espdl
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -33,6 +37,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--record", help="AMCT record file (its sidecar is read if present)")
     parser.add_argument("--model", help="Keras model file (.keras / .h5)")
+    parser.add_argument(
+        "--mindspore",
+        metavar="MODULE:FACTORY",
+        help="a MindSpore network instead: a callable returning the nn.Cell (NCHW; the "
+        "coefficients are written NHWC, the chip's layout)",
+    )
+    parser.add_argument("--ckpt", help="with --mindspore: checkpoint to load into the network")
+    parser.add_argument(
+        "--input-shape", help="with --mindspore: the network's input shape, e.g. 1,3,32,32"
+    )
     parser.add_argument(
         "--set",
         dest="input_set",
@@ -110,9 +124,22 @@ def _exporter(args: argparse.Namespace):
     """``(export entry, model)`` of the framework adapter ``args`` name.
 
     The core exporter takes framework-free layers only; each adapter has its own entry
-    ``export_espdl(model, record, out_dir, **options)``. Keras: ``--model``. (A MindSpore
-    branch, e.g. ``--mindspore module:factory``, dispatches here too.)
+    ``export_espdl(model, record, out_dir, **options)``. Keras: ``--model``; MindSpore:
+    ``--mindspore module:factory [--ckpt F] --input-shape 1,3,H,W``.
     """
+    if args.mindspore:
+        if args.model:
+            raise ExportError("give either --model (Keras) or --mindspore, not both")
+        if not args.input_shape:
+            raise ExportError("--mindspore needs --input-shape (e.g. 1,3,32,32) for its graph")
+        from amct_bridge.commands.mindspore_net import load_mindspore_net, parse_input_shape
+        from amct_bridge.mindspore import export_espdl as ms_export
+
+        shape = parse_input_shape(args.input_shape)
+        net = load_mindspore_net(args.mindspore, args.ckpt)
+        return functools.partial(ms_export, sample_input=shape), net
+    if args.ckpt or args.input_shape:
+        raise ExportError("--ckpt and --input-shape go with --mindspore")
     from amct_bridge.keras import export_espdl
 
     return export_espdl, load_keras_model(args.model)
@@ -124,8 +151,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.input_set is not None:
         return _preview_set(args)
-    if args.model is None:
-        raise ExportError("--model is required (or --preview --set DIR for an existing set)")
+    if args.model is None and args.mindspore is None:
+        raise ExportError(
+            "--model (Keras) or --mindspore MODULE:FACTORY is required (or --preview --set DIR "
+            "for an existing set)"
+        )
     if not args.preview and not args.out:
         raise ExportError("--out is required (or use --preview to only print the exponents)")
     if args.stats is None and args.record is None:

@@ -438,7 +438,7 @@ def export_espdl(
         if unknown:
             listing = ", ".join(f"{k!r}{_did_you_mean(k, names)}" for k in unknown)
             raise ExportError(
-                f"record keys that are no cell of {type(net).__name__} (is this the network the "
+                f"record keys that are not cells of {type(net).__name__} (is this the network the "
                 f"record was made for?): {listing}"
             )
     return export(record, layers, out_dir, stats=_call_sites(stats, layers), **options)
