@@ -1,6 +1,7 @@
 """End-to-end demo (run by `make demo`): train a small Keras CNN on scikit-learn's digits,
 calibrate it with the QuantCalibration callback, check and convert the AMCT record, measure the
-INT8 accuracy it gives, find pruning groups, and export ESP-DL v1 coefficients with a preview.
+INT8 accuracy it gives with a per-layer report (HTML with plots), find pruning groups, and
+export ESP-DL v1 coefficients with a preview.
 
 Everything runs on the CPU in about a minute; outputs go to ``out/demo/`` (or argv[1]).
 """
@@ -89,6 +90,25 @@ def demo(out: Path) -> None:
     float_acc = accuracy(model, x_test, y_test)
     int8_acc = accuracy(simulate(model, load(record_path)), x_test, y_test)
     print(f"float: {float_acc:.4f}   INT8 simulated: {int8_acc:.4f}")
+
+    print("\n== 4b. per-layer report: SNR, ranges, sensitive layers (plots in report.html)")
+    np.save(out / "x_test.npy", x_test)
+    np.save(out / "y_test.npy", y_test)
+    data = ["--data", str(out / "x_test.npy"), "--labels", str(out / "y_test.npy")]
+    cli(
+        [
+            "report",
+            "--record",
+            str(record_path),
+            "--model",
+            str(model_path),
+            *data,
+            "--top-k",
+            "1",
+            "--html",
+            str(out / "report.html"),
+        ]
+    )
 
     print("\n== 5. channel-pruning groups and 2:4 selective layers")
     cli(["prune-groups", str(model_path), "--selective", "--record", str(out / "prune.txt")])

@@ -6,8 +6,8 @@ network); without matplotlib it has the tables only and says why.
 Example:
     >>> from amct_bridge.report.table import LayerRow, Report
     >>> rep = Report(rows=[LayerRow("fc", "fc", "Dense", snr_alone=math.inf, rank=1)], samples=2)
-    >>> print(text_table(rep).splitlines()[2][:56])
-       1 fc               Dense                           -
+    >>> print(text_table(rep).splitlines()[2][:58])
+       1 fc               Dense                             -
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from amct_bridge.report import plots
 _COLUMNS = (
     ("rank", 4, lambda r: str(r.rank)),
     ("layer", 16, lambda r: r.key),
-    ("kind", 13, lambda r: r.kind),
+    ("kind", 15, lambda r: r.kind),
     ("input min..max", 19, lambda r: _span(r.input_min, r.input_max)),
     ("clip min..max", 19, lambda r: _span(r.clip_min, r.clip_max)),
-    ("sat%", 6, lambda r: _num(None if r.saturated is None else 100 * r.saturated, ".2f")),
+    ("sat%", 6, lambda r: _num(None if r.saturated is None else 100 * r.saturated, ".2g")),
     ("scale_d", 9, lambda r: _num(r.scale_d, ".3g")),
     ("off", 4, lambda r: _num(r.offset_d, "d")),
     ("w spread", 8, lambda r: _num(r.scale_spread, ".3g")),
