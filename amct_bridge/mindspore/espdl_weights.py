@@ -45,24 +45,16 @@ from amct_bridge.espdl.source import SourceLayer
 from amct_bridge.graph.ir import Graph, Node
 from amct_bridge.mindspore.graph import extract_graph
 from amct_bridge.mindspore.weights import batch_norm_params, bias_of, kernel_of
+from amct_bridge.records import load
 from amct_bridge.records.calibration import CalibrationStats, load_stats, sidecar_path
 from amct_bridge.records.model import Record
 
 #: Coefficient-free graph kinds the ESP-DL v1 runtime has -> whether the output exponent is
 #: the input's (as :data:`amct_bridge.keras.espdl_weights.RUNTIME_KINDS`).
+_KEEPING = ("MaxPooling2D", "GlobalMaxPooling2D", "Flatten", "Concatenate", "Maximum", "Minimum")
 RUNTIME_KINDS: dict[str, bool] = {
-    "MaxPooling2D": True,
-    "GlobalMaxPooling2D": True,
-    "Flatten": True,
-    "Concatenate": True,
-    "Maximum": True,
-    "Minimum": True,
-    "Dropout": True,
-    "Identity": True,
-    "AveragePooling2D": False,
-    "GlobalAveragePooling2D": False,
-    "Add": False,
-    "Subtract": False,
+    **dict.fromkeys((*_KEEPING, "Dropout", "Identity"), True),
+    **dict.fromkeys(("AveragePooling2D", "GlobalAveragePooling2D", "Add", "Subtract"), False),
     "Multiply": False,
 }
 _ELEMENTWISE = ("Add", "Subtract", "Multiply", "Maximum", "Minimum")
@@ -304,9 +296,7 @@ def _translate(cell: Any, node: Node, graph: Graph) -> Translated:
     if kind == "BatchNormalization":
         return _batch_norm(cell, node)
     if kind == "ReLU":
-        if node.params.get("max_value") is not None:
-            return "relu6", {}, {}
-        return "relu", {}, {}
+        return ("relu6" if node.params.get("max_value") is not None else "relu"), {}, {}
     if kind == "LeakyReLU":
         return "leaky_relu", {}, {"alpha": float(cell.alpha)}
     if kind in ("MaxPooling2D", "AveragePooling2D"):
@@ -316,7 +306,8 @@ def _translate(cell: Any, node: Node, graph: Graph) -> Translated:
     if kind in _PASS:
         return "runtime", {}, {"keeps_exponent": True}
     name = type(cell).__name__
-    reason = f"MindSpore nn.{name} has no ESP-DL v1 equivalent"
+    own = type(cell).__module__.startswith("mindspore.")
+    reason = f"{'MindSpore nn.' if own else 'cell class '}{name} has no ESP-DL v1 equivalent"
     hint = HINTS.get(kind if kind in HINTS else name)
     return _unsupported(f"{reason} ({hint})" if hint else reason)
 
@@ -328,9 +319,7 @@ def _input_name(graph: Graph, tid: str) -> str:
 
 def _chip_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
     """An NCHW input's shape without the batch axis, as the chip's HWC."""
-    if len(shape) == 4:
-        return (shape[2], shape[3], shape[1])
-    return tuple(shape[1:])
+    return (shape[2], shape[3], shape[1]) if len(shape) == 4 else tuple(shape[1:])
 
 
 def source_layers(net: nn.Cell, sample_input: Any) -> list[SourceLayer]:
@@ -365,15 +354,8 @@ def source_layers(net: nn.Cell, sample_input: Any) -> list[SourceLayer]:
     return result
 
 
-def _did_you_mean(key: str, names: list[str]) -> str:
-    close = difflib.get_close_matches(key, names, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 def _resolve(record: Any, stats: Any) -> tuple[Record | None, CalibrationStats | None]:
     if isinstance(record, (str, os.PathLike)):
-        from amct_bridge.records import load
-
         path, record = record, load(record)
         if stats is None and sidecar_path(path).is_file():
             stats = sidecar_path(path)
@@ -436,7 +418,10 @@ def export_espdl(
         names = [x.name for x in layers]
         unknown = [k for k in record.layers if k not in names]
         if unknown:
-            listing = ", ".join(f"{k!r}{_did_you_mean(k, names)}" for k in unknown)
+            close = {k: difflib.get_close_matches(k, names, n=1) for k in unknown}
+            listing = ", ".join(
+                f"{k!r}" + (f" (did you mean {c[0]!r}?)" if c else "") for k, c in close.items()
+            )
             raise ExportError(
                 f"record keys that are not cells of {type(net).__name__} (is this the network the "
                 f"record was made for?): {listing}"
