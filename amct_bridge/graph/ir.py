@@ -7,8 +7,18 @@ Node fields (what other modules may rely on):
 
 - ``name``: unique node name in record-key style. A Keras layer's name; layers inside nested
   models are ``"outer/inner"``. The 2nd, 3rd... call of a shared layer is ``"<layer>@1"``,
-  ``"<layer>@2"``. Raw ops that are not layers (``x + y``, ``ops.concatenate``) get a
-  deterministic name ``"<snake_kind>_op<k>"`` (k counts that kind in topological order, per model).
+  ``"<layer>@2"``. Raw ops that are not layers (``x + y``, ``ops.concatenate``) are named by the
+  framework's own name where it has one, and by an invented one only where it has none:
+
+  - Keras names every op (``model.operations`` / ``model.summary()`` list ``x + y`` as ``add``,
+    ``ops.multiply`` as ``multiply_1``...; unique in a model, kept by save/load, counted per
+    process, so the same code run twice may give ``add``, then ``add_1``). That name is used;
+    nested: ``"outer/add_3"``. Only an op Keras left without a name (an empty name) gets
+    ``"<snake_kind>_op<k>"`` (k counts that kind in topological order, per model level).
+  - MindSpore has no names for functional ops (``x + y``, ``ops.concat`` in ``construct``), so
+    they are ``"<owner cell>.<prim>_op<k>"`` (``<prim>`` the primitive in lower case:
+    ``layer1.0.add_op0``; ``add_op0`` in the top cell), k counting that primitive per owning cell
+    in topological order (owner rule: docs/mindspore.md).
 - ``layer``: the record key of the layer (or raw op) this node calls: equal to ``name`` except for
   repeated calls of a shared layer, where every call has the same ``layer``. Use it as record key.
 - ``kind``: the layer kind in the core's vocabulary, which is Keras' class names

@@ -3,8 +3,10 @@
 Reads the model's own call graph (``_nodes_by_depth``), so raw ops that are not layers
 (``x + y``, ``ops.concatenate``, ``ops.split``, ``ops.transpose``) are nodes too, only this model's
 calls of a shared layer are counted, and nested Functional / Sequential models are recursed
-(their layers are named ``"outer/inner"``). Node fields are documented in
-:mod:`amct_bridge.graph.ir`.
+(their layers are named ``"outer/inner"``). A raw op keeps the name Keras gave it (``add``,
+``multiply_1``: the names of ``model.operations`` and ``model.summary()``, unique per model and
+kept by save/load; nested: ``"outer/add_3"``); only an op Keras left without a name gets an
+invented ``"<snake_kind>_op<k>"``. Node fields are documented in :mod:`amct_bridge.graph.ir`.
 
 Example:
     >>> import keras
@@ -100,6 +102,8 @@ class _Builder:
         self.layer_keys: dict[int, str] = {}
         self.calls: dict[int, int] = {}
         self.raw_counts: dict[tuple[str, str], int] = {}
+        self.taken: set[str] = set()  # layer keys given so far
+        self.reserved: set[str] = set()  # Keras names of the operations walked into
         self.operations: dict[str, Any] = {}  # layer key -> Keras operation
 
     def new_tensor(self, tid: str, kt: Any) -> str:
@@ -110,6 +114,8 @@ class _Builder:
     def walk(self, functional: Any, prefix: str, tensor_ids: dict[int, str]) -> None:
         """Add the nodes of ``functional``; ``tensor_ids`` maps id(KerasTensor) -> tensor id."""
         by_depth = functional._nodes_by_depth
+        # An invented name must not take a name some later operation of this level carries.
+        self.reserved.update(prefix + op.name for op in functional.operations if op.name)
         for depth in sorted(by_depth, reverse=True):
             for knode in by_depth[depth]:
                 if knode.is_input or knode.operation is None:
@@ -162,15 +168,28 @@ class _Builder:
             if isinstance(op, keras.layers.Layer):
                 self.layer_keys[key] = prefix + op.name
             else:
-                snake = _snake(type(op).__name__)
-                count = self.raw_counts.get((prefix, snake), 0)
-                self.raw_counts[(prefix, snake)] = count + 1
-                self.layer_keys[key] = f"{prefix}{snake}_op{count}"
+                self.layer_keys[key] = self.raw_op_key(op, prefix)
+            self.taken.add(self.layer_keys[key])
         layer = self.layer_keys[key]
         self.operations.setdefault(layer, op)
         call = self.calls.get(key, 0)
         self.calls[key] = call + 1
         return (layer if call == 0 else f"{layer}@{call}"), layer, call
+
+    def raw_op_key(self, op: Any, prefix: str) -> str:
+        """Keras' own name of a raw op (``add``, ``multiply_1``: what ``model.operations`` and
+        ``model.summary()`` show, kept by save/load); ``<snake_kind>_op<k>`` only when Keras
+        gives none (an empty name, or one already taken in this model)."""
+        name = getattr(op, "name", None)
+        if isinstance(name, str) and name and prefix + name not in self.taken:
+            return prefix + name
+        snake = _snake(type(op).__name__)
+        while True:
+            count = self.raw_counts.get((prefix, snake), 0)
+            self.raw_counts[(prefix, snake)] = count + 1
+            invented = f"{prefix}{snake}_op{count}"
+            if invented not in self.taken and invented not in self.reserved:
+                return invented
 
     def mark_shared(self) -> None:
         by_layer: dict[str, int] = {}

@@ -21,7 +21,14 @@ from amct_bridge.keras.calibrate import calibrate
 from amct_bridge.keras.session import Session
 from amct_bridge.records.calibration import load_stats, sidecar_path
 
-RUNTIME = ["res", "add_op0", "mp", "ap", "cat", "gap"]
+
+def raw(model: keras.Model) -> str:
+    """Keras' own name of the model's one raw op (``add``, ``add_3``...: counted per process)."""
+    return next(op.name for op in model.operations if not isinstance(op, keras.layers.Layer))
+
+
+def runtime(model: keras.Model) -> list[str]:
+    return ["res", raw(model), "mp", "ap", "cat", "gap"]
 
 
 def ref_exponent(absmax: float, bits: int = 8) -> int:
@@ -37,7 +44,7 @@ def _model() -> keras.Model:
     a = keras.layers.Conv2D(4, 3, padding="same", activation="relu", name="c1")(x)
     b = keras.layers.Conv2D(4, 1, name="c2")(a)
     s = keras.layers.Add(name="res")([a, b])
-    r = s + b  # a raw op: graph node "add_op0"
+    r = s + b  # a raw op: graph node and keys named as Keras names it ("add", "add_1"...)
     m = keras.layers.MaxPooling2D(2, name="mp")(r)
     p = keras.layers.AveragePooling2D(2, name="ap")(r)
     cat = keras.layers.Concatenate(name="cat")([m, p])
@@ -53,11 +60,10 @@ def calibrated(tmp_path_factory):
     record = tmp_path_factory.mktemp("sidecar") / "record.txt"
     calibrate(model, data, record, algorithm="minmax", batch_size=4)
     # independent activations: one probe model over the intermediate outputs
-    names = ["c1", "c2", "res", "add", "mp", "ap", "cat", "c3", "gap"]
+    names = ["c1", "c2", "res", raw(model), "mp", "ap", "cat", "c3", "gap"]
     ops = {op.name: op for op in model.operations}
     probe = keras.Model(model.inputs, [ops[n].output for n in names])
     acts = dict(zip(names, probe.predict(data, verbose=0), strict=True))
-    acts["add_op0"] = acts.pop("add")
     return model, data, record, acts
 
 
@@ -69,18 +75,19 @@ def test_sidecar_has_runtime_ranges_equal_to_numpy(calibrated):
     model, data, record, acts = calibrated
     stats = load_stats(sidecar_path(record))
     assert stats.algorithm == "minmax"
-    order = ["c1", "c2", "res", "add_op0", "mp", "ap", "cat", "c3", "gap", "fc"]
+    add = raw(model)
+    order = ["c1", "c2", "res", add, "mp", "ap", "cat", "c3", "gap", "fc"]
     assert list(stats.layers) == order  # execution order
     inputs = {
         "res": ("c1", "c2"),
-        "add_op0": ("res", "c2"),
-        "mp": ("add_op0",),
-        "ap": ("add_op0",),
+        add: ("res", "c2"),
+        "mp": (add,),
+        "ap": (add,),
         "cat": ("mp", "ap"),
         "gap": ("c3",),
     }
-    kinds = {"add_op0": "Add", "res": "Add", "mp": "MaxPooling2D", "ap": "AveragePooling2D"}
-    for name in RUNTIME:
+    kinds = {add: "Add", "res": "Add", "mp": "MaxPooling2D", "ap": "AveragePooling2D"}
+    for name in runtime(model):
         entry = stats.layers[name]
         assert entry.kind == kinds.get(name, entry.kind)
         out = entry.output
@@ -98,9 +105,9 @@ def test_runtime_points_add_no_histogram():
     model = _model()
     session = Session(model, QuantConfig(), batch_num=None)
     session.new_run()
-    runtime = {t.key for t in session.plan.targets if t.runtime}
-    assert runtime == set(RUNTIME) - {"ap"}  # AveragePooling2D is quantized (a record entry)
-    needed = {i for (key, _), i in session.tensors.items() if key not in runtime}
+    keys = {t.key for t in session.plan.targets if t.runtime}
+    assert keys == set(runtime(model)) - {"ap"}  # AveragePooling2D is quantized (a record entry)
+    needed = {i for (key, _), i in session.tensors.items() if key not in keys}
     for index, obs in enumerate(session.observed):
         if index not in needed:  # a point only a runtime layer reads: min/max only
             assert obs.point.bins == 0 and obs.settings[0] == "minmax", obs.point.key
@@ -120,14 +127,15 @@ def test_export_reports_runtime_exponents(calibrated, tmp_path):
     for name in ("c1", "c2", "c3"):
         assert config[name]["output_exponent"] == e[name]
     got = {r.source: r for r in res.runtime}
-    assert list(got) == RUNTIME
+    add = raw(model)
+    assert list(got) == runtime(model)
     # Add2D: own range, raised to the larger input exponent (the sum has no finer bits)
     assert got["res"].input_exponents == [e["c1"], e["c2"]]
     assert got["res"].output_exponent == max(e["res"], e["c1"], e["c2"])
     e_res = got["res"].output_exponent
-    assert got["add_op0"].input_exponents == [e_res, e["c2"]]
-    e_add = max(e["add_op0"], e_res, e["c2"])
-    assert got["add_op0"].output_exponent == e_add
+    assert got[add].input_exponents == [e_res, e["c2"]]
+    e_add = max(e[add], e_res, e["c2"])
+    assert got[add].output_exponent == e_add
     # MaxPool keeps its input's exponent; AvgPool its own range, raised to Concat's shared one
     assert got["mp"].output_exponent == e_add
     assert got["ap"].output_exponent == max(e["ap"], e_add)
@@ -141,7 +149,7 @@ def test_export_reports_runtime_exponents(calibrated, tmp_path):
     assert got["mp"].cpp == 'dl::layer::MaxPool2D<int8_t>({2, 2}, PADDING_VALID, {}, 2, 2, "mp")'
     assert got["cat"].cpp == 'dl::layer::Concat<int8_t>(-1, "cat")'
     report = json.loads((tmp_path / "espdl" / "export.json").read_text())
-    assert [r["name"] for r in report["runtime_layers"]] == RUNTIME
+    assert [r["name"] for r in report["runtime_layers"]] == runtime(model)
     assert report["runtime_layers"][5]["output_exponent"] == e["gap"]
     table = format_preview(res).splitlines()
     row = next(line.split() for line in table if line.startswith("gap "))
@@ -166,4 +174,4 @@ def test_cli_preview_lists_runtime_layers(calibrated, tmp_path, capsys):
     rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()}
     e_gap = ref_exponent(max(abs(v) for v in _minmax(acts["gap"])))
     assert rows["gap"][1:2] == ["GlobalAveragePool2D"] and rows["gap"][3] == str(e_gap)
-    assert rows["add_op0"][1] == "Add2D" and rows["cat"][1] == "Concat"
+    assert rows[raw(model)][1] == "Add2D" and rows["cat"][1] == "Concat"

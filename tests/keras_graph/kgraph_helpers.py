@@ -35,3 +35,9 @@ def head(x: keras.KerasTensor, name: str = "fc") -> keras.KerasTensor:
     """GAP -> Dense(2): a closing consumer that is not part of the pattern under test."""
     gap = keras.layers.GlobalAveragePooling2D(name="gap" if name == "fc" else f"{name}_gap")
     return keras.layers.Dense(2, name=name)(gap(x))
+
+
+def kname(t: keras.KerasTensor) -> str:
+    """Keras' own name of the op (layer or raw op such as ``x + y``) that produced ``t``: the
+    name ``model.operations`` lists, which the graph IR and every output must use."""
+    return t._keras_history.operation.name

@@ -10,7 +10,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 from keras import layers, ops
-from kgraph_helpers import discover, groups, head, refusals
+from kgraph_helpers import discover, groups, head, kname, refusals
 
 from amct_bridge.keras.graph import extract_graph
 
@@ -58,7 +58,7 @@ def test_residual_adds_share_one_mask():
         ("c1", "Conv2D", 0, 8),
         ("add1", "AddV2", 0, 8),
         ("c2", "Conv2D", 0, 8),
-        ("add_op0", "AddV2", 0, 8),
+        (kname(s2), "AddV2", 0, 8),
         ("c3", "Conv2D", 0, 8),
     ]
     assert len(d.groups) == 2
@@ -68,9 +68,10 @@ def test_broadcast_one_channel_is_refused_other_side_kept():
     x = inp()
     a = conv(1, "one")(x)
     b = conv(8, "eight")(x)
-    d = discover(keras.Model(x, head(conv(4, "c3")(a + b))))
+    s = a + b
+    d = discover(keras.Model(x, head(conv(4, "c3")(s))))
     assert refusals(d)[("one", 0, 1)] == "BROADCAST"
-    assert groups(d)[(("eight", 0, 8),)] == [("add_op0", "AddV2", 0, 8), ("c3", "Conv2D", 0, 8)]
+    assert groups(d)[(("eight", 0, 8),)] == [(kname(s), "AddV2", 0, 8), ("c3", "Conv2D", 0, 8)]
 
 
 # 3 --------------------------------------------------------------------------------------------
@@ -106,18 +107,19 @@ def test_nested_concat_offsets_compose():
     k1 = layers.Concatenate(name="cat1")([a, b])
     k2 = ops.concatenate([c, k1], axis=-1)
     d = discover(keras.Model(x, head(conv(3, "c4")(k2))))
+    cat = kname(k2)
     assert groups(d)[(("c1", 0, 4),)] == [
         ("cat1", "ConcatV2", 0, 4),
-        ("concatenate_op0", "ConcatV2", 5, 9),
+        (cat, "ConcatV2", 5, 9),
         ("c4", "Conv2D", 5, 9),
     ]
     assert groups(d)[(("c2", 0, 6),)] == [
         ("cat1", "ConcatV2", 4, 10),
-        ("concatenate_op0", "ConcatV2", 9, 15),
+        (cat, "ConcatV2", 9, 15),
         ("c4", "Conv2D", 9, 15),
     ]
     assert groups(d)[(("c3", 0, 5),)] == [
-        ("concatenate_op0", "ConcatV2", 0, 5),
+        (cat, "ConcatV2", 0, 5),
         ("c4", "Conv2D", 0, 5),
     ]
 
@@ -150,17 +152,18 @@ def test_concat_on_non_channel_axis_is_identity_for_channels():
 def test_uneven_split_then_concat_slices_per_branch():
     x = inp()
     p, q = ops.split(conv(8, "c1")(x), [3], axis=-1)
-    y = conv(2, "c2")(ops.concatenate([q, p], axis=-1))
-    d = discover(keras.Model(x, head(y)))
+    k = ops.concatenate([q, p], axis=-1)
+    d = discover(keras.Model(x, head(conv(2, "c2")(k))))
+    split, cat = kname(p), kname(k)
     g = groups(d)
     assert g[(("c1", 0, 3),)] == [
-        ("split_op0", "SplitV", 0, 3, {"branch_idx": 0}),
-        ("concatenate_op0", "ConcatV2", 5, 8),
+        (split, "SplitV", 0, 3, {"branch_idx": 0}),
+        (cat, "ConcatV2", 5, 8),
         ("c2", "Conv2D", 5, 8),
     ]
     assert g[(("c1", 3, 8),)] == [
-        ("split_op0", "SplitV", 3, 8, {"branch_idx": 1}),
-        ("concatenate_op0", "ConcatV2", 0, 5),
+        (split, "SplitV", 3, 8, {"branch_idx": 1}),
+        (cat, "ConcatV2", 0, 5),
         ("c2", "Conv2D", 0, 5),
     ]
 
@@ -279,7 +282,7 @@ def test_transpose_moving_channels_stops_keeping_them_passes():
     m = keras.Model(x, [head(layers.Flatten()(moved)[:, None, None, :], "fa"), head(kept, "fb")])
     d = discover(m)
     assert refusals(d)[("c1", 0, 4)] == "CHANNEL_MIXING"
-    assert groups(d)[(("c2", 0, 4),)][0] == ("transpose_op1", "Transpose", 0, 4)
+    assert groups(d)[(("c2", 0, 4),)][0] == (kname(kept), "Transpose", 0, 4)
 
 
 def test_attention_and_activation_matmul_stop():
@@ -323,11 +326,12 @@ def test_shared_layer_couples_its_calls():
     x = inp()
     shared = conv(4, "s")
     a, b = shared(conv(8, "c1")(x)), shared(conv(8, "c2")(x))
-    d = discover(keras.Model(x, head(conv(2, "c3")(a + b))))
+    s = a + b
+    d = discover(keras.Model(x, head(conv(2, "c3")(s))))
     g = groups(d)
     # producers in graph (topological) order: Keras puts c2's branch first here
     assert g[(("c2", 0, 8), ("c1", 0, 8))] == [("s", "Conv2D", 0, 8)]
-    assert g[(("s", 0, 4),)] == [("add_op0", "AddV2", 0, 4), ("c3", "Conv2D", 0, 4)]
+    assert g[(("s", 0, 4),)] == [(kname(s), "AddV2", 0, 4), ("c3", "Conv2D", 0, 4)]
 
 
 def test_layer_used_in_two_models_counts_only_this_models_calls():
@@ -356,18 +360,20 @@ def test_nested_functional_and_sequential_are_recursed():
 
 
 def test_raw_ops_match_their_layer_twins():
-    def build(raw):
+    def build(names=None):
         x = inp()
         a, b = conv(4, "c1")(x), conv(4, "c2")(x)
-        s = a + b if raw else layers.Add(name="add_op0")([a, b])
+        s = a + b if names is None else layers.Add(name=names[0])([a, b])
         k = (
             ops.concatenate([s, a], axis=-1)
-            if raw
-            else layers.Concatenate(name="concatenate_op0")([s, a])
+            if names is None
+            else layers.Concatenate(name=names[1])([s, a])
         )
-        return discover(keras.Model(x, head(conv(2, "c3")(k))))
+        return discover(keras.Model(x, head(conv(2, "c3")(k)))), (kname(s), kname(k))
 
-    assert groups(build(True)) == groups(build(False))
+    raw, names = build()
+    twin, _ = build(names)  # layers named as Keras named the raw ops
+    assert groups(raw) == groups(twin)
 
 
 # 19, 20 ---------------------------------------------------------------------------------------
