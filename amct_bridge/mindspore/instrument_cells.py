@@ -48,6 +48,7 @@ class Summary(nn.Cell):
         self.bins = int(point.bins)
         self.channel_axis = point.channel_axis
         self.mm = _param(np.zeros((slots, 4), np.float64), f"{prefix}.minmax")
+        self.written = Tensor(1.0, ms.float64)  # row marker: written, no own histogram
         if self.bins:
             self.hist = _param(np.zeros((slots, self.bins), np.int32), f"{prefix}.hist")
             self.acc = _param(np.zeros(self.bins, np.int32), f"{prefix}.hist_acc")
@@ -64,7 +65,10 @@ class Summary(nn.Cell):
         x = ops.stop_gradient(x)
         lo = ops.reduce_min(x)
         hi = ops.reduce_max(x)
-        size = ops.scalar_to_tensor(ops.size(x), ms.float64)
+        n = 1
+        for d in x.shape:  # static: no Size op (each op costs dispatch time in PyNative)
+            n *= d
+        size = ops.scalar_to_tensor(n, ms.float64)
         lo64, hi64 = ops.cast(lo, ms.float64), ops.cast(hi, ms.float64)
         if self.bins:
             grid = self.grid
@@ -83,7 +87,7 @@ class Summary(nn.Cell):
             ops.scatter_update(self.hist, slot, ops.reshape(hist, (1, self.bins)))
             row = ops.stack([lo64, hi64, size, 2.0 - ops.cast(inside, ms.float64)])
         else:
-            row = ops.stack([lo64, hi64, size, ops.ones_like(size)])
+            row = ops.stack([lo64, hi64, size, self.written])
         ops.scatter_update(self.mm, slot, ops.reshape(row, (1, 4)))
         if self.channel_axis is not None:
             per = ops.swapaxes(x, 0, self.channel_axis)
@@ -115,6 +119,7 @@ class Probe(nn.Cell):
         self.has_inputs, self.has_outputs = bool(inputs), bool(outputs)
         self.slots, self.calls = int(slots), int(calls)
         self.count = _param(np.zeros((), np.int32), f"{prefix}.count")
+        self.one = Tensor(1, ms.int32)
         self.limit = _param(np.full((), NO_LIMIT, np.int32), f"{prefix}.limit")
         self.last = 0  # host side: counter at the last drain
 
@@ -131,7 +136,7 @@ class Probe(nn.Cell):
             first = out[0] if isinstance(out, tuple) else out
             for summary in self.outputs:
                 summary(first, slot, within)
-        ops.assign_add(self.count, ops.ones_like(self.count))
+        ops.assign_add(self.count, self.one)
         return out
 
     def __getattr__(self, name: str):
