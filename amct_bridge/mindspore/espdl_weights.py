@@ -354,6 +354,13 @@ def source_layers(net: nn.Cell, sample_input: Any) -> list[SourceLayer]:
     return result
 
 
+def _why_unknown(key: str, names: list[str], cells: dict) -> str:
+    if key in cells:
+        return " (a cell construct never calls)"
+    close = difflib.get_close_matches(key, names, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _resolve(record: Any, stats: Any) -> tuple[Record | None, CalibrationStats | None]:
     if isinstance(record, (str, os.PathLike)):
         path, record = record, load(record)
@@ -418,10 +425,8 @@ def export_espdl(
         names = [x.name for x in layers]
         unknown = [k for k in record.layers if k not in names]
         if unknown:
-            close = {k: difflib.get_close_matches(k, names, n=1) for k in unknown}
-            listing = ", ".join(
-                f"{k!r}" + (f" (did you mean {c[0]!r}?)" if c else "") for k, c in close.items()
-            )
+            cells = dict(net.cells_and_names())
+            listing = ", ".join(f"{k!r}{_why_unknown(k, names, cells)}" for k in unknown)
             raise ExportError(
                 f"record keys that are not cells of {type(net).__name__} (is this the network the "
                 f"record was made for?): {listing}"

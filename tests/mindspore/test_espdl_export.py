@@ -428,12 +428,17 @@ def test_cli_round_trip(tmp_path_factory, tmp_path, capsys):
 
 # ---- (4) errors -----------------------------------------------------------------------------
 def test_record_with_unknown_cells_says_did_you_mean():
-    rec = Record({"block.cnv1": LayerFactors(scale_d=0.01, offset_d=0), "stem": LayerFactors()})
+    factors = LayerFactors(scale_d=0.01, offset_d=0)
+    rec = Record({"block.cnv1": factors, "stem": factors, "spare": factors, "zzz": factors})
+    net = branchy()
+    net.spare = nn.Conv2d(3, 3, 1)  # a cell construct never calls
     with pytest.raises(ExportError) as err:
-        ams.export_espdl(branchy(), rec, None, sample_input=(1, 3, 8, 8))
-    msg = str(err.value)
-    assert "'block.cnv1' (did you mean 'block.conv1'?)" in msg and "Branchy" in msg
-    assert "'stem'" not in msg
+        ams.export_espdl(net, rec, None, sample_input=(1, 3, 8, 8))
+    assert str(err.value) == (
+        "record keys that are not cells of Branchy (is this the network the record was made "
+        "for?): 'block.cnv1' (did you mean 'block.conv1'?), 'spare' (a cell construct never "
+        "calls), 'zzz'"
+    )
 
 
 def test_depthwise_multiplier_2_is_refused():
