@@ -312,6 +312,37 @@ def test_source_layers_layouts():
     assert layers["dw_act"].attrs["alpha"] == pytest.approx(0.1)
 
 
+def test_pools_and_skipped_softmax():
+    """Pool attrs come from the cell (MindSpore's AvgPool2d stride defaults to 1); a Softmax at
+    the end is refused, or skipped with skip_unsupported (the chip's output is its input)."""
+    net = nn.SequentialCell(
+        [
+            nn.Conv2d(3, 4, 3),
+            nn.AvgPool2d(2),
+            nn.MaxPool2d(3, 2, pad_mode="same"),
+            nn.Flatten(),
+            nn.Dense(64, 3),
+            nn.Softmax(),
+        ]
+    )
+    layers = {x.name: x for x in source_layers(net, (1, 3, 8, 8))}
+    assert (layers["1"].kind, layers["1"].attrs["pool_size"], layers["1"].attrs["strides"]) == (
+        "AveragePooling2D",
+        (2, 2),
+        (1, 1),
+    )
+    assert (layers["2"].attrs["strides"], layers["2"].attrs["padding"]) == ((2, 2), "same")
+    r = TensorRange(-1.0, 1.0)
+    stats = CalibrationStats(layers={k: LayerStats("Cell", r, r) for k in layers})
+    with pytest.raises(ExportError, match=r"layer '5' \(Softmax\): MindSpore nn.Softmax has no"):
+        ams.export_espdl(net, None, None, sample_input=(1, 3, 8, 8), stats=stats)
+    res = ams.export_espdl(
+        net, None, None, sample_input=(1, 3, 8, 8), stats=stats, skip_unsupported=True
+    )
+    assert [p.layer for p in res.skipped] == ["5"] and "host" in res.skipped[0].reason
+    assert res.graph["outputs"] == ["l_4"]  # the Dense (C identifier of "4")
+
+
 # ---- (2) the chip runs the MindSpore export close to the MindSpore net ----------------------
 @pytest.mark.parametrize("ftype, granularity", [("s16", "per-tensor"), ("s8", "per-channel")])
 def test_chip_simulation_close_to_mindspore(twins, tmp_path, ftype, granularity):
