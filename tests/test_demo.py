@@ -31,4 +31,4 @@ def test_demo_runs_end_to_end(tmp_path):
     float_acc, int8_acc = float(line.split()[1]), float(line.split()[4])
     assert float_acc > 0.85 and abs(float_acc - int8_acc) < 0.03
     page = (out / "report.html").read_text()  # the per-layer report, with its plots
-    assert page.count("data:image/png;base64,") == 3 and 'skip_layers: &quot;' in page
+    assert page.count("data:image/png;base64,") == 3 and "skip_layers: &quot;" in page
