@@ -204,6 +204,8 @@ def _pool(cell: Any, node: Node, graph: Graph) -> Translated:
         return "runtime", {}, {"keeps_exponent": RUNTIME_KINDS[kind], "kind": kind}
     if cell is None:
         return _unsupported(f"functional {node.params.get('primitive')}: use nn.{kind[:3]}Pool2d")
+    if str(cell.pad_mode).lower() == "pad":  # its pads live in a 3-D primitive: not read
+        return _unsupported("pooling with pad_mode='pad': use pad_mode='same' or 'valid'")
     pool, strides = _pair(cell.kernel_size), _pair(cell.stride)
     in_shape = graph.tensors[node.inputs[0]].shape
     padding = _padding(cell, tuple(in_shape[-2:]), pool, strides)
@@ -299,8 +301,10 @@ def _translate(cell: Any, node: Node, graph: Graph) -> Translated:
         return ("relu6" if node.params.get("max_value") is not None else "relu"), {}, {}
     if kind == "LeakyReLU":
         return "leaky_relu", {}, {"alpha": float(cell.alpha)}
-    if kind in ("MaxPooling2D", "AveragePooling2D"):
-        return _pool(cell, node, graph)
+    if kind in ("MaxPooling2D", "AveragePooling2D") or isinstance(
+        cell, (nn.MaxPool2d, nn.AvgPool2d)
+    ):
+        return _pool(cell, node, graph)  # pad_mode="pad" runs a 3-D primitive: kind unknown
     if kind == "Flatten":
         return _flatten(node, graph)
     if kind in _PASS:

@@ -484,10 +484,11 @@ class _Unsupported(nn.Cell):
         self.conv = nn.Conv2d(3, 4, 3, pad_mode="pad", padding=(0, 1, 0, 1))
         self.sig = nn.Sigmoid()
         self.up = nn.Conv2dTranspose(4, 4, 2, stride=2)
+        self.pool = nn.MaxPool2d(3, 1, pad_mode="pad", padding=1)
         self.flatten = nn.Flatten()
 
     def construct(self, x):
-        return self.flatten(self.up(self.sig(self.conv(x))))
+        return self.flatten(self.pool(self.up(self.sig(self.conv(x)))))
 
 
 def test_unsupported_cells_are_named_with_reasons():
@@ -500,8 +501,11 @@ def test_unsupported_cells_are_named_with_reasons():
         "layer 'up' (Conv2dTranspose): nn.Conv2dTranspose: ESP-DL v1 has no transposed"
         in (lines[2])
     )
-    assert "layer 'flatten' (Flatten): Flatten of an NCHW map with H*W > 1" in lines[3]
-    assert len(lines) == 4
+    assert lines[3] == "  layer 'pool' (MaxPool2d): pooling with pad_mode='pad': use " + (
+        "pad_mode='same' or 'valid'"
+    )
+    assert "layer 'flatten' (Flatten): Flatten of an NCHW map with H*W > 1" in lines[4]
+    assert len(lines) == 5
 
 
 def test_call_sites_share_the_cells_ranges(tmp_path):
