@@ -1,8 +1,12 @@
-"""Checks convert.py does not make: dtype, NaN/Inf, shapes, bias and alpha lengths.
+"""Checks convert.py does not make (dtype, NaN/Inf, shapes, bias and alpha lengths), and the
+export's own: saturation warnings, Concat exponents, record keys, every layer accounted for.
 
 convert.py silently writes ``None`` exponents for integer arrays, reads past the end of a short
 PReLU alpha or bias at run time, and saturates float32 overflow; every array we write goes
-through :func:`as_float32` and the shape checks first.
+through :func:`as_float32` and the shape checks first. :func:`unaccounted` makes sure nothing
+the model computes is silently missing from an export: every layer is exported, fused into an
+exported or runtime layer, a runtime layer, a pass-through (Dropout...), an input, or skipped
+with a reason.
 
 Example:
     >>> import numpy as np
@@ -12,9 +16,17 @@ Example:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from amct_bridge.errors import ExportError
+from amct_bridge.espdl.runtime import RuntimeLayer, concat_resolved
+from amct_bridge.espdl.source import PASS_THROUGH, SourceLayer
+
+if TYPE_CHECKING:
+    from amct_bridge.espdl.preview import LayerPreview
+    from amct_bridge.records.model import Record
 
 
 def as_float32(x: np.ndarray, layer: str, what: str) -> np.ndarray:
@@ -71,3 +83,111 @@ def channel_vector(x: np.ndarray, channels: int, layer: str, what: str) -> np.nd
             f"layer {layer!r}: {what} has {flat.size} values, expected {channels} (one per channel)"
         )
     return flat
+
+
+def check_record_keys(record: Record | None, layers: list[SourceLayer]) -> None:
+    """Refuse a record with keys that name no layer of the model (another model's record).
+
+    Example:
+        >>> from amct_bridge.records.model import LayerFactors, Record
+        >>> check_record_keys(Record({"x": LayerFactors()}), [SourceLayer("in", "input")])
+        ... # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        amct_bridge.errors.ExportError: record layers not found in the model (...): 'x'
+    """
+    if record is None:
+        return
+    known = {layer.name for layer in layers}
+    missing = [key for key in record.layers if key not in known]
+    if missing:
+        raise ExportError(
+            "record layers not found in the model (is this the model the record was made "
+            f"for?): {', '.join(repr(k) for k in missing)}"
+        )
+
+
+def saturation_warnings(name: str, preview: LayerPreview) -> list[str]:
+    """One line per coefficient tensor that convert.py will clip, and one when most of the
+    biases round to 0 (the preview's ``bias0`` column above 50 %).
+
+    Example:
+        >>> from amct_bridge.espdl.preview import preview_layer
+        >>> p = preview_layer("c", {"operation": "conv2d", "feature_type": "s8"},
+        ...                   {"c_filter": np.ones((1, 1, 1, 1), np.float32)})
+        >>> saturation_warnings("c", p)
+        []
+    """
+    result = []
+    for what, t in (("bias", preview.bias), ("activation alpha", preview.activation)):
+        if t is not None and t.saturated:
+            exp = t.exponent if isinstance(t.exponent, int) else "per-channel"
+            result.append(
+                f"layer {name!r}: {t.saturated} of {t.values.size} {what} values saturate at "
+                f"exponent {exp} ({t.ctype}): the chip will use clipped values"
+            )
+    bias = preview.bias
+    if bias is not None and 2 * bias.zeroed > bias.values.size:  # most channels lose their bias
+        exp = bias.exponent if isinstance(bias.exponent, int) else "per-channel"
+        result.append(
+            f"layer {name!r}: {bias.zeroed} of {bias.values.size} bias values are nonzero but "
+            f"round to 0 at exponent {exp} ({bias.ctype}): the chip runs those channels without "
+            "their bias"
+        )
+    return result
+
+
+def unresolved_concats(loose: list[str], runtime: list[RuntimeLayer]) -> list[str]:
+    """Notes on Concats whose inputs still differ (the loose-input note, else our own).
+
+    Example:
+        >>> unresolved_concats([], [RuntimeLayer("c", "c", "Concatenate", "Concat", -5,
+        ...                                      [-5, -6], "")])  # doctest: +ELLIPSIS
+        ["layer 'c' (Concatenate): input exponents [-5, -6] are not all known and equal ..."]
+    """
+    notes = []
+    for item in runtime:
+        if item.espdl_class != "Concat" or concat_resolved(item):
+            continue
+        mine = [note for note in loose if note.startswith(f"layer {item.source!r} (")]
+        notes += mine or [
+            f"layer {item.source!r} (Concatenate): input exponents {item.input_exponents} are not "
+            "all known and equal (the runtime asserts they are): give every input the exponent "
+            f"{item.output_exponent}"
+        ]
+    concat = {item.source for item in runtime if item.espdl_class == "Concat"}
+    others = [n for n in loose if not any(n.startswith(f"layer {c!r} (") for c in concat)]
+    return others + notes
+
+
+def passthrough(layers: list[SourceLayer]) -> list[dict]:
+    """export.json's ``passthrough`` list: layers that compute nothing at inference (Dropout, a
+    linear Activation, a folded-BN identity) and the layer their readers read instead.
+
+    Example:
+        >>> passthrough([SourceLayer("d", "runtime", ["c"], "Dropout")])
+        [{'layer': 'd', 'kind': 'Dropout', 'reads': 'c'}]
+    """
+    return [
+        {"layer": x.name, "kind": x.kind, "reads": x.inputs[0] if x.inputs else None}
+        for x in layers
+        if x.op == "runtime" and x.kind in PASS_THROUGH
+    ]
+
+
+def unaccounted(layers: list[SourceLayer], report: dict) -> list[str]:
+    """Layers of ``layers`` that export.json (``report``) does not account for: each must be an
+    input, the source or a ``fused`` member of an exported or runtime layer, a pass-through, or
+    skipped. An empty list means nothing the model computes is silently missing.
+
+    Example:
+        >>> unaccounted([SourceLayer("r", "relu", ["c"])], {"layers": [], "runtime_layers": []})
+        ['r']
+    """
+    seen = set(report.get("inputs", []))
+    for entry in [*report.get("layers", []), *report.get("runtime_layers", [])]:
+        seen.add(entry["source"])
+        seen.update(entry.get("fused") or [])
+    seen.update(p["layer"] for p in report.get("passthrough", []))
+    seen.update(p["layer"] for p in report.get("skipped", []))
+    return [x.name for x in layers if x.name not in seen]

@@ -4,10 +4,11 @@ Walks the model's :class:`~amct_bridge.espdl.source.SourceLayer` list in executi
 emits one chip layer per ``dl::layer`` member the C++ model class needs:
 
 - an exported chain -> Conv2D / DepthwiseConv2D / FullyConnected (its config.json entry; the
-  layers fused into it produce its output);
-- a runtime layer of the export (Add2D, pools, Concat) with its exponent from export.json;
-- ``Flatten`` / ``Reshape`` / ``ZeroPadding2D`` (-> ``Pad``) / ``Maximum`` / ``Minimum``;
-- a standalone ReLU / LeakyReLU (alpha quantized like convert.py quantizes a fused one);
+  layers fused into it produce its output; a folded ZeroPadding2D gives ``NOT_SET`` + ``pads``);
+- a runtime layer of the export with its exponent from export.json: Add2D (maybe with a fused
+  ReLU / LeakyReLU), pools, Concat, ``Flatten`` / ``Reshape`` / ``Pad`` (ZeroPadding2D) /
+  ``Transpose`` (Permute) / ``Max2D`` / ``Min2D``, a standalone ReLU / LeakyReLU (alpha
+  quantized like convert.py quantizes a fused one);
 - Dropout & co. and a linear ``Activation`` compute nothing: their readers read their input.
 
 Anything else (a skipped layer, a second model input, a layer without an exponent) makes the
@@ -33,24 +34,22 @@ Example:
 
 from __future__ import annotations
 
-import ast
 from typing import TYPE_CHECKING
 
 from amct_bridge.errors import ExportError
 from amct_bridge.espdl import spec
 from amct_bridge.espdl.naming import c_identifier
 from amct_bridge.espdl.network import GRAPH_FORMAT, INPUT, WEIGHTED
-from amct_bridge.espdl.source import SourceLayer
-from amct_bridge.quant.espdl import auto_exponent, quantize_pow2
+from amct_bridge.espdl.runtime import keeping_attrs, leaky_ints
+from amct_bridge.espdl.source import PASS_THROUGH, SourceLayer
 
 if TYPE_CHECKING:
     from amct_bridge.espdl.export import ExportResult
 
 _CLASS_OF_OP = {v: k for k, v in WEIGHTED.items()}
 _PADDING = {"valid": "VALID", "same": "SAME_END"}
-#: Keras layers that compute nothing at inference.
-PASS_THROUGH = ("Dropout", "SpatialDropout2D", "GaussianNoise", "GaussianDropout", "Identity")
-_KEEPING_RUNTIME = {"Flatten": "Flatten", "Maximum": "Max2D", "Minimum": "Min2D"}
+#: Runtime classes whose chip attrs the export computed (``RuntimeLayer.chip_attrs``).
+_KEEPING = ("Flatten", "Reshape", "Pad", "Transpose", "Max2D", "Min2D", "ReLU", "LeakyReLU")
 
 
 def _pair(value: object, default: tuple[int, int]) -> list[int]:
@@ -78,24 +77,6 @@ def _pool_attrs(layer: SourceLayer) -> dict:
     return {"pool": pool, "padding": padding, "strides": _pair(layer.attrs.get("strides"), pool)}
 
 
-def _zero_padding(layer: SourceLayer) -> list[int]:
-    """ZeroPadding2D ``padding`` (int, pair, pair of pairs, or its str) -> [t, b, l, r]."""
-    value = layer.attrs.get("padding", 1)
-    if isinstance(value, str):
-        value = ast.literal_eval(value)
-    if isinstance(value, int):
-        return [value] * 4
-    rows, cols = value
-    rows = (rows, rows) if isinstance(rows, int) else rows
-    cols = (cols, cols) if isinstance(cols, int) else cols
-    return [int(rows[0]), int(rows[1]), int(cols[0]), int(cols[1])]
-
-
-def _leaky(alpha: float, bits: int) -> dict:
-    exp = auto_exponent([alpha], bits)  # the rule convert.py applies to a fused alpha
-    return {"alpha": int(quantize_pow2([alpha], exp, bits)[0]), "alpha_exponent": int(exp)}
-
-
 class _Walk:
     def __init__(self, result: ExportResult) -> None:
         self.result = result
@@ -103,6 +84,8 @@ class _Walk:
         self.chains = {layer.source: layer for layer in result.layers}
         self.runtime = {item.source: item for item in result.runtime}
         self.skipped = {p.layer: p for p in result.skipped}
+        # a ZeroPadding2D folded into the conv reading it: that conv reads the padding's input
+        self.folded = {x.fused[0] for x in result.layers if x.pads is not None and x.fused}
         self.taken = {x.name for x in result.layers} | {x.name for x in result.runtime} | {INPUT}
         self.producer: dict[str, str] = {}
         self.nodes: list[dict] = []
@@ -141,6 +124,9 @@ class _Walk:
 
     def visit(self, layer: SourceLayer) -> None:
         if layer.name in self.producer:  # fused into a chain already emitted
+            return
+        if layer.name in self.folded:
+            self.producer[layer.name] = self.inputs_of(layer)[0]
             return
         if layer.name in self.skipped:  # fine unless a chip layer reads it (then inputs_of says)
             if layer.attrs.get("model_output"):
@@ -181,6 +167,8 @@ class _Walk:
     def chain(self, layer: SourceLayer) -> None:
         ex = self.chains[layer.name]
         attrs = _conv_attrs(layer, ex.operation)
+        if ex.pads is not None:
+            attrs.update(padding="NOT_SET", pads=list(ex.pads))
         cls = _CLASS_OF_OP[ex.operation]
         exp = ex.entry["output_exponent"]
         self.emit(layer, ex.name, cls, exp, attrs=attrs, coefficients=ex.name, fused=ex.fused)
@@ -202,43 +190,34 @@ class _Walk:
                 raise ExportError(f"layer {layer.describe()}: Concat on the batch axis")
             # a framework axis counts the batch axis; the chip's tensors are HWC
             attrs = {"axis": axis - 1 if axis > 0 else axis}
-        if item.output_exponent is None and cls not in ("MaxPool2D", "GlobalMaxPool2D"):
+        elif cls in _KEEPING:
+            attrs = dict(getattr(item, "chip_attrs", None) or keeping_attrs(layer, self.bits))
+            if cls == "Reshape" and "shape" not in attrs:
+                raise ExportError(f"layer {layer.describe()}: target shape unknown")
+        if item.output_exponent is None and cls not in ("MaxPool2D", "GlobalMaxPool2D", *_KEEPING):
             raise ExportError(f"layer {layer.describe()} ({cls}): no output exponent")
         extra: dict = {"attrs": attrs}
         act = getattr(item, "activation", None)  # an Add2D may carry a fused activation
         if act:
             extra["activation"] = act
             if act == "LeakyReLU":
-                attrs.update(_leaky(float(getattr(item, "alpha", 0.2)), self.bits))
+                alpha = getattr(item, "alpha", None)
+                attrs.update(leaky_ints(float(0.2 if alpha is None else alpha), self.bits))
         fused = getattr(item, "fused", None)  # e.g. [add, add_relu]: readers of either read it
         if fused:
             extra["fused"] = list(fused)
         self.emit(layer, item.name, cls, item.output_exponent, **extra)
         reading = [s in self.from_input for s in self.nodes[-1]["inputs"]]
+        if cls in _KEEPING and all(reading):  # the input's exponent, copied or clamped
+            self.from_input.add(item.name)
         if self.input and self.input["exponent"] is None and any(reading):
             self.input["exponent"] = item.input_exponents[reading.index(True)]
 
     def other(self, layer: SourceLayer) -> None:
-        if layer.op in ("relu", "leaky_relu"):
-            cls = "ReLU" if layer.op == "relu" else "LeakyReLU"
-            attrs = {} if cls == "ReLU" else _leaky(float(layer.attrs["alpha"]), self.bits)
-        elif layer.op == "runtime" and layer.kind in _KEEPING_RUNTIME:
-            cls, attrs = _KEEPING_RUNTIME[layer.kind], {}
-        elif layer.op == "runtime" and layer.kind == "Reshape":
-            shape = layer.attrs.get("target_shape", layer.attrs.get("shape"))
-            if shape is None:
-                raise ExportError(f"layer {layer.describe()}: target shape unknown")
-            cls, attrs = "Reshape", {"shape": [int(s) for s in shape]}
-        elif layer.op == "runtime" and layer.kind == "ZeroPadding2D":
-            cls, attrs = "Pad", {"paddings": _zero_padding(layer), "constant": 0}
-        elif layer.op == "runtime" and (layer.kind in PASS_THROUGH or layer.kind == "Activation"):
+        if layer.op == "runtime" and layer.kind in PASS_THROUGH:
             self.producer[layer.name] = self.inputs_of(layer)[0]
             return
-        else:
-            raise ExportError(f"layer {layer.describe()}: no ESP-DL v1 chip layer for it")
-        self.emit(layer, self.new_name(layer.name), cls, None, attrs=attrs)
-        if all(s in self.from_input for s in self.nodes[-1]["inputs"]):
-            self.from_input.add(self.nodes[-1]["name"])
+        raise ExportError(f"layer {layer.describe()}: no ESP-DL v1 chip layer for it")
 
 
 def chip_graph(layers: list[SourceLayer], result: ExportResult) -> dict:

@@ -5,7 +5,8 @@ constructor (``Conv2D<int16_t>(-2, get_l1_filter(), get_l1_bias(), get_l1_activa
 PADDING_VALID, {}, 2, 2, "l1")``). We write that line into export.json so it can be pasted:
 ``dl::layer::`` qualified (an unqualified ``ReLU`` is ambiguous with ``dl::ReLU``), ``NULL`` for a
 missing bias / activation, ``<int8_t, int16_t>`` for int8 per-channel layers with a bias, Keras
-``"same"`` -> ``PADDING_SAME_END`` (TensorFlow's rule), ``"valid"`` -> ``PADDING_VALID``.
+``"same"`` -> ``PADDING_SAME_END`` (TensorFlow's rule), ``"valid"`` -> ``PADDING_VALID``,
+``"not_set"`` (a folded ZeroPadding2D, ``attrs["pads"]``) -> ``PADDING_NOT_SET, {t, b, l, r}``.
 
 Example:
     >>> print(constructor("c1", "conv2d", {"output_exponent": -5, "bias": "True"}, "s8", False,
@@ -23,7 +24,7 @@ _CLASSES = {
     "depthwise_conv2d": "DepthwiseConv2D",
     "fully_connected": "FullyConnected",
 }
-_PADDING = {"valid": "PADDING_VALID", "same": "PADDING_SAME_END"}
+_PADDING = {"valid": "PADDING_VALID", "same": "PADDING_SAME_END", "not_set": "PADDING_NOT_SET"}
 
 
 def constructor(
@@ -52,6 +53,9 @@ def constructor(
         if padding is None:
             return None
         sy, sx = tuple(attrs.get("strides", (1, 1)))
-        args += [padding, "{}", str(int(sy)), str(int(sx))]
+        pads = "{}"
+        if padding == "PADDING_NOT_SET":  # a folded ZeroPadding2D: {top, bottom, left, right}
+            pads = "{" + ", ".join(str(int(p)) for p in attrs["pads"]) + "}"
+        args += [padding, pads, str(int(sy)), str(int(sx))]
     args.append(f'"{name}"')
     return f"dl::layer::{_CLASSES[operation]}<{types}>({', '.join(args)})"

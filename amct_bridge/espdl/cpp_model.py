@@ -12,6 +12,9 @@ the chip simulator runs):
   ``Relu`` / ``LeakyRelu``);
 - constructors fully qualified (``dl::layer::``, ``dl::PADDING_*``): no ``using namespace``,
   so ``ReLU`` cannot clash with ``dl::ReLU`` and nothing leaks into the includer's code;
+- an Add2D with a fused ReLU / LeakyReLU points to a ``static const dl::Activation`` declared
+  before the class (``<Class>_<member>_activation``; convert.py writes such constants for conv
+  layers only);
 - int8 per-channel layers with a bias are ``<int8_t, int16_t>`` (convert.py's ``Bias<int16_t>``);
 - the text (:mod:`amct_bridge.espdl.cpp_render`): ``build()`` / ``call()`` in execution order,
   ``free_element()`` after each tensor's last reader, outputs public, the input exponent.
@@ -32,6 +35,8 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from amct_bridge.errors import ExportError
 from amct_bridge.espdl import spec
@@ -113,6 +118,7 @@ class ModelClass:
     input_shape: tuple[int, ...] | None = None
     per_channel: bool = False
     text: str = ""
+    constants: list[str] = field(default_factory=list)  # declared before the class
 
 
 def model_names(coefficient_name: str) -> tuple[str, str]:
@@ -168,10 +174,8 @@ def _arguments(layer: NetLayer, net: Network, ns: str, ctype: str) -> tuple[str,
     kind, attrs, exp = layer.kind, layer.attrs, str(layer.output_exponent)
     if kind in WEIGHTED:
         return _weighted(layer, net, ns, ctype)
-    if layer.activation:  # an Add2D with a fused activation needs an Activation constant
-        raise ExportError(f"chip layer {layer.describe()}: fused {layer.activation} not supported")
     if kind in ("Add2D", "Sub2D", "Mul2D"):
-        return ctype, [exp, "NULL"]
+        return ctype, [exp, "NULL"]  # a fused activation: model_class swaps in its constant
     if kind in ("AvgPool2D", "MaxPool2D"):
         args = [_ints(attrs["pool"]), *_padding(attrs), *_strides(attrs)]
         return ctype, [exp, *args] if kind == "AvgPool2D" else args
@@ -192,6 +196,21 @@ def _arguments(layer: NetLayer, net: Network, ns: str, ctype: str) -> tuple[str,
     if kind in ("ReLU", "GlobalMaxPool2D", "Flatten", "Max2D", "Min2D"):
         return ctype, []
     raise ExportError(f"chip layer {layer.describe()}: no constructor for it in the model class")
+
+
+def _activation_constant(layer: NetLayer, ctype: str, name: str) -> list[str]:
+    """Declarations of the ``dl::Activation`` an Add2D / Sub2D / Mul2D with a fused activation
+    points to (convert.py writes such constants for conv layers only), named ``name``."""
+    if layer.activation == "ReLU":
+        return [f"static const dl::Activation<{ctype}> {name}(dl::ReLU);"]
+    if layer.alpha is None:
+        raise ExportError(f"chip layer {layer.describe()}: {layer.activation} without alpha")
+    values = [int(v) for v in np.asarray(layer.alpha.values).reshape(-1)]
+    return [
+        f"static const {ctype} {name}_element[] = {_ints(values)};",
+        f"static const dl::Activation<{ctype}> {name}(dl::{layer.activation}, {name}_element, "
+        f"{int(layer.alpha.exponent)}, {{{len(values)}}});",
+    ]
 
 
 def _member_names(net: Network) -> dict[str, str]:
@@ -225,9 +244,14 @@ def model_class(net: Network, coefficient_name: str) -> ModelClass:
         raise ExportError("the chip graph has no layer")
     ctype = spec.CTYPE[net.feature_type]
     members = _member_names(net)
-    layers = []
+    header, cls = model_names(coefficient_name)
+    layers, constants = [], []
     for layer in net.layers:
         types, args = _arguments(layer, net, coefficient_name, ctype)
+        if layer.activation and layer.kind not in WEIGHTED:
+            const = f"{cls}_{members[layer.name]}_activation"
+            constants += _activation_constant(layer, ctype, const)
+            args[1] = f"&{const}"
         layers.append(
             ChipLayer(
                 members[layer.name],
@@ -240,7 +264,6 @@ def model_class(net: Network, coefficient_name: str) -> ModelClass:
                 list(layer.fused),
             )
         )
-    header, cls = model_names(coefficient_name)
     outputs = [members[o] for o in (net.outputs or [net.layers[-1].name])]
     model = ModelClass(
         cls,
@@ -252,6 +275,7 @@ def model_class(net: Network, coefficient_name: str) -> ModelClass:
         net.input_exponent,
         net.input_shape,
         net.per_channel,
+        constants=constants,
     )
     model.text = render_model(model)
     return model

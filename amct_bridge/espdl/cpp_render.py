@@ -146,6 +146,8 @@ def render_model(model: ModelClass) -> str:
     private, public = _members(model)
     ctype = spec.CTYPE[model.feature_type]
     out = ["#pragma once\n", *_header_comment(model), "\n", *_includes(model), "\n"]
+    if model.constants:  # Activation constants of fused runtime-layer activations
+        out += [f"{line}\n" for line in model.constants] + ["\n"]
     out += [f"class {model.class_name} : public dl::layer::Model<{ctype}>\n", "{\n"]
     out += ["private:\n", *(_declaration(n, False) for n in private), "\n", "public:\n"]
     out += [_declaration(n, True) for n in public]

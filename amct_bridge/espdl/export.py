@@ -31,6 +31,13 @@ from pathlib import Path
 
 from amct_bridge.errors import ExportError
 from amct_bridge.espdl import spec
+from amct_bridge.espdl.checks import (
+    check_record_keys,
+    passthrough,
+    saturation_warnings,
+    unaccounted,
+    unresolved_concats,
+)
 from amct_bridge.espdl.chip_graph import chip_graph
 from amct_bridge.espdl.coefficients import Coefficients, chain_coefficients
 from amct_bridge.espdl.consistency import check_scale_w
@@ -40,12 +47,7 @@ from amct_bridge.espdl.exponents import ExponentFinder
 from amct_bridge.espdl.naming import c_identifiers
 from amct_bridge.espdl.plan import Chain, Problem, plan_chains
 from amct_bridge.espdl.preview import LayerPreview, preview_layer
-from amct_bridge.espdl.runtime import (
-    ESPDL_CLASS,
-    RuntimeLayer,
-    concat_resolved,
-    runtime_layers,
-)
+from amct_bridge.espdl.runtime import RuntimeLayer, runtime_class, runtime_layers
 from amct_bridge.espdl.shared import shared_exponent_groups
 from amct_bridge.espdl.source import WEIGHT_OPS, SourceLayer
 from amct_bridge.espdl.writer import npy_bytes, write_directory
@@ -72,6 +74,7 @@ class ExportedLayer:
     output_range: tuple[float, float] | None = None
     warnings: list[str] = field(default_factory=list)
     cpp: str | None = None
+    pads: list[int] | None = None  # a folded ZeroPadding2D: PADDING_NOT_SET {t, b, l, r}
 
 
 @dataclass
@@ -88,6 +91,8 @@ class ExportResult:
     runtime: list[RuntimeLayer] = field(default_factory=list)
     graph: dict | None = None  # the chip graph (amct_bridge.espdl.network), None if unavailable
     graph_error: str | None = None
+    passthrough: list[dict] = field(default_factory=list)  # Dropout & co.: compute nothing
+    inputs: list[str] = field(default_factory=list)  # the model's input layers
 
     @property
     def warnings(self) -> list[str]:
@@ -128,18 +133,6 @@ def check_options(feature_type: str, granularity: str, target: str) -> None:
         )
 
 
-def _check_record_keys(record: Record | None, layers: list[SourceLayer]) -> None:
-    if record is None:
-        return
-    known = {layer.name for layer in layers}
-    missing = [key for key in record.layers if key not in known]
-    if missing:
-        raise ExportError(
-            "record layers not found in the model (is this the model the record was made "
-            f"for?): {', '.join(repr(k) for k in missing)}"
-        )
-
-
 def _entry(
     chain: Chain, coef: Coefficients, feature_type: str, per_channel: bool, exps: dict
 ) -> dict:
@@ -154,28 +147,6 @@ def _entry(
     if chain.activation is not None:
         entry["activation"] = {"type": chain.activation}
     return entry
-
-
-def _saturation_warnings(name: str, preview: LayerPreview) -> list[str]:
-    """One line per coefficient tensor that convert.py will clip, and one when most of the
-    biases round to 0 (the preview's ``bias0`` column above 50 %)."""
-    result = []
-    for what, t in (("bias", preview.bias), ("activation alpha", preview.activation)):
-        if t is not None and t.saturated:
-            exp = t.exponent if isinstance(t.exponent, int) else "per-channel"
-            result.append(
-                f"layer {name!r}: {t.saturated} of {t.values.size} {what} values saturate at "
-                f"exponent {exp} ({t.ctype}): the chip will use clipped values"
-            )
-    bias = preview.bias
-    if bias is not None and 2 * bias.zeroed > bias.values.size:  # most channels lose their bias
-        exp = bias.exponent if isinstance(bias.exponent, int) else "per-channel"
-        result.append(
-            f"layer {name!r}: {bias.zeroed} of {bias.values.size} bias values are nonzero but "
-            f"round to 0 at exponent {exp} ({bias.ctype}): the chip runs those channels without "
-            "their bias"
-        )
-    return result
 
 
 def _output_exponents(
@@ -198,23 +169,6 @@ def _output_exponents(
                 found[end] = (top, f"{src}, raised from {exp} to match {others}", rng)
             finder.chain_outputs[end] = top
     return found, warnings, loose
-
-
-def _unresolved(loose: list[str], runtime: list[RuntimeLayer]) -> list[str]:
-    """Notes on Concats whose inputs still differ (the loose-input note, else our own)."""
-    notes = []
-    for item in runtime:
-        if item.espdl_class != "Concat" or concat_resolved(item):
-            continue
-        mine = [note for note in loose if note.startswith(f"layer {item.source!r} (")]
-        notes += mine or [
-            f"layer {item.source!r} (Concatenate): input exponents {item.input_exponents} are not "
-            "all known and equal (the runtime asserts they are): give every input the exponent "
-            f"{item.output_exponent}"
-        ]
-    concat = {item.source for item in runtime if item.espdl_class == "Concat"}
-    others = [n for n in loose if not any(n.startswith(f"layer {c!r} (") for c in concat)]
-    return others + notes
 
 
 def _export_chain(
@@ -251,22 +205,26 @@ def _export_chain(
     }
     entry = _entry(chain, coef, feature_type, per_channel, exps)
     preview = preview_layer(c_name, entry, arrays, target=target, per_channel=per_channel)
-    warnings = warnings + _saturation_warnings(chain.head.name, preview)
+    warnings = warnings + saturation_warnings(chain.head.name, preview)
     sources = {"output_exponent": out_src}
     if found_in is not None:
         sources["input_exponent"] = found_in[1]
+    attrs = chain.head.attrs
+    if chain.pads is not None:  # a folded ZeroPadding2D: explicit pads
+        attrs = {**attrs, "padding": "not_set", "pads": chain.pads}
     return ExportedLayer(
         c_name,
         chain.head.name,
         entry["operation"],
-        chain.members,
+        chain.fused,
         entry,
         coef,
         preview,
         sources,
         out_range,
         ([warning] if warning else []) + warnings,
-        constructor(c_name, entry["operation"], entry, feature_type, per_channel, chain.head.attrs),
+        constructor(c_name, entry["operation"], entry, feature_type, per_channel, attrs),
+        chain.pads,
     )
 
 
@@ -307,7 +265,7 @@ def export_layers(
           layer 'x' (LSTM): RNN
     """
     check_options(feature_type, granularity, target)
-    _check_record_keys(record, layers)
+    check_record_keys(record, layers)
 
     def skip_fusion(name: str) -> bool:
         factors = record.layers.get(name) if record else None
@@ -321,17 +279,18 @@ def export_layers(
         )
     if not chains:
         raise ExportError("nothing to export: the model has no Conv2D / DepthwiseConv2D / Dense")
-    extra = [x.name for x in layers if x.op == "runtime" and x.kind in ESPDL_CLASS]
+    fused = {name for c in chains for name in c.fused}
+    extra = [x.name for x in layers if runtime_class(x) and x.name not in fused]
     names = c_identifiers([c.head.name for c in chains] + extra)  # chains keep their names
     finder = ExponentFinder(layers, record, stats, bits=spec.FEATURE_BITS[feature_type])
     options = (feature_type, granularity == "per-channel", target)
     outs, warnings, loose = _output_exponents(layers, chains, finder)
     # after the chains' outputs and before their inputs: a conv after an Add reads its exponent
-    runtime, raised = runtime_layers(layers, finder, names, feature_type)
+    runtime, raised = runtime_layers(layers, finder, names, feature_type, fused)
     for end, (exp, cat) in raised.items():
         old, src, rng = outs[end]
         outs[end] = (exp, f"{src}, raised from {old} to {exp} to match the inputs of {cat!r}", rng)
-    loose = _unresolved(loose, runtime)
+    loose = unresolved_concats(loose, runtime)
     exported = [
         _export_chain(c, names[c.head.name], finder, outs[c.last], warnings[c.last], options)
         for c in chains
@@ -345,7 +304,12 @@ def export_layers(
         problems,
         loose,
         runtime,
+        passthrough=passthrough(layers),
+        inputs=[x.name for x in layers if x.op == "input"],
     )
+    missing = unaccounted(layers, _report(result))
+    if missing:  # a bug guard: the rules above must place every layer somewhere
+        raise ExportError(f"layers neither exported, fused, skipped nor refused: {missing}")
     try:
         result.graph = chip_graph(layers, result)
     except ExportError as err:  # the export stays usable; the simulator says why it cannot run
@@ -382,10 +346,13 @@ def _report(result: ExportResult) -> dict:
                 "input_exponent": layer.entry.get("input_exponent"),
                 "exponent_sources": layer.sources,
                 "cpp": layer.cpp,
+                **({"pads": layer.pads} if layer.pads is not None else {}),
             }
             for layer in result.layers
         ],
         "runtime_layers": [item.to_json() for item in result.runtime],
+        "passthrough": result.passthrough,
+        "inputs": result.inputs,
         "skipped": [{"layer": p.layer, "kind": p.kind, "reason": p.reason} for p in result.skipped],
         "warnings": result.warnings,
         "graph": result.graph,

@@ -3,11 +3,15 @@
 A chain starts at every conv2d / depthwise_conv2d / dense layer. A BatchNormalization that is
 the only consumer of the layer's output (and reads nothing else) is folded in, unless the
 record sets ``skip_fusion`` for the layer (or the layer already applies its own activation). A
-ReLU / LeakyReLU / PReLU that is then the only consumer is fused as the chain's activation.
+ReLU / LeakyReLU / PReLU that is then the only consumer is fused as the chain's activation. A
+ZeroPadding2D read only by a "valid" conv2d / depthwise_conv2d is folded into that conv's padding
+(ESP-DL ``PADDING_NOT_SET`` with explicit ``{top, bottom, left, right}``: Keras MobileNet's
+``conv_pad_*``); elsewhere it stays a runtime ``Pad`` layer.
 
 Refused (collected as :class:`Problem`, one per layer): ReLU6 (fused or standalone), depthwise
 multiplier > 1, activations ESP-DL lacks, BatchNormalization that cannot be folded, standalone
-PReLU (convert.py cannot write its alpha), and every ``unsupported`` op.
+PReLU (convert.py cannot write its alpha), a ``runtime`` kind the exporter has no ESP-DL class
+for (Subtract, Multiply...), and every ``unsupported`` op.
 
 Example:
     >>> import numpy as np
@@ -24,7 +28,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from amct_bridge.espdl.source import FUSABLE_ACTIVATIONS, WEIGHT_OPS, SourceLayer
+from amct_bridge.espdl.source import (
+    ESPDL_CLASS,
+    FUSABLE_ACTIVATIONS,
+    PASS_THROUGH,
+    WEIGHT_OPS,
+    SourceLayer,
+    zero_padding,
+)
 
 
 @dataclass
@@ -44,7 +55,8 @@ class Chain:
     """One exported ESP-DL layer: a conv/dense ``head`` plus what was fused into it.
 
     ``last`` names the layer whose output is the chain's output (its range sets
-    output_exponent); ``activation`` is convert.py's type name or None.
+    output_exponent); ``activation`` is convert.py's type name or None; ``pad`` a ZeroPadding2D
+    folded into the conv, ``pads`` its ``[top, bottom, left, right]``.
     """
 
     head: SourceLayer
@@ -52,6 +64,13 @@ class Chain:
     act_layer: SourceLayer | None = None
     activation: str | None = None
     members: list[str] = field(default_factory=list)
+    pad: SourceLayer | None = None
+    pads: list[int] | None = None
+
+    @property
+    def fused(self) -> list[str]:
+        """Every model layer the exported entry computes (a folded padding first)."""
+        return ([self.pad.name] if self.pad is not None else []) + self.members
 
     @property
     def last(self) -> str:
@@ -94,18 +113,39 @@ def _head_problem(layer: SourceLayer) -> str | None:
         )
     act = layer.attrs.get("activation")
     if act == "relu6":
-        return "activation relu6: ESP-DL v1 has no ReLU6 (retrain with ReLU)"
+        return (
+            "activation relu6: ESP-DL v1 has no ReLU6 (no clip): replace it with ReLU and "
+            "fine-tune briefly, amct_bridge.keras.replace_relu6(model)"
+        )
     if act not in (None, *_OWN_ACTIVATIONS):
         return f"activation {act!r}: ESP-DL v1 can fuse only ReLU, LeakyReLU and PReLU"
     return None
+
+
+def _folded_padding(
+    head: SourceLayer, by_name: dict[str, SourceLayer], consumers: dict[str, list[SourceLayer]]
+) -> SourceLayer | None:
+    """The ZeroPadding2D that only ``head`` (a "valid" conv) reads, if any: foldable."""
+    if head.op not in ("conv2d", "depthwise_conv2d") or len(head.inputs) != 1:
+        return None
+    if str(head.attrs.get("padding", "valid")).lower() != "valid":
+        return None  # SAME plus explicit pads needs the input size: left as a Pad layer
+    src = by_name.get(head.inputs[0])
+    if src is None or src.op != "runtime" or src.kind != "ZeroPadding2D" or len(src.inputs) != 1:
+        return None
+    return src if _sole_consumer(src, consumers) is head else None
 
 
 def _build_chain(
     head: SourceLayer,
     consumers: dict[str, list[SourceLayer]],
     skip_fusion: Callable[[str], bool],
+    by_name: dict[str, SourceLayer] | None = None,
 ) -> Chain:
     chain = Chain(head, members=[head.name])
+    pad = _folded_padding(head, by_name or {}, consumers)
+    if pad is not None:
+        chain.pad, chain.pads = pad, zero_padding(pad)
     own = head.attrs.get("activation")
     if own is not None:
         chain.activation = _OWN_ACTIVATIONS[own]
@@ -134,6 +174,7 @@ def plan_chains(
         [Problem(layer='x', kind='LSTM', reason='no')]
     """
     consumers = consumers_map(layers)
+    by_name = {layer.name: layer for layer in layers}
     chains: list[Chain] = []
     problems: list[Problem] = []
     fused: set[str] = set()
@@ -143,8 +184,8 @@ def plan_chains(
             if reason:
                 problems.append(Problem(layer.name, layer.kind or layer.op, reason))
                 continue
-            chain = _build_chain(layer, consumers, skip_fusion)
-            fused.update(chain.members)
+            chain = _build_chain(layer, consumers, skip_fusion, by_name)
+            fused.update(chain.fused)
             chains.append(chain)
     for layer in layers:
         if layer.name in fused:
@@ -159,7 +200,10 @@ def plan_chains(
 
 def _standalone_problem(layer: SourceLayer, skip_fusion: Callable[[str], bool]) -> str | None:
     if layer.op == "relu6":
-        return "ReLU6: ESP-DL v1 has no ReLU6 (retrain with ReLU, or skip it and clip on the host)"
+        return (
+            "ReLU6: ESP-DL v1 has no ReLU6 (no clip): replace it with ReLU and fine-tune briefly "
+            "(amct_bridge.keras.replace_relu6(model), docs/espdl-export.md), or skip it"
+        )
     if layer.op == "batch_norm":
         src = layer.inputs[0] if len(layer.inputs) == 1 else None
         why = (
@@ -172,4 +216,9 @@ def _standalone_problem(layer: SourceLayer, skip_fusion: Callable[[str], bool]) 
         return "PReLU that does not follow a conv/dense: convert.py cannot write its alpha"
     if layer.op == "unsupported":
         return str(layer.attrs.get("reason", "not supported by ESP-DL v1"))
+    if layer.op == "runtime" and layer.kind not in ESPDL_CLASS and layer.kind not in PASS_THROUGH:
+        return (
+            f"no ESP-DL v1 runtime layer for {layer.kind or 'it'} in this exporter (supported: "
+            f"{', '.join(sorted(ESPDL_CLASS))}): replace it, or skip it and compute it on the host"
+        )
     return None

@@ -16,6 +16,15 @@ constructor call to paste, in execution order, after the chains' output exponent
   range (``e_out = e_hi`` loses nothing and saturates less). Without an output range:
   the bound ``sum_i (2^(w-1) - 1) * 2^e_i`` of the input exponents.
 
+- ``Flatten``, ``Reshape``, ``Pad`` (a ZeroPadding2D not folded into a conv), ``Transpose``
+  (Permute), ``Max2D`` / ``Min2D`` and a standalone ``ReLU`` / ``LeakyReLU`` (one no chain
+  fuses): the input's exponent (the runtime copies, compares or clamps elements);
+- a ReLU / LeakyReLU that is the only reader of an ``Add2D`` is fused into it (Add2D takes an
+  ``Activation*``, applied after saturation: the same integers as a separate layer). The item
+  lists both layers in ``fused``; its exponent comes from the ReLU's range (negative sums become
+  0 either way), a LeakyReLU's from the sum's. The model class declares the ``Activation``
+  constant (:mod:`amct_bridge.espdl.cpp_model`); ``cpp_constant`` gives it for hand-written code.
+
 A model input's exponent is the input exponent of the first conv/dense reading it (the export
 tells the user to quantize the input with it).
 
@@ -30,18 +39,70 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from amct_bridge.espdl.exponents import ExponentFinder
-from amct_bridge.espdl.source import WEIGHT_OPS, SourceLayer, keeps_exponent
-from amct_bridge.quant.espdl import exponent_for_absmax
+from amct_bridge.espdl.source import (
+    ESPDL_CLASS,
+    PASS_THROUGH,
+    WEIGHT_OPS,
+    SourceLayer,
+    keeps_exponent,
+    zero_padding,
+)
+from amct_bridge.quant.espdl import auto_exponent, exponent_for_absmax, quantize_pow2
 
-#: Keras kind -> ESP-DL v1 class of the runtime layers reported.
-ESPDL_CLASS: dict[str, str] = {
-    "Add": "Add2D",
-    "AveragePooling2D": "AvgPool2D",
-    "GlobalAveragePooling2D": "GlobalAveragePool2D",
-    "MaxPooling2D": "MaxPool2D",
-    "GlobalMaxPooling2D": "GlobalMaxPool2D",
-    "Concatenate": "Concat",
-}
+#: Standalone activations (ops) the runtime has as layers of their own.
+_ACTIVATION_CLASS = {"relu": "ReLU", "leaky_relu": "LeakyReLU"}
+
+
+def runtime_class(layer: SourceLayer) -> str | None:
+    """The ESP-DL v1 class a coefficient-free layer runs as (None: not a runtime layer).
+
+    Example:
+        >>> runtime_class(SourceLayer("r", "relu", ["a"], "ReLU")), runtime_class(
+        ...     SourceLayer("f", "runtime", ["a"], "Flatten"))
+        ('ReLU', 'Flatten')
+    """
+    if layer.op in _ACTIVATION_CLASS:
+        return _ACTIVATION_CLASS[layer.op]
+    return ESPDL_CLASS.get(layer.kind) if layer.op == "runtime" else None
+
+
+def leaky_ints(alpha: float, bits: int) -> dict:
+    """A LeakyReLU slope as the runtime takes it: ``alpha`` int and ``alpha_exponent``, by the
+    rule convert.py applies to a fused alpha.
+
+    Example:
+        >>> leaky_ints(0.1, 8)
+        {'alpha': 102, 'alpha_exponent': -10}
+    """
+    exp = auto_exponent([alpha], bits)
+    return {"alpha": int(quantize_pow2([alpha], exp, bits)[0]), "alpha_exponent": int(exp)}
+
+
+def keeping_attrs(layer: SourceLayer, bits: int) -> dict:
+    """Chip-graph attrs (:mod:`amct_bridge.espdl.network`) of an exponent-keeping runtime layer.
+
+    Example:
+        >>> keeping_attrs(SourceLayer("p", "runtime", ["a"], "ZeroPadding2D",
+        ...                           attrs={"padding": "((0, 1), (0, 1))"}), 8)
+        {'paddings': [0, 1, 0, 1], 'constant': 0}
+    """
+    cls = runtime_class(layer)
+    if cls == "LeakyReLU":
+        return leaky_ints(float(layer.attrs["alpha"]), bits)
+    if cls == "Reshape":
+        shape = layer.attrs.get("target_shape", layer.attrs.get("shape"))
+        if shape is None:
+            return {}
+        return {"shape": [int(s) for s in shape]}
+    if cls == "Pad":
+        return {"paddings": zero_padding(layer), "constant": 0}
+    if cls == "Transpose":
+        dims = layer.attrs.get("dims")
+        return {} if dims is None else {"perm": [int(d) - 1 for d in dims]}
+    return {}
+
+
+__all__ = ["ESPDL_CLASS", "PASS_THROUGH", "RuntimeLayer", "runtime_class", "runtime_layers"]
 
 _PADDING = {"valid": "PADDING_VALID", "same": "PADDING_SAME_END"}
 
@@ -60,9 +121,20 @@ class RuntimeLayer:
     output_range: tuple[float, float] | None = None
     cpp: str | None = None
     warnings: list[str] = field(default_factory=list)
+    activation: str | None = None  # Add2D: a fused "ReLU" / "LeakyReLU"
+    alpha: float | None = None  # its LeakyReLU slope
+    fused: list[str] = field(default_factory=list)  # [add, add_relu]: readers of either read it
+    cpp_constant: str | None = None  # the Activation constant ``cpp`` points to
+    chip_attrs: dict = field(default_factory=dict)  # keeping layers: shape / paddings / perm...
 
     def to_json(self) -> dict:
         """export.json entry."""
+        extra: dict = {}
+        if self.fused:
+            extra["fused"] = self.fused
+        if self.activation:
+            extra["activation"] = self.activation
+            extra["cpp_constant"] = self.cpp_constant
         return {
             "name": self.name,
             "source": self.source,
@@ -72,6 +144,7 @@ class RuntimeLayer:
             "input_exponents": self.input_exponents,
             "exponent_source": self.exponent_source,
             "cpp": self.cpp,
+            **extra,
         }
 
 
@@ -103,9 +176,12 @@ def _model_input_exponent(finder: ExponentFinder, name: str) -> int | None:
 
 
 def _add_exponent(
-    finder: ExponentFinder, layer: SourceLayer, ins: list[int | None]
+    finder: ExponentFinder, layer: SourceLayer, ins: list[int | None], act: SourceLayer | None
 ) -> tuple[int | None, str, tuple | None]:
-    found = finder.range_exponent(layer.name, "output")
+    found = None
+    if act is not None and act.op == "relu":  # a fused ReLU: only its range reaches a reader
+        found = finder.range_exponent(act.name, "output")
+    found = found or finder.range_exponent(layer.name, "output")
     known = [e for e in ins if e is not None]
     e_hi = max(known) if known and len(known) == len(ins) else None
     if found is None:
@@ -123,11 +199,11 @@ def _add_exponent(
 
 
 def _exponent(
-    finder: ExponentFinder, layer: SourceLayer, ins: list[int | None]
+    finder: ExponentFinder, layer: SourceLayer, ins: list[int | None], act: SourceLayer | None
 ) -> tuple[int | None, str, tuple | None]:
     kind = layer.kind
     if kind == "Add":
-        return _add_exponent(finder, layer, ins)
+        return _add_exponent(finder, layer, ins, act)
     known = [e for e in ins if e is not None]
     if kind in ("AveragePooling2D", "GlobalAveragePooling2D"):
         found = finder.range_exponent(layer.name, "output")
@@ -147,7 +223,7 @@ def _exponent(
 
 
 def constructor(item: RuntimeLayer, feature_type: str, attrs: dict) -> str | None:
-    """The C++ constructor call of a runtime layer (None without an exponent it needs).
+    """The C++ constructor call of a runtime layer (None without an exponent or attr it needs).
 
     Example:
         >>> r = RuntimeLayer("gap", "gap", "GlobalAveragePooling2D", "GlobalAveragePool2D", -6,
@@ -157,10 +233,12 @@ def constructor(item: RuntimeLayer, feature_type: str, attrs: dict) -> str | Non
     """
     ctype = {"s8": "int8_t", "s16": "int16_t"}[feature_type]
     cls, name, e = item.espdl_class, f'"{item.name}"', item.output_exponent
-    if cls in ("Add2D", "AvgPool2D", "GlobalAveragePool2D") and e is None:
+    if cls in _REQUANTIZING and e is None:
         return None
+    ints = lambda values: "{" + ", ".join(str(int(v)) for v in values) + "}"  # noqa: E731
     if cls == "Add2D":
-        args = [str(e), "NULL", name]
+        act = f"&{item.name}_activation" if item.activation else "NULL"
+        args = [str(e), act, name]
     elif cls == "GlobalAveragePool2D":
         args = [str(e), name]
     elif cls in ("AvgPool2D", "MaxPool2D"):
@@ -174,9 +252,41 @@ def constructor(item: RuntimeLayer, feature_type: str, attrs: dict) -> str | Non
             args.insert(0, str(e))
     elif cls == "Concat":
         args = [str(int(attrs.get("axis", -1))), name]
+    elif cls in ("Reshape", "Transpose", "Pad", "LeakyReLU"):
+        chip = item.chip_attrs
+        if cls == "Reshape" and "shape" not in chip:
+            return None
+        if cls == "Reshape":
+            args = [ints(chip["shape"]), name]
+        elif cls == "Transpose":
+            args = [ints(chip.get("perm", [])), name]
+        elif cls == "Pad":  # (before, after) per HWC axis; the channel axis is not padded
+            args = [ints([*chip["paddings"], 0, 0]), "{0}", "dl::PADDING_CONSTANT", name]
+        else:
+            args = [str(chip["alpha"]), str(chip["alpha_exponent"]), name]
     else:
         args = [name]
-    return f"dl::layer::{cls}<{ctype}>({', '.join(args)})"
+    cpp_class = {"ReLU": "Relu", "LeakyReLU": "LeakyRelu"}.get(cls, cls)  # release/v1.1 names
+    return f"dl::layer::{cpp_class}<{ctype}>({', '.join(args)})"
+
+
+def activation_constant(item: RuntimeLayer, feature_type: str, bits: int) -> str:
+    """The ``dl::Activation`` constant a fused Add2D activation points to (C++ declaration).
+
+    Example:
+        >>> r = RuntimeLayer("add", "add", "Add", "Add2D", -5, [-5, -6], "", activation="ReLU")
+        >>> activation_constant(r, "s8", 8)
+        'static const dl::Activation<int8_t> add_activation(dl::ReLU);'
+    """
+    ctype = {"s8": "int8_t", "s16": "int16_t"}[feature_type]
+    if item.activation == "ReLU":
+        return f"static const dl::Activation<{ctype}> {item.name}_activation(dl::ReLU);"
+    a = leaky_ints(float(item.alpha if item.alpha is not None else 0.2), bits)
+    return (
+        f"static const {ctype} {item.name}_alpha[] = {{{a['alpha']}}}; "
+        f"static const dl::Activation<{ctype}> {item.name}_activation(dl::LeakyReLU, "
+        f"{item.name}_alpha, {a['alpha_exponent']}, {{1}});"
+    )
 
 
 _REQUANTIZING = ("Add2D", "AvgPool2D", "GlobalAveragePool2D")
@@ -230,9 +340,14 @@ def concat_resolved(item: RuntimeLayer) -> bool:
 
 
 def runtime_layers(
-    layers: list[SourceLayer], finder: ExponentFinder, names: dict[str, str], feature_type: str
+    layers: list[SourceLayer],
+    finder: ExponentFinder,
+    names: dict[str, str],
+    feature_type: str,
+    skip: frozenset[str] | set[str] = frozenset(),
 ) -> tuple[list[RuntimeLayer], dict[str, tuple[int, str]]]:
-    """Report every runtime layer in :data:`ESPDL_CLASS`, in execution order.
+    """Report every runtime layer (:func:`runtime_class`) in execution order, except those in
+    ``skip`` (fused into or folded into an exported chain).
 
     ``finder.chain_outputs`` must hold the chains' output exponents; each requantizing layer's
     exponent is added to it, so later chains take it as their input exponent (the tensor the
@@ -254,7 +369,7 @@ def runtime_layers(
         finder.chain_outputs = dict(base)
         for end in chain_ends & set(floors):
             finder.chain_outputs[end] = max(base[end], floors[end][0])
-        items = _one_pass(layers, finder, names, feature_type, floors)
+        items = _one_pass(layers, finder, names, feature_type, floors, skip)
         new = _concat_floors(finder, items, chain_ends)
         if all(floors.get(k, (None,))[0] == v[0] for k, v in new.items()):
             break
@@ -269,20 +384,33 @@ def runtime_layers(
     return items, raised
 
 
+def _fusable_activation(finder: ExponentFinder, layer: SourceLayer) -> SourceLayer | None:
+    """The ReLU / LeakyReLU that alone reads an Add2D's output (fused into it), if any."""
+    if layer.attrs.get("model_output"):
+        return None
+    users = finder.consumers.get(layer.name, [])
+    if len(users) == 1 and users[0].inputs == [layer.name] and users[0].op in _ACTIVATION_CLASS:
+        return users[0]
+    return None
+
+
 def _one_pass(
     layers: list[SourceLayer],
     finder: ExponentFinder,
     names: dict[str, str],
     feature_type: str,
     floors: dict[str, tuple],
+    skip: frozenset[str] | set[str] = frozenset(),
 ) -> list[RuntimeLayer]:
     result = []
+    absorbed: set[str] = set()
     for layer in layers:
-        cls = ESPDL_CLASS.get(layer.kind) if layer.op == "runtime" else None
-        if cls is None:
+        cls = runtime_class(layer)
+        if cls is None or layer.name in skip or layer.name in absorbed:
             continue
+        act = _fusable_activation(finder, layer) if cls == "Add2D" else None
         ins = [_tensor_exponent(finder, src) for src in layer.inputs]
-        exp, src, rng = _exponent(finder, layer, ins)
+        exp, src, rng = _exponent(finder, layer, ins, act)
         floor = floors.get(layer.name)
         if floor is not None and exp is not None and exp < floor[0]:
             src = f"{src}, raised from {exp} to {floor[0]} to match the inputs of {floor[1]!r}"
@@ -290,8 +418,15 @@ def _one_pass(
         if exp is not None and not keeps_exponent(layer):
             finder.chain_outputs[layer.name] = exp
         item = RuntimeLayer(names[layer.name], layer.name, layer.kind, cls, exp, ins, src, rng)
+        if act is not None:
+            absorbed.add(act.name)
+            item.activation, item.fused = _ACTIVATION_CLASS[act.op], [layer.name, act.name]
+            item.alpha = act.attrs.get("alpha")
+            item.cpp_constant = activation_constant(item, feature_type, finder.bits)
+        if keeps_exponent(layer):
+            item.chip_attrs = keeping_attrs(layer, finder.bits)
         item.cpp = constructor(item, feature_type, layer.attrs)
-        if exp is None and cls in ("Add2D", "AvgPool2D", "GlobalAveragePool2D"):
+        if exp is None and cls in _REQUANTIZING:
             item.warnings.append(
                 f"runtime layer {layer.name!r} ({cls}): no output exponent ({src}); calibrate "
                 "with the current callback (its sidecar holds runtime layers) or choose one"

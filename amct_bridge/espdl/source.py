@@ -17,14 +17,19 @@ leaky_relu          attrs ``alpha`` (float)
 prelu               ``alpha`` (one per channel, or broadcastable to it)
 relu6               (refused: ESP-DL v1 has no ReLU6)
 runtime             a coefficient-free layer the ESP-DL runtime has (pooling, Add2D, Concat,
-                    Reshape, Pad...); attrs ``keeps_exponent`` (bool: output exponent = input's)
+                    Reshape, Pad...); attrs ``keeps_exponent`` (bool: output exponent = input's),
+                    ``pool_size`` / ``strides`` / ``padding`` (pools; ZeroPadding2D: its
+                    ``padding``), ``axis`` (Concat), ``target_shape`` (Reshape), ``dims``
+                    (Permute, 1-based as Keras)
 unsupported         anything else; attrs ``reason``
 ==================  ========================================================================
 
-Every layer may carry ``attrs["model_output"] = True`` (its output is a model output, so
-nothing is fused after it). ``attrs["activation"]`` of a conv/dense is the activation fused by
-the layer itself (``None``, ``"relu"``, ``"leaky_relu"`` with ``attrs["alpha"]``, ``"relu6"``,
-or the framework's name of an activation ESP-DL lacks).
+A framework layer that becomes two ESP-DL layers (SeparableConv2D -> depthwise_conv2d
+``"sep/depthwise"`` + 1x1 conv2d ``"sep/pointwise"``, the record keys) gives both
+``attrs["part_of"] = "sep"``. Every layer may carry ``attrs["model_output"] = True`` (its
+output is a model output, so nothing is fused after it). ``attrs["activation"]`` of a
+conv/dense is the activation fused by the layer itself (``None``, ``"relu"``, ``"leaky_relu"``
+with ``attrs["alpha"]``, ``"relu6"``, or the framework's name of an activation ESP-DL lacks).
 
 Example:
     >>> import numpy as np
@@ -36,6 +41,7 @@ Example:
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -60,6 +66,34 @@ OPS: tuple[str, ...] = (
     "unsupported",
 )
 
+
+#: Framework kind -> ESP-DL v1 class of the coefficient-free ("runtime") layers it runs.
+ESPDL_CLASS: dict[str, str] = {
+    "Add": "Add2D",
+    "AveragePooling2D": "AvgPool2D",
+    "GlobalAveragePooling2D": "GlobalAveragePool2D",
+    "MaxPooling2D": "MaxPool2D",
+    "GlobalMaxPooling2D": "GlobalMaxPool2D",
+    "Concatenate": "Concat",
+    "Flatten": "Flatten",
+    "Reshape": "Reshape",
+    "ZeroPadding2D": "Pad",
+    "Permute": "Transpose",
+    "Maximum": "Max2D",
+    "Minimum": "Min2D",
+}
+
+#: Runtime kinds that compute nothing at inference: readers read their input (export.json
+#: lists them under "passthrough"). "Activation" is a linear one (others have their own op).
+PASS_THROUGH: tuple[str, ...] = (
+    "Dropout",
+    "SpatialDropout2D",
+    "GaussianNoise",
+    "GaussianDropout",
+    "Identity",
+    "Activation",
+    "FoldedBatchNorm",
+)
 
 #: Standalone activations the runtime applies in place (output exponent = input exponent).
 _KEEPING_ACTIVATIONS = ("relu", "leaky_relu")
@@ -97,6 +131,25 @@ class SourceLayer:
     def describe(self) -> str:
         """``'name' (Kind)`` for messages."""
         return f"{self.name!r} ({self.kind or self.op})"
+
+
+def zero_padding(layer: SourceLayer) -> list[int]:
+    """``[top, bottom, left, right]`` of a ZeroPadding2D (``attrs["padding"]``: an int, a pair,
+    a pair of pairs, or the str of one).
+
+    Example:
+        >>> zero_padding(SourceLayer("p", "runtime", attrs={"padding": "((0, 1), (0, 1))"}))
+        [0, 1, 0, 1]
+    """
+    value = layer.attrs.get("padding", 1)
+    if isinstance(value, str):
+        value = ast.literal_eval(value)
+    if isinstance(value, int):
+        return [value] * 4
+    rows, cols = value
+    rows = (rows, rows) if isinstance(rows, int) else rows
+    cols = (cols, cols) if isinstance(cols, int) else cols
+    return [int(rows[0]), int(rows[1]), int(cols[0]), int(cols[1])]
 
 
 def keeps_exponent(layer: SourceLayer) -> bool:

@@ -5,7 +5,9 @@ Execution order and connectivity come from :func:`amct_bridge.keras.graph.extrac
 (nested models are named ``"outer/inner"``); this module only says what each Keras class is
 for ESP-DL (a table, :data:`RUNTIME_KINDS` / :func:`_translate`) and copies the numbers: conv /
 depthwise / dense kernels and bias, BatchNormalization gamma/beta/moving stats/epsilon, the
-layer's own activation, LeakyReLU slope, PReLU alpha. The model is never modified.
+layer's own activation, LeakyReLU slope, PReLU alpha. A SeparableConv2D becomes its two ESP-DL
+layers, ``<name>/depthwise`` and ``<name>/pointwise`` (the record's keys). The model is never
+modified.
 
 Example:
     >>> import keras
@@ -47,16 +49,17 @@ RUNTIME_KINDS: dict[str, bool] = {
     "GaussianNoise": True,
     "GaussianDropout": True,
     "Identity": True,
+    "FoldedBatchNorm": True,  # QAT's identity where a BN was folded (amct_bridge.keras.qat)
     "AveragePooling2D": False,
     "GlobalAveragePooling2D": False,
     "Add": False,
-    "Subtract": False,
-    "Multiply": False,
 }
 
 #: What to do instead, for layers users often have.
 HINTS: dict[str, str] = {
-    "SeparableConv2D": "split it into DepthwiseConv2D + a 1x1 Conv2D",
+    "Subtract": "ESP-DL v1's Sub2D arithmetic is not fixed by any source; compute it on the host",
+    "Multiply": "ESP-DL v1's Mul2D arithmetic is not fixed by any source; compute it on the host",
+    "QATQuant": "export strip_qat(qat_model) with the QAT record and sidecar, see docs/qat.md",
     "Conv1D": "use Conv2D on an (1, W, C) input",
     "UpSampling2D": "ESP-DL v1 has no resize layer",
     "Softmax": "apply softmax on the host to the int outputs (it keeps the arg max)",
@@ -131,7 +134,9 @@ def _conv_like(layer: Any, node: Node, op: str) -> tuple[str, dict, dict]:
     if problems:
         reason = f"{', '.join(problems)}: not supported by the ESP-DL v1 exporter"
         return "unsupported", {}, {"reason": reason}
-    weights = {"kernel": _to_numpy(layer.kernel)}
+    weights: dict = {}
+    if hasattr(layer, "kernel"):  # SeparableConv2D: its kernels are read by _separable
+        weights["kernel"] = _to_numpy(layer.kernel)
     if getattr(layer, "use_bias", False) and layer.bias is not None:
         weights["bias"] = _to_numpy(layer.bias)
     act, extra = _own_activation(p.get("activation", "linear"))
@@ -156,13 +161,42 @@ def _batch_norm(layer: Any, node: Node) -> tuple[str, dict, dict]:
 def _runtime_attrs(layer: Any, node: Node) -> dict:
     """What the C++ constructor of a runtime layer needs: pool size/strides/padding, concat axis."""
     attrs: dict = {}
-    for key in ("pool_size", "strides", "padding"):
+    for key in ("pool_size", "strides", "padding", "target_shape", "dims"):
         value = getattr(layer, key, None) if layer is not None else None
         if value is not None:
             attrs[key] = tuple(int(v) for v in value) if key != "padding" else str(value)
     if "axis" in node.params:
         attrs["axis"] = int(node.params["axis"])
     return attrs
+
+
+def _separable(layer: Any, node: Node, inputs: list[str]) -> list[SourceLayer]:
+    """A SeparableConv2D as ESP-DL runs it: a depthwise conv ``<name>/depthwise`` (no bias) and
+    a 1x1 conv ``<name>/pointwise`` (bias, activation), the record's two keys."""
+    op, weights, attrs = _conv_like(layer, node, "conv2d")
+    if op == "unsupported":
+        return [SourceLayer(node.name, op, inputs, node.kind, {}, attrs)]
+    dw_name, pw_name = f"{node.name}/depthwise", f"{node.name}/pointwise"
+    dw_attrs = {"activation": None, "part_of": node.name}
+    for key in ("strides", "padding", "depth_multiplier"):
+        if key in attrs:
+            dw_attrs[key] = attrs[key]
+    pw_attrs = {**attrs, "strides": (1, 1), "padding": "valid", "part_of": node.name}
+    pw_attrs.pop("depth_multiplier", None)
+    pw_weights = {"kernel": _to_numpy(layer.pointwise_kernel)}
+    if "bias" in weights:
+        pw_weights["bias"] = weights["bias"]
+    return [
+        SourceLayer(
+            dw_name,
+            "depthwise_conv2d",
+            inputs,
+            node.kind,
+            {"kernel": _to_numpy(layer.depthwise_kernel)},
+            dw_attrs,
+        ),
+        SourceLayer(pw_name, "conv2d", [dw_name], node.kind, pw_weights, pw_attrs),
+    ]
 
 
 def _translate(layer: Any, node: Node) -> tuple[str, dict, dict]:
@@ -221,14 +255,24 @@ def source_layers(model: keras.Model) -> list[SourceLayer]:
         )
         for tid in graph.inputs
     ]
+    alias: dict[str, str] = {}  # a SeparableConv2D's readers read its pointwise part
     for node in graph:
         layer = find_layer(model, node.layer) if node.is_layer else None
+        inputs = list(dict.fromkeys(_input_name(graph, t) for t in node.inputs))
+        inputs = [alias.get(name, name) for name in inputs]
+        output = any(graph.is_output(t) for t in node.outputs)
+        if layer is not None and class_name(layer) == "SeparableConv2D":
+            parts = _separable(layer, node, inputs)
+            alias[node.name] = parts[-1].name
+            if output:
+                parts[-1].attrs["model_output"] = True
+            result += parts
+            continue
         op, weights, attrs = _translate(layer, node)
-        if any(graph.is_output(t) for t in node.outputs):
+        if output:
             attrs["model_output"] = True
         if op == "dense":  # FullyConnected(flatten=...) in the C++ model
             attrs["input_rank"] = len(graph.tensors[node.inputs[0]].shape)
-        inputs = list(dict.fromkeys(_input_name(graph, t) for t in node.inputs))
         result.append(SourceLayer(node.name, op, inputs, node.kind, weights, attrs))
     return result
 

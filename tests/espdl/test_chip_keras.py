@@ -79,10 +79,9 @@ def test_export_simulates_close_to_float(model_data, tmp_path, ftype, granularit
         ("c1", "Conv2D", ["input"]),
         ("dw", "DepthwiseConv2D", ["c1"]),
         ("pw", "Conv2D", ["dw"]),
-        ("add", "Add2D", ["c1", "pw"]),
-        ("add_relu", "ReLU", ["add"]),
-        ("mp", "MaxPool2D", ["add_relu"]),
-        ("c2", "Conv2D", ["add_relu"]),
+        ("add", "Add2D", ["c1", "pw"]),  # add_relu is fused: Add2D's activation
+        ("mp", "MaxPool2D", ["add"]),
+        ("c2", "Conv2D", ["add"]),
         ("cat", "Concat", ["mp", "c2"]),
         ("ap", "AvgPool2D", ["cat"]),
         ("gap", "GlobalAveragePool2D", ["ap"]),

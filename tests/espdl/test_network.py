@@ -192,7 +192,14 @@ def test_keras_zero_padding_then_valid_stride_two(tmp_path):
     stats = sidecar_from(layer_activations(model, data))
     res = export_layers(source_layers(model), tmp_path / "o", stats=stats, feature_type="s16")
     net = load_network(tmp_path / "o")
-    assert [x.kind for x in net.layers] == ["Pad", "DepthwiseConv2D", "Conv2D"]
+    # the padding is folded into the conv: PADDING_NOT_SET with explicit {t, b, l, r}
+    assert [x.kind for x in net.layers] == ["DepthwiseConv2D", "Conv2D"]
+    assert net.layers[0].attrs["padding"] == "NOT_SET" and net.layers[0].attrs["pads"] == [
+        0,
+        1,
+        0,
+        1,
+    ]
     out = simulate_chip(net, data)
     want = model.predict(data, verbose=0)
     assert out.output.values.shape == want.shape == (4, 4, 4, 4)

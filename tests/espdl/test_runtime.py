@@ -80,8 +80,9 @@ def test_no_exponent_at_all_is_null_with_a_warning():
         SourceLayer("fc", "dense", ["fl"], "Dense", {"kernel": np.ones((3, 2), np.float32)}),
     ]
     res = export_layers(layers, None, stats=stats(fc=((0, 1), (0, 2))))
-    (gap,) = res.runtime
+    gap, fl = res.runtime
     assert gap.output_exponent is None and gap.cpp is None
+    assert fl.espdl_class == "Flatten" and fl.output_exponent is None
     assert any("'gap' (GlobalAveragePool2D): no output exponent" in w for w in res.warnings)
 
 
