@@ -65,6 +65,9 @@ def test_outlier_layer_is_ranked_worst(case):
     # its input is dominated by one channel: the clip range is far wider than the other
     # channels' values, which is what the histogram and the spread of conv1 show
     assert worst.clip_max > 10 * np.percentile(conv_input(model, x)[..., 1:], 99)
+    # the sidecar beside the record gives the range the calibration saw (first half of x)
+    assert worst.calib_max == pytest.approx(conv_input(model, x[:32]).max(), rel=1e-5)
+    assert worst.input_max == pytest.approx(conv_input(model, x).max(), rel=1e-5)
     assert max(rep.rows, key=lambda r: r.snr_model).key != "conv2"
     assert worst.accuracy_drop == max(r.accuracy_drop for r in rep.rows) > 0
     assert parse_simple_config(rep.fragment).skip_layers == ["conv2"]
@@ -221,3 +224,15 @@ def test_fragment_pasted_into_a_config_gives_the_kept_float_accuracy(case, tmp_p
     assert list(record.layers) == ["conv1", "fc"]
     predicted = np.argmax(simulate(model, record).predict(x, verbose=0), axis=1)
     assert float(np.mean(predicted == y)) == rep.kept_float_accuracy
+
+
+def test_record_keyed_by_tf_ops(case, tmp_path):
+    """A keys="tf_op" record (for convert_model) reports under the Keras layer names, with the
+    same numbers as the Keras-keyed record of the same calibration."""
+    model, x, y, out = case
+    calibrate(model, x[:32], tmp_path / "r.txt", algorithm="minmax", keys="tf_op")
+    assert "conv2" not in load(tmp_path / "r.txt").layers  # TF op names
+    by_op = quant_report(model, tmp_path / "r.txt", x, y, top_k=1)
+    by_layer = quant_report(model, out / "record.txt", x, y, top_k=1)
+    assert [r.key for r in by_op.rows] == ["conv1", "conv2", "fc"]
+    assert [r.snr_model for r in by_op.rows] == [r.snr_model for r in by_layer.rows]
