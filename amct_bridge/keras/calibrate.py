@@ -42,7 +42,7 @@ def calibrate(
         **options: :class:`QuantCalibration` options (algorithm, batch_num, config, keys...).
 
     Returns:
-        The record as written (read back from ``record_path``).
+        The record as written (what ``load(record_path)`` gives, built without re-reading it).
 
     Example:
         >>> # see the module docstring
@@ -60,7 +60,8 @@ def calibrate(
         )
     finally:
         callback.restore()
-    return load(record_path, flavor=callback.flavor)
+    written = callback._session.written if callback._session is not None else None
+    return written if written is not None else load(record_path, flavor=callback.flavor)
 
 
 def _is_dataset(data) -> bool:

@@ -77,12 +77,14 @@ def candidate_clips(
     return lo, hi, scale
 
 
-def _round_antiderivative(u: np.ndarray) -> np.ndarray:
+def _round_antiderivative(u: np.ndarray, m: np.ndarray, t3: np.ndarray) -> np.ndarray:
     """``H(u) = integral_{-1/2}^{u} (round(t) - t)**2 dt`` (any u), without the constant 1/24
-    (it cancels: the edge weights it multiplies sum to zero)."""
-    m = np.floor(u + 0.5)
-    u -= m  # t in [-1/2, 1/2): in place, u is a temporary of the caller
-    t3 = u * u
+    (it cancels: the edge weights it multiplies sum to zero). ``u`` is overwritten; ``m`` and
+    ``t3`` are scratch arrays of its shape; the result is ``m``."""
+    np.add(u, 0.5, out=m)
+    np.floor(m, out=m)
+    u -= m  # t in [-1/2, 1/2)
+    np.multiply(u, u, out=t3)
     t3 *= u
     t3 *= 1.0 / 3.0
     m *= 1.0 / 12.0
@@ -134,18 +136,28 @@ def histogram_mse(
     q_hi = round_half_away(clip_hi / scale) * scale
     out = np.zeros(clip_lo.shape[0])
     rows = max(1, _CHUNK // max(e.size, 1))
+    # three scratch blocks reused by every chunk: fresh temporaries of this size are mapped
+    # and page-faulted anew on each operation (that was half of the search's time)
+    scratch = np.empty((3, min(rows, out.size), e.size))
     for start in range(0, out.size, rows):
         sl = slice(start, start + rows)
+        t, c, d = scratch[:, : len(out[sl])]
         # below lo: integral of (x - q_lo)**2; above hi: of (x - q_hi)**2
-        t = np.minimum(e[None, :], lo[sl]) - q_lo[sl, None]
-        total = (t * t * t) @ w
-        t = np.maximum(e[None, :], hi[sl]) - q_hi[sl, None]
-        total += (t * t * t) @ w
+        np.minimum(e[None, :], lo[sl], out=t)
+        t -= q_lo[sl, None]
+        np.multiply(t, t, out=c)
+        c *= t
+        total = c @ w
+        np.maximum(e[None, :], hi[sl], out=t)
+        t -= q_hi[sl, None]
+        np.multiply(t, t, out=c)
+        c *= t
+        total += c @ w
         total /= 3.0
         # rounded middle: s**3 * H(clamp(x) / s)
-        u = np.clip(e[None, :], lo[sl], hi[sl])
-        u /= s[sl]
-        total += scale[sl] ** 3 * (_round_antiderivative(u) @ w)
+        np.clip(e[None, :], lo[sl], hi[sl], out=t)
+        t /= s[sl]
+        total += scale[sl] ** 3 * (_round_antiderivative(t, c, d) @ w)
         out[sl] = total
     if point.any():
         x = edges[:-1][point][None, :]

@@ -127,15 +127,19 @@ CASES = {
 }
 
 
-def run_case(name: str, out_dir: Path) -> tuple[Path, Path]:
-    """Calibrate case ``name`` into ``out_dir``; returns (record path, sidecar path)."""
+def run_case(name: str, out_dir: Path, returned: list | None = None) -> tuple[Path, Path]:
+    """Calibrate case ``name`` into ``out_dir``; returns (record path, sidecar path).
+
+    ``returned``: a list that gets the Record calibrate() returned."""
     from amct_bridge.keras import calibrate
     from amct_bridge.records.calibration import sidecar_path
 
     factory, seed, options = CASES[name]
     model = factory()
     record = Path(out_dir) / f"{name}.record.txt"
-    calibrate(model, _data(model.input_shape[1:], seed), record, batch_size=8, **options)
+    rec = calibrate(model, _data(model.input_shape[1:], seed), record, batch_size=8, **options)
+    if returned is not None:
+        returned.append(rec)
     return record, sidecar_path(record)
 
 

@@ -11,6 +11,8 @@ import difflib
 import pytest
 from pin_models import CASES, PINS, run_case
 
+from amct_bridge.records import load
+
 
 def _diff(expected: bytes, actual: bytes, name: str) -> str:
     lines = difflib.unified_diff(
@@ -26,11 +28,15 @@ def _diff(expected: bytes, actual: bytes, name: str) -> str:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_record_and_sidecar_are_byte_identical(case, tmp_path):
-    record, sidecar = run_case(case, tmp_path)
+    returned = []
+    record, sidecar = run_case(case, tmp_path, returned)
     for path in (record, sidecar):
         expected = (PINS / path.name).read_bytes()
         actual = path.read_bytes()
         assert actual == expected, _diff(expected, actual, path.name)
+    # calibrate() returns the record without reading the file back: it must equal the read-back
+    flavor = CASES[case][2].get("flavor", "inner")
+    assert returned == [load(record, flavor=flavor)]
 
 
 def test_pins_cover_every_record_field():

@@ -1,0 +1,237 @@
+"""Post-training calibration cost: ``amct_bridge.keras.calibrate()`` against a warm ``predict``.
+
+Run: ``.venv/bin/python benchmarks/bench_ptq.py [--images 256] [--repeat 3] [--no-tflite]``.
+
+Model: keras.applications MobileNetV2 (alpha 0.35, 96x96, ``weights=None``), batch 32. For each
+algorithm it prints ``calibrate()`` wall time divided by a warm ``model.predict`` of the same
+images (same run, back to back, best of ``--repeat``; goals: minmax <= 2x, ifmr/hfmg <= 3x), and
+TFLite's int8 converter (``TFLiteConverter`` with a representative dataset of the same images) in
+the same units, and a plain ``predict`` whose step is traced anew (``retrace``): calibration
+observes tensors inside the compiled step, so it traces a new step, and that is its floor. Then
+where ``calibrate()``'s time goes, from one profiled run per algorithm:
+
+- ``keras in``: from the call to the first callback hook (the callback, predict's data adapter);
+- ``setup``: the plan and the observers, installing the instrumentation;
+- ``trace+1st``: the first batch, with the instrumented step's tracing;
+- ``batches``: the other batches (the steady per-batch cost is this over their number);
+- ``keras out``: from the last batch to the end hook;
+- ``drain``: the last read of the summaries and waiting for the observer thread;
+- ``search``: the HFMG/IFMR clip searches;
+- ``build``: the rest of the record and sidecar building;
+- ``write``: writing both files and reading the record back.
+
+The parts are timed by wrapping the session's methods in this process only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from amct_bridge.calibration import records as core_records  # noqa: E402
+from amct_bridge.keras import calibrate  # noqa: E402
+from amct_bridge.keras import session as keras_session  # noqa: E402
+
+# the module (amct_bridge.keras.calibrate is also the name of the function)
+calibrate_module = importlib.import_module("amct_bridge.keras.calibrate")
+
+ALGORITHMS = ("minmax", "ifmr", "hfmg")
+GOALS = {"minmax": 2.0, "ifmr": 3.0, "hfmg": 3.0}
+
+
+def make_model() -> keras.Model:
+    """MobileNetV2 alpha 0.35 at 96x96, random weights (seeded)."""
+    keras.utils.set_random_seed(0)
+    return keras.applications.MobileNetV2(
+        input_shape=(96, 96, 3), alpha=0.35, weights=None, classes=10
+    )
+
+
+def timed_predict(model, x) -> float:
+    start = time.perf_counter()
+    model.predict(x, batch_size=32, verbose=0)
+    return time.perf_counter() - start
+
+
+def timed_retrace(model, x) -> float:
+    """A plain ``predict`` whose step function is traced anew: the floor of any calibration
+    that runs its statistics inside the compiled step (the instrumented step is a new graph)."""
+    model.make_predict_function(force=True)
+    return timed_predict(model, x)
+
+
+def timed_calibrate(model, x, path: str, algo: str) -> float:
+    start = time.perf_counter()
+    calibrate(model, x, path, algorithm=algo, batch_size=32)
+    return time.perf_counter() - start
+
+
+def timed_tflite(model, x) -> float:
+    """TFLite's full-integer post-training quantization on the same images, batch 1."""
+
+    def representative():
+        for i in range(len(x)):
+            yield [x[i : i + 1]]
+
+    start = time.perf_counter()
+    with quiet():  # the converter prints its SavedModel signature and MLIR notes
+        converter = tf.lite.TFLiteConverter.from_keras_model(model)
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        converter.representative_dataset = representative
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+        converter.convert()
+    return time.perf_counter() - start
+
+
+@contextmanager
+def quiet():
+    """Send file descriptors 1 and 2 (C++ and Python output alike) to /dev/null."""
+    saved = [os.dup(1), os.dup(2)]
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, null):
+            os.close(fd)
+
+
+class Profile:
+    """Wall time per part of one ``calibrate()`` (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, float] = defaultdict(float)
+        self.marks: dict[str, float] = {}
+        self.batch_ends: list[float] = []
+
+    @contextmanager
+    def wrapped(self):
+        """Wrap the session's steps with timers for the duration of the block."""
+        patches = []
+
+        def wrap(owner, name, part, mark=None):
+            original = getattr(owner, name)
+
+            def timed(*args, **kwargs):
+                start = time.perf_counter()
+                if mark is not None:
+                    self.marks.setdefault(f"{mark} begin", start)
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    end = time.perf_counter()
+                    self.parts[part] += end - start
+                    if mark == "batch":
+                        self.batch_ends.append(end)
+                    elif mark is not None:
+                        self.marks[f"{mark} end"] = end
+
+            patches.append((owner, name, original))
+            setattr(owner, name, timed)
+
+        session = keras_session.Session
+        wrap(session, "new_run", "setup", mark="run")
+        wrap(session, "start_pass", "setup", mark="pass")
+        wrap(session, "batch_end", "batch hooks", mark="batch")
+        wrap(session, "stop_pass", "drain", mark="stop")
+        wrap(core_records, "search_clip_ranges", "search")
+        wrap(keras_session, "build_outputs", "build")
+        wrap(keras_session, "write_outputs", "write")
+        wrap(calibrate_module, "load", "write")
+        try:
+            yield self
+        finally:
+            for owner, name, original in reversed(patches):
+                setattr(owner, name, original)
+
+    def table(self, start: float, total: float) -> dict[str, float]:
+        """Parts in seconds; ``build`` excludes the search it contains."""
+        parts, marks, ends = dict(self.parts), self.marks, self.batch_ends
+        parts["build"] = parts.get("build", 0.0) - parts.get("search", 0.0)
+        parts["keras in"] = marks["run begin"] - start  # callback, predict's data adapter
+        parts["trace+1st"] = ends[0] - marks["pass end"]
+        parts["batches"] = ends[-1] - ends[0] if len(ends) > 1 else 0.0
+        parts["per batch"] = parts["batches"] / max(1, len(ends) - 1)
+        parts["keras out"] = marks["stop begin"] - ends[-1]
+        known = (
+            "keras in", "setup", "trace+1st", "batches", "keras out", "drain", "search", "build",
+            "write",
+        )  # fmt: skip
+        parts["other"] = total - sum(parts.get(k, 0.0) for k in known)
+        return parts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--images", type=int, default=256)
+    parser.add_argument("--repeat", type=int, default=3, help="runs per timing (best is kept)")
+    parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
+    parser.add_argument("--no-tflite", action="store_true", help="skip TFLite's converter")
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (args.images, 96, 96, 3)).astype("float32")
+    out = tempfile.mkdtemp()
+    model = make_model()
+    model.predict(x[:32], batch_size=32, verbose=0)  # build and trace the plain step
+    print(f"MobileNetV2 a0.35 96x96, {args.images} images, batch 32, best of {args.repeat}")
+    results = {}
+    for algo in ("retrace", *args.algorithms.split(",")):
+        base, calib = [], []
+        for i in range(args.repeat):
+            base.append(timed_predict(model, x))
+            if algo == "retrace":
+                calib.append(timed_retrace(model, x))
+            else:
+                path = os.path.join(out, f"{algo}{i}.txt")
+                calib.append(timed_calibrate(model, x, path, algo))
+        results[algo] = (min(base), min(calib))
+    if not args.no_tflite:
+        results["tflite int8"] = (timed_predict(model, x), timed_tflite(model, x))
+    print(f"warm predict: {min(b for b, _ in results.values()):.3f} s")
+    print(f"{'':<12} {'seconds':>8} {'x predict':>9} {'goal':>5}")
+    for algo, (b, c) in results.items():
+        goal = GOALS.get(algo)
+        mark = "" if goal is None else ("ok" if c / b <= goal else "over")
+        print(f"{algo:<12} {c:>8.3f} {c / b:>9.2f} {goal or '':>5} {mark}")
+    print("(retrace: a plain predict with its step traced anew, the floor of a calibration)")
+
+    print("\nwhere calibrate() spends its time (one profiled run each, seconds):")
+    cols = (
+        "keras in", "setup", "trace+1st", "batches", "per batch", "keras out", "drain", "search",
+        "build", "write",
+    )  # fmt: skip
+    print(f"{'algorithm':<10} {'total':>6} " + " ".join(f"{c:>9}" for c in (*cols, "other")))
+    # the profiled runs come after the timed ones: every part has been run once before
+    for algo in args.algorithms.split(","):
+        profile = Profile()
+        with profile.wrapped():
+            start = time.perf_counter()
+            total = timed_calibrate(model, x, os.path.join(out, f"{algo}-p.txt"), algo)
+        parts = profile.table(start, total)
+        print(
+            f"{algo:<10} {total:>6.3f} "
+            + " ".join(f"{parts.get(c, 0.0):>9.3f}" for c in (*cols, "other"))
+        )
+
+
+if __name__ == "__main__":
+    main()
