@@ -44,6 +44,13 @@ import os
 import keras
 import numpy as np
 
+from amct_bridge.calibration.simulate import (
+    balance_of,
+    check_factors,
+    input_quant,
+    require_factors,
+    simulated_kernel,
+)
 from amct_bridge.errors import RecordError
 from amct_bridge.keras.fake_quant import (
     divide_exact,
@@ -59,9 +66,6 @@ from amct_bridge.keras.rewrite import (
     plain_copy,
     quantizable_layers,
 )
-from amct_bridge.quant.arq import fake_quantize_weights
-from amct_bridge.quant.factors import bits_of, quant_limits
-from amct_bridge.quant.layouts import get_layout, out_channel_shape
 from amct_bridge.records.model import LayerFactors, Record
 
 
@@ -182,7 +186,7 @@ def simulate(model: keras.Model, record: Record | str | os.PathLike) -> keras.Mo
         from amct_bridge.records import load
 
         record = load(record)
-    _require_factors(record)
+    require_factors(record)
     parts = _record_parts(model, record)
     fused = batchnorm_after(model)
 
@@ -196,10 +200,10 @@ def simulate(model: keras.Model, record: Record | str | os.PathLike) -> keras.Mo
         last = mine[attrs[1]] if len(attrs) > 1 else None  # a separable conv's pointwise part
         return SimulatedQuant(
             new,
-            input_quant=_input_quant(first, key) if first is not None else None,
-            mid_quant=_input_quant(last, key) if last is not None else None,
-            input_balance=_balance(first),
-            mid_balance=_balance(last),
+            input_quant=input_quant(first) if first is not None else None,
+            mid_quant=input_quant(last) if last is not None else None,
+            input_balance=balance_of(first),
+            mid_balance=balance_of(last),
             name=layer.name,
         )
 
@@ -236,21 +240,6 @@ def _record_parts(model: keras.Model, record: Record) -> dict[str, dict[str, Lay
     return parts
 
 
-def _require_factors(record: Record) -> None:
-    """A record with nothing to simulate (e.g. prune-only) is a mistake, not a float copy."""
-    if any(f.scale_d is not None or f.scale_w for f in record.layers.values()):
-        return
-    n, p = len(record.layers), len(record.prune_records)
-    what = f"{n} layer entr{'y' if n == 1 else 'ies'} without scale_d/scale_w" if n else "no layers"
-    if p:
-        what += f" and {p} prune record{'' if p == 1 else 's'}"
-    source = f"record {record.source}" if record.source else "the record"
-    raise RecordError(
-        f"{source} has no quantization factors ({what}); simulate() needs scale_d/scale_w "
-        "from a calibration or QAT record"
-    )
-
-
 def _by_keras_keys(model: keras.Model, entries: dict) -> dict[str, LayerFactors]:
     """Entries keyed by TF op names (``keys="tf_op"``) re-keyed by Keras layer names, by
     tracing the model as :func:`~amct_bridge.keras.freeze.freeze_model` does for the record.
@@ -285,78 +274,18 @@ def _unknown_message(model: keras.Model, unknown: list[str], known: list[str]) -
     return "\n".join(lines)
 
 
-def _bits(factors: LayerFactors, field: str) -> int:
-    if factors.dst_type is not None:
-        return bits_of(factors.dst_type)
-    if field == "act_type":
-        return bits_of(factors.act_type or "INT8")
-    # wts_type INT4..INT8: ARQ scales already map the kernel into the narrower range, so
-    # clipping at 8 bits is exact (AMCT stores INT6/INT7 results as INT8 too).
-    return 8
-
-
 def _check_factors(key: str, layer, attr: str, f: LayerFactors) -> None:
     where = f"record key {key!r} ({type(layer).__name__})"
-    if (f.scale_d is None) != (f.offset_d is None):
-        raise RecordError(f"{where}: scale_d and offset_d must be given together")
-    if f.scale_d is not None:
-        qmin, qmax = quant_limits(_bits(f, "act_type"))
-        if not (np.isfinite(f.scale_d) and f.scale_d > 0):
-            raise RecordError(f"{where}: scale_d {f.scale_d} must be finite and > 0")
-        if not qmin <= f.offset_d <= qmax:
-            raise RecordError(f"{where}: offset_d's value should be in [{qmin}, {qmax}]")
-    if not attr:
-        if f.scale_w:
-            raise RecordError(f"{where}: average pooling has no weights, but scale_w is set")
-        if f.tensor_balance_factor:
-            raise RecordError(f"{where}: tensor_balance_factor is not allowed on average pooling")
+    if not attr:  # average pooling: data factors only
+        check_factors(where, key, f, None, None)
         return
-    if f.tensor_balance_factor:
-        shape = tuple(getattr(layer, attr).shape)
-        layout = dict(layer_spec(layer).kernels)[attr]
-        cin = int(shape[get_layout(np.empty(shape), layout, key).in_axis])
-        if len(f.tensor_balance_factor) != cin:
-            raise RecordError(
-                f"{where}: tensor_balance_factor's length {len(f.tensor_balance_factor)} should "
-                f"be equal to the channel length of inputs of layer {key}: {cin} (Cin)"
-            )
-        if not all(np.isfinite(v) and v > 0 for v in f.tensor_balance_factor):
-            raise RecordError(f"{where}: every tensor_balance_factor must be finite and > 0")
-    if not f.scale_w:
-        return
-    channels = _out_channels(getattr(layer, attr).shape, layer_spec(layer), attr)
-    if len(f.scale_w) not in (1, channels):
-        raise RecordError(f"{where}: scale_w has {len(f.scale_w)} values, expected 1 or {channels}")
-    if f.offset_w and len(f.offset_w) != len(f.scale_w):
-        raise RecordError(
-            f"{where}: offset_w has {len(f.offset_w)} values, scale_w {len(f.scale_w)}"
-        )
-    if any(o != 0 for o in f.offset_w):
-        raise RecordError(f"{where}: offset_w's value should be 0")
-    if not all(np.isfinite(s) and s > 0 for s in f.scale_w):
-        raise RecordError(f"{where}: every scale_w must be finite and > 0")
-
-
-def _input_quant(f: LayerFactors, key: str) -> list | None:
-    if f.scale_d is None:
-        return None
-    return [float(np.float32(f.scale_d)), int(f.offset_d), _bits(f, "act_type")]
-
-
-def _balance(f: LayerFactors | None) -> list[float] | None:
-    """The DMQ factors of a part, as float32 values (the record's precision), or None."""
-    if f is None or not f.tensor_balance_factor:
-        return None
-    return [float(v) for v in np.float32(f.tensor_balance_factor)]
-
-
-def _out_channels(kernel_shape, spec, attr) -> int:
-    layout = dict(spec.kernels)[attr]
-    return int(np.prod(out_channel_shape(np.empty(tuple(kernel_shape)), layout)))
+    layout = dict(layer_spec(layer).kernels)[attr]
+    check_factors(where, key, f, tuple(getattr(layer, attr).shape), layout)
 
 
 def _quantize_kernels(layer, parts: dict, bn, key: str) -> None:
-    """Replace each kernel of ``layer`` named in ``parts`` by its dequantized integer values."""
+    """Replace each kernel of ``layer`` named in ``parts`` by its dequantized integer values
+    (:func:`amct_bridge.calibration.simulate.simulated_kernel`)."""
     spec = layer_spec(layer)
     for attr, layout in spec.kernels:
         f = parts.get(attr)
@@ -364,22 +293,7 @@ def _quantize_kernels(layer, parts: dict, bn, key: str) -> None:
             continue
         var = getattr(layer, attr)
         w = np.asarray(var, dtype=np.float32)
-        shape = out_channel_shape(w, layout, key)
         # BN folds into the last kernel only (the pointwise one of a separable conv).
-        fold = bn is not None and not f.skip_fusion and attr == spec.kernels[-1][0]
-        k = bn_scale(bn).reshape(shape) if fold else np.ones(shape)
-        # DMQ: AMCT multiplies the BN-fused kernel per input channel before ARQ; the simulated
-        # input is divided by the same factors, so the copy's kernel stays balanced.
-        in_shape = [1] * w.ndim
-        in_shape[get_layout(w, layout, key).in_axis] = -1
-        balance = np.float32(f.tensor_balance_factor or 1.0).reshape(in_shape)
-        fused = (w * k).astype(np.float32) * balance
-        wq = (
-            fake_quantize_weights(fused, layout, f.scale_w, num_bits=_bits(f, "wts_type"), name=key)
-            if f.scale_w
-            else fused
-        )
-        # Divide the BN factor back out: the kept BN multiplies it in again. A zero factor
-        # makes the kernel irrelevant, so keep the float one there.
-        wq = np.where(k == 0, w * balance, wq / np.where(k == 0, 1.0, k))
+        fold = bn is not None and attr == spec.kernels[-1][0]
+        wq = simulated_kernel(w, layout, f, bn_scale(bn) if fold else None, key)
         var.assign(wq.astype(var.dtype))
