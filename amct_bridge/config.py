@@ -29,6 +29,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -261,7 +262,7 @@ def _check_ifmr(opts: dict, where: str) -> None:
         if not 0.5 < opts[key] <= 1.0:
             raise CalibrationError(f"{where}: {key} must be in (0.5, 1], got {opts[key]}")
     start, end, step = opts["search_range_start"], opts["search_range_end"], opts["search_step"]
-    if not 0 < start < end or step <= 0:
+    if not 0 < start < end < math.inf or not 0 < step < math.inf:  # inf: an endless search
         raise CalibrationError(
             f"{where}: need 0 < search_range_start < search_range_end and search_step > 0, "
             f"got {start}, {end}, {step}"

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from amct_bridge.commands.common import load_keras_model
+from amct_bridge.commands.common import add_unsafe_load, load_keras_model, load_npy
 from amct_bridge.config import ALGORITHMS
 from amct_bridge.errors import CalibrationError
 from amct_bridge.records.summary import flavor_phrase
@@ -78,6 +78,7 @@ def register(subparsers) -> None:
     )
     p.add_argument("--frozen-graph", help="also write the matching frozen GraphDef (.pb)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    add_unsafe_load(p)
     p.set_defaults(func=run)
 
 
@@ -99,7 +100,7 @@ def positive_int(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Load model and data, calibrate, report what was written."""
-    model = load_keras_model(args.model)
+    model = load_keras_model(args.model, unsafe=args.unsafe_load)
     data = _load_data(args.data, model)
 
     from amct_bridge.keras import calibrate
@@ -146,10 +147,7 @@ def _names(text: str) -> list[str] | None:
 def _load_data(path: str, model):
     import numpy as np
 
-    try:
-        loaded = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as err:
-        raise CalibrationError(f"{path}: cannot read calibration data (.npy/.npz): {err}") from None
+    loaded = load_npy(path, "calibration data")  # never unpickles; names a damaged file
     names = [t.name for t in model.inputs]
     if isinstance(loaded, np.ndarray):
         arrays = [loaded]
@@ -167,6 +165,8 @@ def _load_data(path: str, model):
         raise CalibrationError(f"{path}: 1 array for a model with {len(names)} inputs {names}")
     labels = names if len(arrays) > 1 else [getattr(loaded, "files", [""])[0]]
     counts = {label: (len(a) if a.ndim else None) for label, a in zip(labels, arrays, strict=True)}
+    if 0 in counts.values():  # Keras would only warn "Your input ran out of data"
+        raise CalibrationError(f"{path}: holds 0 samples; calibration needs at least one")
     if len(set(counts.values())) > 1:
         # Keras would stop with "Data cardinality is ambiguous" and a traceback.
         listed = ", ".join(f"{label!r}: {count}" for label, count in counts.items())
@@ -196,6 +196,11 @@ def _as_input_dtype(array, tensor, path: str, label: str):
     import numpy as np
 
     dtype = np.dtype(getattr(tensor.dtype, "name", tensor.dtype) or "float32")
+    if array.dtype.kind not in "iubf":  # Keras: a traceback (strings) or a silent cast (complex)
+        raise CalibrationError(
+            f"{path}: {f'array {label!r}' if label else 'the array'} is {array.dtype}; expected "
+            f"numbers (float, integer or bool) for the model input {tensor.name!r} ({dtype})"
+        )
     if dtype.kind != "f" or array.dtype.kind not in "iub":
         return array
     cast = array.astype(dtype)

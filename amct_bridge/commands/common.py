@@ -9,6 +9,7 @@ Example:
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import sys
@@ -68,11 +69,36 @@ def quiet_tensorflow() -> None:
         print("\n".join(kept), file=sys.stderr)
 
 
-def load_keras_model(path: str):
+#: Help of ``--unsafe-load``, the only way the CLI deserializes code stored in a model file.
+UNSAFE_LOAD_HELP = (
+    "load Python code stored in the model file (Lambda layers): only for a file you trust; "
+    "without it such a model is refused (Keras safe_mode)"
+)
+
+
+def add_unsafe_load(parser: argparse.ArgumentParser) -> None:
+    """Add ``--unsafe-load`` to a command that takes a Keras model.
+
+    Example:
+        >>> p = argparse.ArgumentParser(); add_unsafe_load(p)
+        >>> p.parse_args(["--unsafe-load"]).unsafe_load
+        True
+    """
+    parser.add_argument("--unsafe-load", action="store_true", help=UNSAFE_LOAD_HELP)
+
+
+def load_keras_model(path: str, *, unsafe: bool = False):
     """Load a .keras / .h5 model without compiling it; a bad file is an AmctBridgeError.
 
     A file that is not a Keras archive is named for what it looks like (Keras itself reports
-    such a ``.keras`` file as "File not found").
+    such a ``.keras`` file as "File not found"). The model loads with Keras' ``safe_mode``:
+    a Lambda layer holding Python bytecode is refused unless ``unsafe`` (CLI ``--unsafe-load``).
+
+    Example:
+        >>> load_keras_model("missing.keras")
+        Traceback (most recent call last):
+        ...
+        amct_bridge.errors.AmctBridgeError: missing.keras: model file not found
     """
     if not Path(path).is_file():
         raise AmctBridgeError(f"{path}: model file not found")
@@ -81,15 +107,81 @@ def load_keras_model(path: str):
     import keras  # heavy: only when a command needs a model
 
     try:
-        return keras.models.load_model(path, compile=False)
+        return keras.models.load_model(path, compile=False, safe_mode=not unsafe)
     except Exception as err:  # Keras raises many types for a bad file; name the file
-        raise AmctBridgeError(f"{path}: cannot load Keras model: {err}") from None
+        if not unsafe and "safe_mode" in str(err):
+            raise AmctBridgeError(
+                f"{path}: refused to load: the model holds Python code (a Lambda layer), which "
+                "could do anything when loaded; if you trust the file, rerun with --unsafe-load"
+            ) from None
+        raise AmctBridgeError(f"{path}: cannot load Keras model: {_one_line(err)}") from None
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+class NpzArrays(dict):
+    """The arrays of an .npz read in full: ``files`` and ``[name]`` as ``np.load`` gives them.
+
+    Example:
+        >>> NpzArrays(a=1).files
+        ['a']
+    """
+
+    @property
+    def files(self) -> list[str]:
+        """Array names, in the archive's order."""
+        return list(self)
+
+
+def load_npy(path: str, what: str = "data"):
+    """``np.load`` of a .npy (an array) or .npz (an :class:`NpzArrays`), never unpickling.
+
+    Object arrays are stored as pickles, and unpickling can run any code: such a file is
+    refused with a message saying so, as is a truncated or damaged file.
+
+    Example:
+        >>> load_npy("missing.npy", "labels")
+        Traceback (most recent call last):
+        ...
+        amct_bridge.errors.AmctBridgeError: missing.npy: cannot read labels: file not found
+    """
+    import numpy as np
+
+    if not Path(path).is_file():
+        raise AmctBridgeError(f"{path}: cannot read {what}: file not found")
+    name = None
+    try:
+        loaded = np.load(path, allow_pickle=False)
+        if isinstance(loaded, np.ndarray):
+            return loaded
+        with loaded:
+            arrays = NpzArrays()
+            for name in loaded.files:
+                arrays[name] = loaded[name]
+            return arrays
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+        where = f"{path}: array {name!r}" if name else path
+        if "allow_pickle" in str(err):
+            raise AmctBridgeError(
+                f"{where}: holds pickled Python objects (an object array), which amct-bridge "
+                f"never loads (unpickling can run code); save {what} as a numeric array"
+            ) from None
+        raise AmctBridgeError(
+            f"{where}: cannot read {what}: not a valid .npy/.npz file ({_one_line(err)})"
+        ) from None
 
 
 def _check_model_file(path: str) -> None:
     suffix = Path(path).suffix.lower()
     if suffix == ".keras":
         ok = zipfile.is_zipfile(path)
+        if not ok and _starts_with(path, b"PK\x03\x04"):
+            raise AmctBridgeError(
+                f"{path}: truncated or damaged .keras file: it starts as a zip archive but its "
+                "table of contents (at the end) is missing; save the model again"
+            )
         if ok:
             with zipfile.ZipFile(path) as archive:
                 ok = "config.json" in archive.namelist()
@@ -103,6 +195,11 @@ def _check_model_file(path: str) -> None:
     if not ok:
         kind = describe_file(path) or _text_or_unknown(path)
         raise AmctBridgeError(f"{path}: not a Keras model file: it looks like {kind}; {expected}")
+
+
+def _starts_with(path: str, magic: bytes) -> bool:
+    with open(path, "rb") as f:
+        return f.read(len(magic)) == magic
 
 
 def _text_or_unknown(path: str) -> str:
