@@ -33,7 +33,7 @@ from amct_bridge.calibration.protocol import PartWeights
 from amct_bridge.errors import CalibrationError
 from amct_bridge.quant.factors import activation_factors, bits_of
 from amct_bridge.records import LayerFactors, Record, convert, dumps
-from amct_bridge.records.atomic import atomic_write_bytes
+from amct_bridge.records.atomic import atomic_write_files
 from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange, sidecar_path
 
 log = logging.getLogger(__name__)
@@ -100,15 +100,19 @@ def finish_record(record: Record, flavor: str) -> tuple[Record, str]:
 
 
 def write_outputs(built: Built, record_path: str | os.PathLike) -> None:
-    """Write the record, its sidecar and any extra files (each atomically).
+    """Write the record, its sidecar and any extra files, as one set: an interruption leaves
+    all of them as they were (never a new record beside another run's sidecar).
 
     Example:
         >>> # see build_record
     """
-    atomic_write_bytes(Path(record_path), built.record_text.encode())
-    atomic_write_bytes(sidecar_path(record_path), built.stats.to_json().encode())
-    for path, data in built.extra.items():
-        atomic_write_bytes(Path(path), data)
+    atomic_write_files(
+        {
+            Path(record_path): built.record_text.encode(),
+            sidecar_path(record_path): built.stats.to_json().encode(),
+            **{Path(path): data for path, data in built.extra.items()},
+        }
+    )
 
 
 def _clip_ranges(session) -> dict[int, tuple[float, float]]:

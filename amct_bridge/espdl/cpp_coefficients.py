@@ -42,7 +42,7 @@ from amct_bridge.errors import ExportError
 from amct_bridge.espdl import spec
 from amct_bridge.espdl.naming import _KEYWORDS
 from amct_bridge.espdl.preview import LayerPreview, QuantizedTensor, load_set, preview_set
-from amct_bridge.records.atomic import atomic_write_bytes
+from amct_bridge.records.atomic import atomic_write_files
 
 #: Values per line in the tool's element arrays.
 VALUES_PER_LINE = 512
@@ -229,7 +229,7 @@ def set_files(
 
 
 def write_files(out_dir: str | os.PathLike, files: dict[str, bytes]) -> list[Path]:
-    """Write ``files`` into ``out_dir`` (created if its parent exists), each atomically.
+    """Write ``files`` into ``out_dir`` (created if its parent exists), atomically as one set.
 
     Example:
         >>> write_files("/nonexistent/x", {"a.cpp": b""})
@@ -242,11 +242,9 @@ def write_files(out_dir: str | os.PathLike, files: dict[str, bytes]) -> list[Pat
         if out.exists() or not out.parent.is_dir():
             raise ExportError(f"{out}: not a directory, and its parent does not exist")
         out.mkdir()
-    written = []
-    for file_name, data in files.items():
-        atomic_write_bytes(out / file_name, data)
-        written.append(out / file_name)
-    return written
+    # one set: a .hpp never declares what the .cpp beside it (an older one) does not define
+    atomic_write_files({out / file_name: data for file_name, data in files.items()})
+    return [out / file_name for file_name in files]
 
 
 def convert_set(
