@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from amct_bridge.commands.common import add_unsafe_load, load_npy
 from amct_bridge.errors import AmctBridgeError, ExportError
 
 
@@ -53,6 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--input-exponent", type=int, help="override the export's input exponent")
     parser.add_argument("--limit", type=int, help="use the first N samples only")
     parser.add_argument("--batch-size", type=int, default=64, help="chip batch (default 64)")
+    add_unsafe_load(parser)
     parser.set_defaults(func=run)
 
 
@@ -63,22 +65,15 @@ def load_dataset(data: str, labels: str | None = None) -> tuple[np.ndarray, np.n
         >>> load_dataset("/nonexistent.npz")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        amct_bridge.errors.AmctBridgeError: /nonexistent.npz: cannot read: ...
+        amct_bridge.errors.AmctBridgeError: /nonexistent.npz: cannot read the dataset: file not found
     """
-    try:
-        if labels is None:
-            with np.load(data, allow_pickle=False) as archive:
-                if not hasattr(archive, "files") or not {"x", "y"} <= set(archive.files):
-                    raise AmctBridgeError(f"{data}: expected an .npz with arrays 'x' and 'y'")
-                x, y = archive["x"], archive["y"]
-        else:
-            x, y = np.load(data, allow_pickle=False), np.load(labels, allow_pickle=False)
-    except OSError as err:
-        raise AmctBridgeError(
-            f"{err.filename or data}: cannot read: {err.strerror or err}"
-        ) from None
-    except ValueError as err:
-        raise AmctBridgeError(f"{data}: not a numpy file: {err}") from None
+    if labels is None:
+        archive = load_npy(data, "the dataset")  # never unpickles; names a damaged file
+        if not hasattr(archive, "files") or not {"x", "y"} <= set(archive.files):
+            raise AmctBridgeError(f"{data}: expected an .npz with arrays 'x' and 'y'")
+        x, y = archive["x"], archive["y"]
+    else:
+        x, y = load_npy(data, "inputs"), load_npy(labels, "labels")
     y = np.asarray(y)
     if y.ndim == 2 and y.shape[1] > 1:
         y = y.argmax(axis=1)  # one-hot
@@ -292,7 +287,7 @@ def run(args: argparse.Namespace) -> int:
         x, y = x[: args.limit], y[: args.limit]
     if args.batch_size < 1:
         raise AmctBridgeError(f"--batch-size {args.batch_size}: expected >= 1")
-    model = load_keras_model(args.model)
+    model = load_keras_model(args.model, unsafe=args.unsafe_load)
     record = None
     if args.record is not None:
         from amct_bridge.records import load

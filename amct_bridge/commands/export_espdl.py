@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from amct_bridge.commands.common import load_keras_model
+from amct_bridge.commands.common import add_unsafe_load, load_keras_model
 from amct_bridge.errors import ExportError
 
 
@@ -37,6 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--record", help="AMCT record file (its sidecar is read if present)")
     parser.add_argument("--model", help="Keras model file (.keras / .h5)")
+    add_unsafe_load(parser)
     parser.add_argument(
         "--mindspore",
         metavar="MODULE:FACTORY",
@@ -142,7 +143,7 @@ def _exporter(args: argparse.Namespace):
         raise ExportError("--ckpt and --input-shape go with --mindspore")
     from amct_bridge.keras import export_espdl
 
-    return export_espdl, load_keras_model(args.model)
+    return export_espdl, load_keras_model(args.model, unsafe=args.unsafe_load)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from amct_bridge.commands.common import load_keras_model
+from amct_bridge.commands.common import add_unsafe_load, load_keras_model
 from amct_bridge.errors import GraphError
 
 
@@ -52,6 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--no-channel", action="store_true", help="leave out channel groups")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_unsafe_load(parser)
     parser.set_defaults(func=run)
 
 
@@ -70,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         return _run_mindspore(args)
     if not args.model:
         raise GraphError("give a Keras model file or --mindspore module:factory")
-    model = load_keras_model(args.model)
+    model = load_keras_model(args.model, unsafe=args.unsafe_load)
     graph = extract_graph(model)
     discovery = Discovery() if args.no_channel else discover_groups(graph)
     selective = selective_candidates(graph) if args.selective else None

@@ -21,7 +21,7 @@ import json
 import sys
 
 from amct_bridge.commands.calibrate import _load_data, positive_int
-from amct_bridge.commands.common import load_keras_model
+from amct_bridge.commands.common import add_unsafe_load, load_keras_model, load_npy
 from amct_bridge.errors import CalibrationError
 from amct_bridge.records.atomic import atomic_write_bytes
 
@@ -46,6 +46,7 @@ def register(subparsers) -> None:
     p.add_argument("--top-k", type=int, default=3, help="sensitive layers to list (default 3)")
     p.add_argument("--batch-size", type=positive_int, default=32, help="samples per batch")
     p.add_argument("--max-samples", type=positive_int, help="use the first N samples only")
+    add_unsafe_load(p)
     p.set_defaults(func=run)
 
 
@@ -58,14 +59,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.top_k < 0:
         raise CalibrationError(f"--top-k must be >= 0, got {args.top_k}")
-    model = load_keras_model(args.model)
+    model = load_keras_model(args.model, unsafe=args.unsafe_load)
     data = _load_data(args.data, model)
     labels = None
     if args.labels:
-        try:
-            labels = np.load(args.labels, allow_pickle=False)
-        except (OSError, ValueError) as err:
-            raise CalibrationError(f"{args.labels}: cannot read labels (.npy): {err}") from None
+        labels = load_npy(args.labels, "labels")  # never unpickles
         n = len(data[0] if isinstance(data, list) else data)
         if not isinstance(labels, np.ndarray) or labels.ndim == 0 or len(labels) != n:
             got = labels.shape if isinstance(labels, np.ndarray) else "an .npz archive"
