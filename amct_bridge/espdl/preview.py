@@ -258,8 +258,17 @@ def load_set(directory: str | Path, config_name: str = "config.json") -> tuple[d
         raise ExportError(f"{path}:{err.lineno}:{err.colno}: not JSON: {err.msg}") from None
     if not isinstance(config, dict):
         raise ExportError(f"{path}: expected a JSON object of layers")
-    arrays = {p.stem: np.load(p, allow_pickle=False) for p in sorted(directory.glob("*.npy"))}
+    arrays = {p.stem: _load_npy(p) for p in sorted(directory.glob("*.npy"))}
     return config, arrays
+
+
+def _load_npy(path: Path) -> np.ndarray:
+    """One coefficient array; never unpickled (an object array could run code when loaded)."""
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as err:
+        why = "holds pickled Python objects, never loaded" if "pickle" in str(err) else err
+        raise ExportError(f"{path}: not a numeric .npy array: {why}") from None
 
 
 def _shape_text(shape: tuple[int, ...]) -> str:

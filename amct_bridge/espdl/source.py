@@ -41,10 +41,12 @@ Example:
 
 from __future__ import annotations
 
-import ast
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from amct_bridge.errors import ExportError
 
 #: Ops the exporter writes coefficients for, and convert.py's operation name for each.
 WEIGHT_OPS: dict[str, str] = {
@@ -142,8 +144,12 @@ def zero_padding(layer: SourceLayer) -> list[int]:
         [0, 1, 0, 1]
     """
     value = layer.attrs.get("padding", 1)
-    if isinstance(value, str):
-        value = ast.literal_eval(value)
+    if isinstance(value, str):  # read the integers; a model's config text is never evaluated
+        numbers = [int(v) for v in re.findall(r"-?\d+", value)]
+        if len(numbers) not in (1, 2, 4):
+            raise ExportError(f"layer {layer.describe()}: cannot read padding {value!r}")
+        value = numbers[0] if len(numbers) == 1 else numbers
+        value = value if len(numbers) != 4 else (tuple(numbers[:2]), tuple(numbers[2:]))
     if isinstance(value, int):
         return [value] * 4
     rows, cols = value
