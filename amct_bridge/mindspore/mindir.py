@@ -121,6 +121,12 @@ def export_model(net: ms.nn.Cell, tensors: list[ms.Tensor], read: Any = None) ->
 
     training = net.training
     net.set_train(False)
+    # A cell's scope (MindIR domain) is set once, by the first compile that sees it: after a
+    # Model compiled ``net`` inside its WithEvalCell / TrainOneStepCell, every scope would start
+    # with ``Default/_network-Net/`` (or ``_backbone``...). Let this export name them from ``net``.
+    scopes = [(cell, cell.__dict__.get("_scope")) for _, cell in net.cells_and_names()]
+    for cell, _ in scopes:
+        cell.__dict__["_scope"] = None
     try:
         with _in_temp_dir() as tmp:
             try:
@@ -141,6 +147,8 @@ def export_model(net: ms.nn.Cell, tensors: list[ms.Tensor], read: Any = None) ->
                 ) from None
     finally:
         net.set_train(training)
+        for cell, scope in scopes:
+            cell.__dict__["_scope"] = scope
     if not seen:
         raise GraphError(f"{type(net).__name__}: MindIR export produced no graph")
     return seen[0]
