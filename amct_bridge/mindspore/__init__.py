@@ -7,7 +7,11 @@ first used.
 - ``prune_discovery(net, sample_input)``, ``prune_record(net, sample_input, ...)``,
   ``selective_masks``, ``apply_selective_masks`` (:mod:`amct_bridge.mindspore.prune`);
 - ``export_espdl(net, record, out_dir, sample_input=...)``: ESP-DL v1 export
-  (:mod:`amct_bridge.mindspore.espdl_weights`).
+  (:mod:`amct_bridge.mindspore.espdl_weights`);
+- ``QuantCalibration(record_path, ...)``: calibration callback for ``Model.eval`` / ``train``
+  / ``fit`` (:mod:`amct_bridge.mindspore.callback`);
+- ``calibrate(net, data, record_path, ...)``: calibration without ``Model``
+  (:mod:`amct_bridge.mindspore.calibrate`).
 
 Example:
     >>> import amct_bridge.mindspore as ams
@@ -27,6 +31,9 @@ _LAZY = {
     "selective_masks": "amct_bridge.mindspore.prune",
     "apply_selective_masks": "amct_bridge.mindspore.prune",
     "export_espdl": "amct_bridge.mindspore.espdl_weights",
+    "QuantCalibration": "amct_bridge.mindspore.callback",
+    "calibrate": "amct_bridge.mindspore.calibrate",
+    "simulate": "amct_bridge.mindspore.simulation",
 }
 
 __all__ = sorted(_LAZY)
@@ -34,5 +41,9 @@ __all__ = sorted(_LAZY)
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        # importing the submodule ``calibrate`` bound the package attribute to the module:
+        # bind the function instead
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'amct_bridge.mindspore' has no attribute {name!r}")
