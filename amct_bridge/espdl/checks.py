@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import difflib
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -98,13 +99,18 @@ def check_record_keys(record: Record | None, layers: list[SourceLayer]) -> None:
     """
     if record is None:
         return
-    known = {layer.name for layer in layers}
-    missing = [key for key in record.layers if key not in known]
+    known = [layer.name for layer in layers]
+    missing = [key for key in record.layers if key not in set(known)]
     if missing:
         raise ExportError(
             "record layers not found in the model (is this the model the record was made "
-            f"for?): {', '.join(repr(k) for k in missing)}"
+            f"for?): {', '.join(repr(k) + _did_you_mean(k, known) for k in missing)}"
         )
+
+
+def _did_you_mean(key: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(key, known, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def saturation_warnings(name: str, preview: LayerPreview) -> list[str]:
