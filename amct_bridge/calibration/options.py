@@ -1,0 +1,83 @@
+"""Checks of calibration options shared by the adapters' callbacks (same messages everywhere).
+
+A callback resolves its options once, when it is created, so a bad value stops the user before
+any batch runs: :func:`check_choice` for enumerations, :func:`check_dmq_flavor` (DMQ needs the
+"inner" flavor), :func:`check_output` (the record and sidecar paths are writable) and
+:func:`resolve_batch_num` (explicit value, else the config file's, else every batch).
+
+Example:
+    >>> from amct_bridge.config import QuantConfig
+    >>> resolve_batch_num(None, QuantConfig(), from_file=False) is None
+    True
+    >>> check_choice("flavor", "tf", ("inner", "mindspore"))
+    Traceback (most recent call last):
+    ...
+    amct_bridge.errors.CalibrationError: flavor must be one of inner, mindspore; got 'tf'
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from amct_bridge.config import QuantConfig
+from amct_bridge.errors import AmctBridgeError, CalibrationError
+from amct_bridge.records.atomic import check_writable
+from amct_bridge.records.calibration import sidecar_path
+
+
+def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    """CalibrationError unless ``value`` is one of ``choices``.
+
+    Example:
+        >>> check_choice("on", "auto", ("auto", "train"))
+    """
+    if value not in choices:
+        raise CalibrationError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def check_dmq_flavor(config: QuantConfig, flavor: str) -> None:
+    """CalibrationError when DMQ (migration_strength) is asked for a flavor without
+    ``tensor_balance_factor``.
+
+    Example:
+        >>> check_dmq_flavor(QuantConfig(), "mindspore")
+    """
+    layers = [config.common, *config.by_type.values(), *config.by_name.values()]
+    if flavor != "inner" and any(c.migration_strength is not None for c in layers):
+        raise CalibrationError(
+            f"DMQ (migration_strength) needs flavor 'inner': a {flavor!r} record cannot hold "
+            "tensor_balance_factor, and its scale_w would not match the unbalanced weights"
+        )
+
+
+def check_output(record_path: str | os.PathLike) -> Path:
+    """The record path, after checking it and its sidecar can be written (CalibrationError).
+
+    Example:
+        >>> import tempfile
+        >>> check_output(os.path.join(tempfile.mkdtemp(), "r.txt")).name
+        'r.txt'
+    """
+    path = Path(record_path)
+    for target in (path, sidecar_path(path)):
+        try:
+            check_writable(target)
+        except AmctBridgeError as err:
+            raise CalibrationError(f"cannot write output: {err}") from None
+    return path
+
+
+def resolve_batch_num(batch_num: int | None, config: QuantConfig, from_file: bool) -> int | None:
+    """Batches to gather: ``batch_num`` if given (>= 1), else a config file's ``batch_num``,
+    else None (every batch of the run).
+
+    Example:
+        >>> resolve_batch_num(4, QuantConfig(), from_file=False)
+        4
+    """
+    if batch_num is not None and int(batch_num) < 1:
+        raise CalibrationError(f"batch_num must be >= 1 (or None for all), got {batch_num}")
+    if batch_num:
+        return int(batch_num)
+    return config.batch_num if from_file else None

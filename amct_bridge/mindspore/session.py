@@ -1,0 +1,262 @@
+"""One calibration session of a MindSpore network: the MindSpore half of the core session.
+
+:class:`~amct_bridge.calibration.session.CalibrationSession` owns the points, observers, batch
+counting and the record. This subclass says how MindSpore does its part:
+
+* **describe**: every leaf cell of ``cells_and_names()`` (:func:`amct_bridge.mindspore.cells.
+  leaf_cells`) as a layer descriptor keyed by its name (``layer1.0.conv1``), plus the graph IR
+  from a MindIR export (:func:`amct_bridge.mindspore.graph.extract_graph`) for the Conv/Dense +
+  BatchNorm2d rule, calls per step (a ReLU used twice) and the functional ``x + y`` /
+  ``ops.concat`` ops. The export needs an input: ``sample_input`` (the callback takes the first
+  batch). A functional op gets a sidecar entry only when both its first input and its output
+  are the input or output of a cell called once per step (the probes wrap cells; a functional
+  op has none), e.g. not ``relu(x + y)`` when that ReLU cell is also called elsewhere.
+* **weights**: :class:`~amct_bridge.mindspore.weights.MindSporeWeights` (OIHW, Dense (out, in),
+  Conv2dTranspose (in, out, kH, kW), BatchNorm2d ``eps`` and moving statistics).
+* **statistics**: an :class:`~amct_bridge.mindspore.instrument.Instrumentation` per pass
+  (wrapper cells updating Parameters, in the graph in both modes); the compile caches of the
+  network and of every compiled top-level cell given (``Model``'s eval / train networks) are
+  cleared on install and removal, so no stale graph runs on with or without probes.
+* **write**: the core's record (flavor "mindspore" by default, or "inner") and sidecar, both
+  written atomically only after everything was built.
+
+Grouped convolutions (``1 < group < in_channels``) are not quantized (AMCT has no such op):
+the session logs a warning naming them.
+
+Example:
+    >>> import numpy as np
+    >>> from mindspore import nn
+    >>> from amct_bridge.config import QuantConfig
+    >>> net = nn.SequentialCell([nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()])
+    >>> s = Session(net, QuantConfig(), batch_num=None, sample_input=(1, 3, 8, 8)); s.new_run()
+    >>> [(t.key, t.kind, t.bn_key) for t in s.plan.targets]
+    [('0', 'Conv2D', '1'), ('2', 'ReLU', None)]
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
+
+from mindspore import nn
+
+from amct_bridge.calibration.layers import LayerDesc, ModelDesc
+from amct_bridge.calibration.protocol import Point
+from amct_bridge.calibration.records import Built, build_record, finish_record, write_outputs
+from amct_bridge.calibration.session import CalibrationSession
+from amct_bridge.config import QuantConfig
+from amct_bridge.errors import CalibrationError, GraphError
+from amct_bridge.graph.ir import Graph
+from amct_bridge.mindspore.cells import (
+    BATCH_NORM_KINDS,
+    FOLDABLE_KINDS,
+    QUANTIZABLE_KINDS,
+    RUNTIME,
+    leaf_cells,
+)
+from amct_bridge.mindspore.cells import describe as describe_cell
+from amct_bridge.mindspore.instrument import Instrumentation
+from amct_bridge.mindspore.weights import MindSporeWeights
+from amct_bridge.records import Record
+from amct_bridge.records.codec import from_proto, to_proto
+
+__all__ = ["FLAVORS", "Session", "net_inputs"]
+
+log = logging.getLogger(__name__)
+
+#: Record flavors a MindSpore calibration writes ("inner" carries DMQ and prune records).
+FLAVORS = ("mindspore", "inner")
+#: Host reads happen at most every this many batch ends (fewer transfers, same data)...
+_READ_EVERY = 16
+#: ...as long as the ring buffers of all histograms stay below this many bytes.
+_HIST_BUDGET = 32 * 2**20
+_GROUPED = ("GroupedConv2D", "GroupedConv2DTranspose")
+
+
+class Session(CalibrationSession):
+    """Statistics of one calibration session of a MindSpore network (see the module docstring).
+
+    Args:
+        net: the network (``nn.Cell``) whose leaf cells are calibrated.
+        config: the resolved :class:`~amct_bridge.config.QuantConfig`.
+        batch_num: batches to gather (None: every batch of the run).
+        sample_input: one input for the MindIR export (shape, array, Tensor, or a list for
+            several inputs); set it before the first :meth:`new_run`.
+        compiled: other compiled top-level cells that run the network (``Model``'s networks);
+            more with :meth:`forget_graphs`.
+
+    Example:
+        >>> # see the module docstring
+    """
+
+    def __init__(
+        self,
+        net,
+        config: QuantConfig,
+        batch_num: int | None,
+        *,
+        sample_input: Any = None,
+        compiled: Iterable = (),
+    ) -> None:
+        super().__init__(config, batch_num, model_name=type(net).__name__)
+        self.net = net
+        self.sample_input = sample_input
+        self.compiled: list = []
+        self._weights = MindSporeWeights()
+        self._homes: dict[tuple[str, str], tuple[Any, str]] = {}  # op point -> (cell, role)
+        self.written: Record | None = None  # the last record written (see write)
+        self.forget_graphs(*compiled)
+
+    # ---- the core's hooks ---------------------------------------------------------------------
+
+    def describe(self) -> ModelDesc:
+        """Leaf cells by ``cells_and_names()`` name + the graph IR of a MindIR export."""
+        name = type(self.net).__name__
+        layers = {key: describe_cell(key, cell) for key, cell in leaf_cells(self.net).items()}
+        if not layers and describe_cell("", self.net).quantizable:
+            raise CalibrationError(
+                f"network {name!r} is itself a single {name} cell: its own input cannot be "
+                f"observed from inside; wrap it, e.g. nn.SequentialCell([net])"
+            )
+        grouped = [k for k, d in layers.items() if d.kind in _GROUPED]
+        if grouped:
+            log.warning(
+                "network %r: grouped convolution(s) %s (1 < group < in_channels) are not "
+                "quantized (AMCT has no such op); they stay float",
+                name,
+                ", ".join(map(repr, grouped)),
+            )
+        graph = self._graph(name)
+        return ModelDesc(
+            name,
+            layers,
+            graph,
+            self._operations(graph, layers),
+            foldable_kinds=FOLDABLE_KINDS,
+            batch_norm_kinds=BATCH_NORM_KINDS,
+            quantizable_kinds=QUANTIZABLE_KINDS,
+        )
+
+    def weight_source(self) -> MindSporeWeights:
+        """Kernels in MindSpore layout, BatchNorm2d parameters."""
+        return self._weights
+
+    def _instrument(self, mode: str, points: list[Point]) -> Instrumentation:
+        per_read = sum(4 * p.bins * max(1, p.calls) for p in points)
+        every = max(1, min(_READ_EVERY, _HIST_BUDGET // max(1, per_read)))
+        # points of functional ops are observed on the cell touching the same tensor
+        cells = [self._on_cell(p) for p in points]
+        return Instrumentation(self.net, cells, every, compiled=self.compiled)
+
+    # ---- MindSpore specifics ------------------------------------------------------------------
+
+    def forget_graphs(self, *cells) -> None:
+        """Top-level cells whose compile caches are cleared on install / removal (and now, if
+        a pass is running), e.g. ``Model._eval_network``.
+
+        Example:
+            >>> # session.forget_graphs(run_context.original_args().get("train_network"))
+        """
+        for cell in cells:
+            if isinstance(cell, nn.Cell) and all(cell is not c for c in self.compiled):
+                self.compiled.append(cell)
+                if self._inst is not None:
+                    self._inst.forget_graphs(cell)
+
+    def _graph(self, name: str) -> Graph:
+        if self.sample_input is None:
+            raise CalibrationError(
+                f"network {name!r}: calibration reads the graph from a MindIR export, which "
+                "needs an input: give sample_input (a shape such as (1, 3, 32, 32) or an array)"
+            )
+        from amct_bridge.mindspore.graph import extract_graph  # MindIR parsing: only here
+
+        try:
+            return extract_graph(self.net, self.sample_input)
+        except GraphError as err:
+            raise CalibrationError(
+                f"network {name!r}: cannot read its graph (needed for BatchNorm folding and "
+                f"calls per step): {err}"
+            ) from None
+
+    def _operations(self, graph: Graph, layers: dict[str, LayerDesc]) -> dict[str, LayerDesc]:
+        """Functional Add / concat ops whose input and output a single-call cell observes."""
+        single = {n.layer: n for n in graph if n.is_layer and n.layer in layers and not n.shared}
+
+        def home(tid: str) -> tuple[Any, str] | None:
+            producer = graph.producer_of(tid)
+            if producer is not None and producer.layer in single and producer.outputs[0] == tid:
+                return layers[producer.layer].handle, "output"
+            for reader in graph.consumers_of(tid):
+                if reader.layer in single and reader.inputs == [tid]:
+                    return layers[reader.layer].handle, "input"
+            return None
+
+        ops: dict[str, LayerDesc] = {}
+        for node in graph:
+            if node.is_layer or node.kind not in RUNTIME or not node.inputs:
+                continue
+            where = {"input": home(node.inputs[0]), "output": home(node.outputs[0])}
+            if None in where.values():
+                log.info("functional op %r: no cell sees its tensors; no sidecar range", node.name)
+                continue
+            for role, found in where.items():
+                self._homes[(node.layer, role)] = found
+            ops[node.layer] = LayerDesc(node.layer, node.kind, runtime=True, params={})
+        return ops
+
+    def _on_cell(self, point: Point) -> Point:
+        if isinstance(point.layer, nn.Cell):
+            return point
+        cell, role = self._homes[(point.key, point.role)]
+        return replace(point, layer=cell, role=role)
+
+    # ---- output -------------------------------------------------------------------------------
+
+    def write(
+        self, record_path: str | os.PathLike, flavor: str = "mindspore", require_batches=False
+    ) -> Record | None:
+        """Build record + sidecar from what was seen, then write both (atomically each).
+
+        Returns the record as its file holds it (None when nothing was seen and
+        ``require_batches`` is False).
+        """
+        if not self.settle_for_write(require_batches):
+            return None
+        record, stats, _ = build_record(self)
+        record, text = finish_record(record, flavor)
+        write_outputs(Built(record, text, stats), record_path)
+        # what load() of the file gives (proto floats are float32), without parsing it again
+        self.written = from_proto(to_proto(record, flavor), flavor)
+        return self.written
+
+
+def net_inputs(net, element: tuple | list) -> Any:
+    """The part of a dataset element (a batch's columns) that ``net`` takes: as many leading
+    columns as its ``construct`` has positional parameters (all with ``*args``).
+
+    ``Model`` with a ``loss_fn`` hands ``(data, label)`` to ``WithLossCell`` / ``WithEvalCell``,
+    whose network takes ``data`` only; a network with its own loss takes every column.
+
+    Example:
+        >>> from mindspore import nn
+        >>> net_inputs(nn.Dense(2, 2), ("x", "label"))
+        'x'
+    """
+    element = list(element)
+    try:
+        params = inspect.signature(net.construct).parameters.values()
+    except (TypeError, ValueError):
+        return element[0] if len(element) == 1 else element
+    kinds = [p.kind for p in params]
+    if inspect.Parameter.VAR_POSITIONAL in kinds:
+        count = len(element)
+    else:
+        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        count = max(1, sum(1 for k in kinds if k in positional))
+    taken = element[:count]
+    return taken[0] if len(taken) == 1 else taken
