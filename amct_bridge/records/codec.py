@@ -222,7 +222,31 @@ def from_proto(
                 else None,
             )
         )
+    _refuse_bytes(record, source)
     return record
+
+
+def _refuse_bytes(record: Record, source: str) -> None:
+    # proto2 string fields are not UTF-8-checked when parsed from binary: protobuf hands back
+    # bytes, which no later step (flavor detection, writing, matching model names) can take.
+    def check(value, where: str) -> None:
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, bytes):
+                raise RecordError(
+                    f"{source}: {where}: {v!r} is not UTF-8 text; the file is corrupt or not "
+                    "an AMCT record"
+                )
+
+    for index, (key, factors) in enumerate(record.layers.items()):
+        check(key, f"record entry {index}: key")
+        for name in ("dst_type", "act_type", "wts_type", "prune_producer", "prune_consumer"):
+            check(getattr(factors, name), f"layer {key!r}: {name}")
+    for index, prune in enumerate(record.prune_records):
+        nodes = [*prune.producers, *prune.consumers, prune.selective_prune]
+        for node in [n for n in nodes if n is not None]:
+            check(node.name, f"prune_record[{index}]: node name")
+            for attr in node.attrs:
+                check(attr.name, f"prune_record[{index}]: node {node.name!r}: attr name")
 
 
 # ---------------------------------------------------------------- flavor detection
