@@ -4,6 +4,10 @@ Loads the Keras model and the calibration inputs, runs ``model.predict`` with
 :class:`amct_bridge.keras.QuantCalibration` (Keras progress bar) and writes the AMCT record, its
 calibration sidecar and optionally the matching frozen graph.
 
+A MindSpore network instead: ``--mindspore module:factory [--ckpt FILE]`` (see
+:mod:`amct_bridge.commands.mindspore_net`), run by :func:`amct_bridge.mindspore.calibrate`;
+the record is the "mindspore" flavor unless ``--flavor inner``.
+
 Example:
     >>> import argparse
     >>> sub = argparse.ArgumentParser().add_subparsers()
@@ -27,15 +31,24 @@ def register(subparsers) -> None:
     """Add the ``calibrate`` subcommand."""
     p = subparsers.add_parser(
         "calibrate",
-        help="calibrate a .keras model on .npy/.npz inputs and write an AMCT record",
+        help="calibrate a .keras model (or a MindSpore network) on .npy/.npz inputs and write "
+        "an AMCT record",
         description="Run the model on calibration inputs with statistics gathered in its graph "
         "and write an AMCT record (plus <record>.calib.json with each layer's input/output "
         "ranges). Options mirror AMCT's create_quant_config; --config reads AMCT's own simple "
         "config file, explicit options override it.",
     )
-    p.add_argument("model", help="Keras model file (.keras or .h5)")
+    p.add_argument("model", nargs="?", help="Keras model file (.keras or .h5); or --mindspore")
+    p.add_argument(
+        "--mindspore",
+        metavar="MODULE:FACTORY",
+        help="a MindSpore network instead: a callable returning the nn.Cell",
+    )
+    p.add_argument("--ckpt", help="with --mindspore: checkpoint to load into the network")
     p.add_argument("--data", required=True, help="inputs: .npy array or .npz (one array per input)")
-    p.add_argument("-o", "--output", required=True, help="record file to write (atomically)")
+    p.add_argument(
+        "-o", "--output", "--record", required=True, help="record file to write (atomically)"
+    )
     p.add_argument(
         "--batch-size", type=positive_int, default=32, help="samples per batch (default 32)"
     )
@@ -69,7 +82,11 @@ def register(subparsers) -> None:
     )
     p.add_argument("--migration-strength", type=float, help="enable DMQ with this strength")
     p.add_argument("--joint-quant", action="store_true", default=None, help="write shift_bit")
-    p.add_argument("--flavor", choices=("inner", "tf"), default="inner", help="record flavor")
+    p.add_argument(
+        "--flavor",
+        choices=("inner", "tf", "mindspore"),
+        help="record flavor (default: inner for Keras, mindspore for --mindspore)",
+    )
     p.add_argument(
         "--keys",
         choices=("keras", "tf_op"),
@@ -100,13 +117,70 @@ def positive_int(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Load model and data, calibrate, report what was written."""
+    if args.mindspore or args.ckpt:
+        return _run_mindspore(args)
+    if args.model is None:
+        raise CalibrationError("give a Keras MODEL file or --mindspore MODULE:FACTORY")
     model = load_keras_model(args.model, unsafe=args.unsafe_load)
     data = _load_data(args.data, model)
 
     from amct_bridge.keras import calibrate
-    from amct_bridge.records.calibration import load_stats, sidecar_path
 
-    options = {
+    options = _options(args)
+    options.update(
+        flavor=args.flavor or "inner", keys=args.keys, frozen_graph_path=args.frozen_graph
+    )
+    record = calibrate(
+        model,
+        data,
+        args.output,
+        batch_size=args.batch_size,
+        verbose=0 if args.quiet else 1,
+        **options,
+    )
+    _report(args, record)
+    return 0
+
+
+def _run_mindspore(args: argparse.Namespace) -> int:
+    """``--mindspore module:factory [--ckpt FILE]``: calibrate a MindSpore network."""
+    if not args.mindspore:
+        raise CalibrationError("--ckpt goes with --mindspore MODULE:FACTORY")
+    if args.model is not None:
+        raise CalibrationError(f"give either a Keras MODEL ({args.model}) or --mindspore, not both")
+    if args.keys != "keras" or args.frozen_graph:
+        raise CalibrationError("--keys and --frozen-graph are Keras options (TF op names)")
+    from amct_bridge.commands.mindspore_net import load_mindspore_net
+
+    data = _mindspore_data(args.data)
+    net = load_mindspore_net(args.mindspore, args.ckpt)
+    from amct_bridge.mindspore import calibrate
+
+    options = _options(args)
+    options["flavor"] = args.flavor or "mindspore"
+    record = calibrate(net, data, args.output, batch_size=args.batch_size, **options)
+    _report(args, record)
+    return 0
+
+
+def _mindspore_data(path: str):
+    """The .npy array, or the .npz arrays in file order (one per network input), as float32."""
+    import numpy as np
+
+    loaded = load_npy(path, "calibration data")
+    arrays = [loaded] if isinstance(loaded, np.ndarray) else [loaded[n] for n in loaded.files]
+    for array in arrays:
+        if array.dtype.kind not in "iubf":
+            raise CalibrationError(f"{path}: holds {array.dtype}; expected numbers")
+        if array.ndim == 0 or len(array) == 0:
+            raise CalibrationError(f"{path}: holds 0 samples; calibration needs at least one")
+    arrays = [a.astype(np.float32) if a.dtype != np.float32 else a for a in arrays]
+    return arrays[0] if len(arrays) == 1 else tuple(arrays)
+
+
+def _options(args: argparse.Namespace) -> dict:
+    """The QuantCalibration options both frameworks share."""
+    return {
         "config": args.config,
         "algorithm": args.algorithm,
         "algorithm_options": {"num_of_bins": args.num_of_bins} if args.num_of_bins else None,
@@ -118,25 +192,18 @@ def run(args: argparse.Namespace) -> int:
         "skip_fusion_layers": _names(args.skip_fusion_layers),
         "migration_strength": args.migration_strength,
         "joint_quant": args.joint_quant,
-        "flavor": args.flavor,
-        "keys": args.keys,
-        "frozen_graph_path": args.frozen_graph,
     }
-    record = calibrate(
-        model,
-        data,
-        args.output,
-        batch_size=args.batch_size,
-        verbose=0 if args.quiet else 1,
-        **options,
-    )
+
+
+def _report(args: argparse.Namespace, record) -> None:
+    from amct_bridge.records.calibration import load_stats, sidecar_path
+
     stats = load_stats(sidecar_path(args.output))
     print(
         f"wrote {args.output}: {flavor_phrase(record)}, {len(record.layers)} layers, "
         f"{stats.algorithm}, {stats.batches} batches; and {sidecar_path(args.output)}"
         + (f" and {args.frozen_graph}" if args.frozen_graph else "")
     )
-    return 0
 
 
 def _names(text: str) -> list[str] | None:
