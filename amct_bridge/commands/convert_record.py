@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from amct_bridge.records import convert, load, save
+from amct_bridge.records.atomic import check_writable
 from amct_bridge.records.flavors import FLAVORS
 
 
@@ -27,6 +28,7 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Convert and write; report dropped fields."""
+    check_writable(args.output)  # a directory or a missing folder: a message, not a traceback
     record = load(args.input)
     converted, dropped = convert(record, args.to)
     save(converted, args.output, binary=args.binary)

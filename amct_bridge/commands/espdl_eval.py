@@ -65,7 +65,7 @@ def load_dataset(data: str, labels: str | None = None) -> tuple[np.ndarray, np.n
         >>> load_dataset("/nonexistent.npz")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        amct_bridge.errors.AmctBridgeError: /nonexistent.npz: cannot read the dataset: file not found
+        amct_bridge.errors.AmctBridgeError: /nonexistent.npz: cannot read the dataset: ...
     """
     if labels is None:
         archive = load_npy(data, "the dataset")  # never unpickles; names a damaged file

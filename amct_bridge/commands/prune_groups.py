@@ -67,6 +67,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.with_mask and not args.selective:
         raise GraphError("--with-mask needs --selective")
+    if args.record:
+        from amct_bridge.records.atomic import check_writable
+
+        check_writable(args.record)  # before the model loads, not after
     if args.mindspore:
         return _run_mindspore(args)
     if not args.model:

@@ -23,7 +23,7 @@ import sys
 from amct_bridge.commands.calibrate import _load_data, positive_int
 from amct_bridge.commands.common import add_unsafe_load, load_keras_model, load_npy
 from amct_bridge.errors import CalibrationError
-from amct_bridge.records.atomic import atomic_write_bytes
+from amct_bridge.records.atomic import atomic_write_bytes, check_writable
 
 
 def register(subparsers) -> None:
@@ -59,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.top_k < 0:
         raise CalibrationError(f"--top-k must be >= 0, got {args.top_k}")
+    for path in (args.json, args.html):  # before the model runs, not after
+        if path:
+            check_writable(path)
     model = load_keras_model(args.model, unsafe=args.unsafe_load)
     data = _load_data(args.data, model)
     labels = None

@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import difflib
+import math
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -106,6 +107,19 @@ def check_record_keys(record: Record | None, layers: list[SourceLayer]) -> None:
             "record layers not found in the model (is this the model the record was made "
             f"for?): {', '.join(repr(k) + _did_you_mean(k, known) for k in missing)}"
         )
+    for key, factors in record.layers.items():  # exponents may come from these scales
+        for name, values in (("scale_d", [factors.scale_d]), ("scale_w", factors.scale_w)):
+            for i, value in enumerate(values):
+                if value is not None and not (math.isfinite(value) and value > 0):
+                    raise ExportError(
+                        f"{_where(record, key, name, i)}layer {key!r}: {name} {value}: scales "
+                        "must be finite and > 0 (amct-bridge validate lists every problem)"
+                    )
+
+
+def _where(record: Record, key: str, name: str, occurrence: int) -> str:
+    line = record.source_map.line_of(key, name, occurrence) if record.source_map else None
+    return f"{record.source}:{line}: " if record.source and line else ""
 
 
 def _did_you_mean(key: str, known: list[str]) -> str:
