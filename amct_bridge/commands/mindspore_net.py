@@ -46,7 +46,10 @@ def _import(module: str, spec: str) -> Any:
             raise AmctBridgeError(f"--mindspore {spec}: file {module} not found")
         mod_spec = importlib.util.spec_from_file_location(path.stem, path)
         mod = importlib.util.module_from_spec(mod_spec)
-        mod_spec.loader.exec_module(mod)
+        try:
+            mod_spec.loader.exec_module(mod)
+        except Exception as err:  # the user's file: its error, named, is not our bug
+            raise AmctBridgeError(f"--mindspore {spec}: {module} raised {_text(err)}") from None
         return mod
     added = os.getcwd() not in sys.path
     if added:
@@ -55,9 +58,17 @@ def _import(module: str, spec: str) -> Any:
         return importlib.import_module(module)
     except ImportError as err:
         raise AmctBridgeError(f"--mindspore {spec}: cannot import {module!r}: {err}") from None
+    except Exception as err:  # an error inside the user's module
+        raise AmctBridgeError(
+            f"--mindspore {spec}: importing {module} raised {_text(err)}"
+        ) from None
     finally:
         if added:
             sys.path.remove(os.getcwd())
+
+
+def _text(err: BaseException) -> str:
+    return f"{type(err).__name__}: {' '.join(str(err).split())}"
 
 
 def load_mindspore_net(spec: str, ckpt: str | None = None) -> Any:
@@ -85,7 +96,10 @@ def load_mindspore_net(spec: str, ckpt: str | None = None) -> Any:
         raise AmctBridgeError(f"--mindspore {spec}: {module} has no callable {factory!r}")
     import mindspore as ms  # heavy: only when a command needs a network
 
-    net = fn()
+    try:
+        net = fn()
+    except Exception as err:  # the user's factory: its error, named, is not our bug
+        raise AmctBridgeError(f"--mindspore {spec}: {factory}() raised {_text(err)}") from None
     if not isinstance(net, ms.nn.Cell):
         raise AmctBridgeError(
             f"--mindspore {spec}: the factory returned {type(net).__name__}, not an nn.Cell"
