@@ -3,7 +3,10 @@
 Framework-free: :func:`export` takes the model as a list of
 :class:`~amct_bridge.espdl.source.SourceLayer` only. Adapters translate their models and offer
 their own entry (``amct_bridge.keras.export_espdl(model, record, out_dir, ...)``); the core never
-imports them. :mod:`amct_bridge.espdl.preview` predicts convert.py's integers.
+imports them. :mod:`amct_bridge.espdl.preview` predicts convert.py's integers,
+:func:`convert_set` writes convert.py's C++ coefficient files from any convert.py input set, and
+:func:`simulate_chip` runs an export (directory, :class:`ExportResult` or :func:`load_network`)
+as the ESP-DL v1 chip computes it, bit for bit (docs/espdl-export.md, "Chip simulator").
 
 Example:
     >>> import numpy as np, tempfile, pathlib
@@ -18,6 +21,9 @@ Example:
     >>> res = export(rec, layers, None, stats=stats)  # out_dir None: compute, write nothing
     >>> res.config["fc"]["input_exponent"], res.config["fc"]["output_exponent"]
     (-6, -4)
+    >>> chip = simulate_chip(res, np.full((1, 4), 0.5, np.float32))  # the chip's integers
+    >>> chip.output.values.tolist(), chip.output.exponent  # 4 * 0.5 = 2.0 = 32 * 2^-4
+    ([[32, 32]], -4)
 """
 
 from __future__ import annotations
@@ -26,7 +32,10 @@ import os
 from pathlib import Path
 
 from amct_bridge.errors import ExportError
+from amct_bridge.espdl.chip import ChipResult, ChipTensor, simulate_chip
+from amct_bridge.espdl.cpp_coefficients import convert_set
 from amct_bridge.espdl.export import ExportedLayer, ExportResult, export_layers
+from amct_bridge.espdl.network import Network, load_network
 from amct_bridge.espdl.preview import (
     LayerPreview,
     load_set,
@@ -39,15 +48,21 @@ from amct_bridge.records.calibration import CalibrationStats, load_stats, sideca
 from amct_bridge.records.model import Record
 
 __all__ = [
+    "ChipResult",
+    "ChipTensor",
     "ExportResult",
     "ExportedLayer",
     "LayerPreview",
+    "Network",
     "SourceLayer",
+    "convert_set",
     "export",
     "export_layers",
+    "load_network",
     "load_set",
     "preview_layer",
     "preview_set",
+    "simulate_chip",
     "tool_output",
 ]
 

@@ -102,7 +102,29 @@ def keeping_attrs(layer: SourceLayer, bits: int) -> dict:
     return {}
 
 
-__all__ = ["ESPDL_CLASS", "PASS_THROUGH", "RuntimeLayer", "runtime_class", "runtime_layers"]
+def chip_axis(axis: object) -> int | None:
+    """A framework axis of an (N, H, W, C) tensor as the chip's (HWC, no batch axis) takes it:
+    positive axes lose one (Keras ``axis=3`` is ESP-DL's channel axis 2), negative ones stay;
+    None for the batch axis (the chip has none).
+
+    Example:
+        >>> chip_axis(3), chip_axis(-1), chip_axis(0)
+        (2, -1, None)
+    """
+    value = int(axis)  # type: ignore[call-overload]
+    if value == 0:
+        return None
+    return value - 1 if value > 0 else value
+
+
+__all__ = [
+    "ESPDL_CLASS",
+    "PASS_THROUGH",
+    "RuntimeLayer",
+    "chip_axis",
+    "runtime_class",
+    "runtime_layers",
+]
 
 _PADDING = {"valid": "PADDING_VALID", "same": "PADDING_SAME_END"}
 
@@ -251,7 +273,10 @@ def constructor(item: RuntimeLayer, feature_type: str, attrs: dict) -> str | Non
         if cls == "AvgPool2D":
             args.insert(0, str(e))
     elif cls == "Concat":
-        args = [str(int(attrs.get("axis", -1))), name]
+        axis = chip_axis(attrs.get("axis", -1))
+        if axis is None:
+            return None
+        args = [str(axis), name]
     elif cls in ("Reshape", "Transpose", "Pad", "LeakyReLU"):
         chip = item.chip_attrs
         if cls == "Reshape" and "shape" not in chip:
