@@ -6,6 +6,7 @@ Example:
         --feature-type s8 --granularity per-channel --target esp32s3 --preview
     amct-bridge export-espdl --mindspore my_nets:resnet --ckpt resnet.ckpt \\
         --input-shape 1,3,32,32 --record record.txt --out resnet_espdl
+    amct-bridge export-espdl --set model_espdl --cpp model_coefficient --target esp32s3
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--set",
         dest="input_set",
         metavar="DIR",
-        help="with --preview: preview an existing convert.py input directory (config.json + npy)",
+        help="an existing convert.py input directory (config.json + npy): print its preview "
+        "(--preview) or write its C++ files (--cpp NAME, into --out or DIR)",
     )
     parser.add_argument("--out", help="output directory (created; must not exist or be empty)")
     parser.add_argument("--stats", help="calibration sidecar (default: <record>.calib.json)")
@@ -89,13 +91,75 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def _preview_set(args: argparse.Namespace) -> int:
+def _run_set(args: argparse.Namespace) -> int:
+    """``--set DIR``: preview an existing convert.py input set, or write its C++ files."""
+    flags = {"--model": args.model, "--mindspore": args.mindspore, "--record": args.record}
+    given = [flag for flag, value in {**flags, "--stats": args.stats}.items() if value]
+    if given:
+        raise ExportError(
+            f"--set DIR reads an existing set; {', '.join(given)} would be ignored: leave "
+            f"{'it' if len(given) == 1 else 'them'} out (or export the model without --set)"
+        )
+    if args.preview and args.cpp:
+        raise ExportError("--preview writes nothing: drop it to write the --cpp files of --set")
+    if not args.preview and not args.cpp:
+        raise ExportError(
+            "--set reads an existing set: use it with --preview (print the exponents) or "
+            "--cpp NAME (write convert.py's NAME.cpp/.hpp)"
+        )
+    granularity = _granularity(args)
+    if args.cpp:
+        return _set_cpp(args, granularity)
     from amct_bridge.espdl.preview import load_set, preview_set
     from amct_bridge.espdl.report import format_set_preview
 
-    if not args.preview:
-        raise ExportError("--set reads an existing set: use it with --preview")
     config, arrays = load_set(args.input_set)
+    per_channel = granularity == "per-channel"
+    previews = preview_set(config, arrays, target=args.target, per_channel=per_channel)
+    print(format_set_preview(previews))
+    return 0
+
+
+def _set_cpp(args: argparse.Namespace, granularity: str) -> int:
+    """convert.py's NAME.cpp/.hpp of the set (any convert.py input directory), plus the model
+    class and app_main.cpp when the set is an export of this package with a chip graph."""
+    from amct_bridge.errors import AmctBridgeError
+    from amct_bridge.espdl.cpp_app import set_model_files
+    from amct_bridge.espdl.cpp_coefficients import set_files, write_files
+
+    if args.cpp == "app_main":
+        raise ExportError("--cpp app_main would overwrite app_main.cpp: choose another name")
+    per_channel = granularity == "per-channel"
+    files = set_files(args.input_set, args.cpp, target=args.target, per_channel=per_channel)
+    notes: list[str] = []
+    if (Path(args.input_set) / "export.json").is_file():
+        try:
+            more, notes = set_model_files(args.input_set, args.cpp, per_channel=per_channel)
+            files.update(more)
+        except AmctBridgeError as err:  # the coefficient files are still what convert.py writes
+            notes = [f"C++ model class not written: {err}"]
+    else:
+        notes = [
+            f"C++ model class not written: {args.input_set} has no export.json (a set made by "
+            "hand or by another tool); write it with `amct-bridge espdl-convert --model-class "
+            "--graph FILE`"
+        ]
+    out = Path(args.out or args.input_set)
+    existing = [name for name in files if (out / name).exists()]
+    if existing and not args.overwrite:
+        raise ExportError(
+            f"{out}: {', '.join(existing)} already exist: pass --overwrite to replace them"
+        )
+    for path in write_files(out, files):
+        print(f"wrote {path}")
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    return 0
+
+
+def _granularity(args: argparse.Namespace) -> str:
+    """--granularity, else the set's own (its export.json), else per-tensor; warns on a
+    mismatch with the export."""
     exported = _set_granularity(Path(args.input_set) / "export.json")
     granularity = args.granularity or exported or "per-tensor"
     if exported and granularity != exported:
@@ -104,10 +168,7 @@ def _preview_set(args: argparse.Namespace) -> int:
             f"was exported {exported}",
             file=sys.stderr,
         )
-    per_channel = granularity == "per-channel"
-    previews = preview_set(config, arrays, target=args.target, per_channel=per_channel)
-    print(format_set_preview(previews))
-    return 0
+    return granularity
 
 
 def _set_granularity(path: Path) -> str | None:
@@ -151,12 +212,14 @@ def run(args: argparse.Namespace) -> int:
     from amct_bridge.espdl.report import format_preview
 
     if args.input_set is not None:
-        return _preview_set(args)
+        return _run_set(args)
     if args.model is None and args.mindspore is None:
         raise ExportError(
             "--model (Keras) or --mindspore MODULE:FACTORY is required (or --preview --set DIR "
             "for an existing set)"
         )
+    if args.preview and args.cpp:
+        raise ExportError("--preview writes nothing: drop it to write the --cpp files")
     if not args.preview and not args.out:
         raise ExportError("--out is required (or use --preview to only print the exponents)")
     if args.stats is None and args.record is None:
