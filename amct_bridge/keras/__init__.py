@@ -22,6 +22,7 @@ from amct_bridge.keras.prune import (
 )
 from amct_bridge.keras.qat import qat_record, quantize_aware, save_qat_record, strip_qat
 from amct_bridge.keras.quant_calibration import QuantCalibration
+from amct_bridge.keras.relu6 import replace_relu6
 from amct_bridge.keras.selective_prune_callback import SelectivePruneCallback
 from amct_bridge.keras.simulate import simulate
 
@@ -37,6 +38,7 @@ __all__ = [
     "prune_record",
     "qat_record",
     "quantize_aware",
+    "replace_relu6",
     "save_qat_record",
     "selective_masks",
     "simulate",
