@@ -111,11 +111,14 @@ ACTIVATIONS: frozenset[str] = frozenset(
 _ACTIVATION_CLASSES = {getattr(nn, name): name for name in ACTIVATIONS if hasattr(nn, name)}
 
 #: Coefficient-free kinds whose output range the sidecar keeps (ESP-DL runtimes need them).
-#: ``Add`` / ``Concatenate`` are graph-IR operations (functional ops), never cells.
+#: ``Add`` / ``Concatenate`` / the global pools (``ops.mean`` / ``ReduceMax`` over H, W) are
+#: graph-IR operations (functional ops), never cells.
 RUNTIME: frozenset[str] = frozenset(
     {
         "Add",
         "Concatenate",
+        "GlobalAveragePooling2D",
+        "GlobalMaxPooling2D",
         "AveragePooling2D",
         "MaxPooling2D",
         "AdaptiveAvgPool2d",
