@@ -196,3 +196,59 @@ def test_same_espdl_export_from_one_record(twins, keras_record, ftype, granulari
         ["conv2", "bn2"],
         ["dw", "bn3", "relu3"],
     ]
+
+
+# ---- calibration ----------------------------------------------------------------------------
+_RECORDS: dict = {}
+
+
+def _records(twins, algorithm, tmp_path_factory):
+    """(Keras record path, MindSpore record path), each calibrated by its own adapter on the
+    same data (NHWC / NCHW), batches of 3."""
+    if algorithm not in _RECORDS:
+        net, model, data = twins
+        out = tmp_path_factory.mktemp(algorithm)
+        k_path, m_path = out / "keras.txt", out / "mindspore.txt"
+        akeras.calibrate(
+            model, data.transpose(0, 2, 3, 1), k_path, algorithm=algorithm, batch_size=3
+        )
+        ams.calibrate(net, data, m_path, algorithm=algorithm, batch_size=3)
+        _RECORDS[algorithm] = (k_path, m_path)
+    return _RECORDS[algorithm]
+
+
+@pytest.mark.parametrize("algorithm", ["minmax", "hfmg"])
+def test_same_factors(twins, algorithm, tmp_path_factory):
+    from amct_bridge.records import load
+
+    k_path, m_path = _records(twins, algorithm, tmp_path_factory)
+    # a MindSpore-flavor text record reads like a TF one: say which it is
+    k, m = load(k_path), load(m_path, flavor="mindspore")
+    assert list(m.layers) == list(k.layers) == ["conv1", "conv2", "dw", "pw", "fc"]
+    for key, kf in k.layers.items():
+        mf = m.layers[key]
+        # activations differ in the last float bits between the two frameworks' kernels
+        assert mf.scale_d == pytest.approx(kf.scale_d, rel=1e-5), key
+        assert mf.offset_d == kf.offset_d, key
+        assert np.allclose(mf.scale_w, kf.scale_w, rtol=1e-6), key  # same weights, same ARQ
+        assert mf.offset_w == kf.offset_w == [0] * len(kf.scale_w)
+    # per output channel on each layout (8 for dw: its multiplier is 1), Dense per tensor
+    assert [len(m.layers[key].scale_w) for key in m.layers] == [8, 8, 8, 4, 1]
+
+
+@pytest.mark.parametrize("algorithm", ["minmax", "hfmg"])
+def test_same_espdl_export_from_own_records(twins, algorithm, tmp_path_factory):
+    net, model, _ = twins
+    k_path, m_path = _records(twins, algorithm, tmp_path_factory)
+    _same_export(net, model, k_path, m_path, "s8", "per-channel")
+
+
+def test_same_simulated_outputs(twins, tmp_path_factory):
+    net, model, data = twins
+    k_path, m_path = _records(twins, "minmax", tmp_path_factory)
+    k_out = akeras.simulate(model, k_path).predict(data.transpose(0, 2, 3, 1), verbose=0)
+    m_out = ams.simulate(net, m_path, data).outputs
+    float_out = net(ms.Tensor(data)).asnumpy()
+    scale = float(np.abs(float_out).max())
+    assert np.allclose(m_out, k_out, atol=1e-4 * scale)
+    assert np.abs(m_out - float_out).max() > 1e-3 * scale  # quantization did something
