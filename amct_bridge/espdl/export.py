@@ -49,7 +49,7 @@ from amct_bridge.espdl.plan import Chain, Problem, plan_chains
 from amct_bridge.espdl.preview import LayerPreview, preview_layer
 from amct_bridge.espdl.runtime import RuntimeLayer, runtime_class, runtime_layers
 from amct_bridge.espdl.shared import shared_exponent_groups
-from amct_bridge.espdl.source import WEIGHT_OPS, SourceLayer
+from amct_bridge.espdl.source import OPS, WEIGHT_OPS, SourceLayer
 from amct_bridge.espdl.writer import npy_bytes, write_directory
 from amct_bridge.quant.espdl import auto_exponent
 from amct_bridge.records.calibration import CalibrationStats
@@ -265,6 +265,12 @@ def export_layers(
           layer 'x' (LSTM): RNN
     """
     check_options(feature_type, granularity, target)
+    odd = [x for x in layers if x.op not in OPS]  # else only the bug guard below names them
+    if odd:
+        raise ExportError(
+            f"layer {odd[0].describe()}: op {odd[0].op!r} is not a SourceLayer op "
+            f"(expected one of {', '.join(OPS)}; adapters map other layers to 'unsupported')"
+        )
     check_record_keys(record, layers)
 
     def skip_fusion(name: str) -> bool:

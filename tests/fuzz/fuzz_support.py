@@ -44,7 +44,7 @@ settings.register_profile(
 #: Examples per target: (ci, long). The long figures give about 10 minutes on 2 shared cores.
 _EXAMPLES = {
     "fast": (25, 3000),  # pure protobuf / text targets (~ms per case)
-    "medium": (10, 600),  # numpy exporter + coefficient writer + chip simulator
+    "medium": (30, 600),  # numpy exporter + coefficient writer + chip simulator
     "keras": (2, 40),  # random Keras graph: build, discover, perturb, calibrate, export
 }
 
@@ -95,10 +95,10 @@ def no_hang(seconds: float):
         signal.signal(signal.SIGALRM, old)
 
 
-def attempt(target: str, fn, *args, kind: str = "fast", **kwargs):
+def attempt(label: str, fn, /, *args, kind: str = "fast", **kwargs):
     """The fuzz contract for one call: ``(result, None)`` on success, ``(None, error)`` when it
     raised an AmctBridgeError subclass with a message; any other exception (or a hang) is
-    re-raised for hypothesis to shrink. Each outcome is counted under ``target``.
+    re-raised for hypothesis to shrink. Each outcome is counted under ``label``.
 
     Example:
         >>> from amct_bridge.errors import RecordError
@@ -112,12 +112,12 @@ def attempt(target: str, fn, *args, kind: str = "fast", **kwargs):
             result = fn(*args, **kwargs)
     except AmctBridgeError as err:
         if not str(err).strip():
-            CASES[target]["UNEXPECTED empty message"] += 1
+            CASES[label]["UNEXPECTED empty message"] += 1
             raise AssertionError(f"{type(err).__name__} without a message") from err
-        CASES[target][type(err).__name__] += 1
+        CASES[label][type(err).__name__] += 1
         return None, err
     except BaseException as err:
-        CASES[target][f"UNEXPECTED {type(err).__name__}"] += 1
+        CASES[label][f"UNEXPECTED {type(err).__name__}"] += 1
         raise
-    CASES[target]["ok"] += 1
+    CASES[label]["ok"] += 1
     return result, None
