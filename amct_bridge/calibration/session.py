@@ -309,6 +309,9 @@ class CalibrationSession:
             # observers run on one worker thread, in order, while the next steps execute
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="amct_bridge_observers")
+            # done futures are dropped (one per read: a long fit would pile them up until the
+            # pass ends); a failed one stays for _settle to re-raise
+            self._futures = [f for f in self._futures if not f.done() or f.exception()]
             self._futures.append(self._pool.submit(_apply, updates, grids))
 
     def _move_grids(self, own: set[int], rows: list[Row]) -> None:
