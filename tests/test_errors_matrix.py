@@ -432,6 +432,19 @@ def test_validate_api_lists_problems_without_raising(d):
         assert _fill(CASES[case][2], d) in problems
 
 
+def test_simulate_refuses_non_finite_scales(d, capsys):
+    """simulate() (and the report built on it) refuse a scale_w of inf, naming the layer."""
+    from amct_bridge.keras import simulate
+
+    text = "record key 'c1' (Conv2D): every scale_w must be finite and > 0"
+    with pytest.raises(RecordError) as err:
+        simulate(keras.models.load_model(d / "m.keras"), d / "nonfinite_rec.txt")
+    assert str(err.value) == text
+    argv = ["report", "--record", f"{d}/nonfinite_rec.txt", "--model", f"{d}/m.keras"]
+    assert main(argv + ["--data", f"{d}/x.npy"]) == 2
+    assert capsys.readouterr().err == f"amct-bridge report: error: {text}\n"
+
+
 # --- no traceback: internal errors, --debug, Ctrl-C ---------------------------------------------
 @pytest.fixture(scope="module")
 def unrunnable(tmp_path_factory) -> Path:
