@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import shutil
 import subprocess
@@ -81,6 +82,9 @@ def d(tmp_path_factory) -> Path:
     np.save(d / "strings.npy", np.full(x.shape, "a"))
     np.save(d / "complex.npy", x.astype(np.complex64))
     np.save(d / "objects.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    (d / "pickle.npy").write_bytes(pickle.dumps({"a": 1}, protocol=4))
+    (d / "text.npy").write_text("1, 2, 3\n")
+    (d / "cut.npy").write_bytes((d / "x.npy").read_bytes()[:200])  # 128-byte header + 18 floats
     whole = (d / "m.keras").read_bytes()
     (d / "trunc.keras").write_bytes(whole[: len(whole) // 2])
     (d / "set").mkdir()
@@ -316,6 +320,27 @@ CASES = {
         2,
         "{d}/objects.npy: holds pickled Python objects (an object array), which amct-bridge "
         "never loads (unpickling can run code); save calibration data as a numeric array",
+        "err",
+    ),
+    "pickle-as-npy": (
+        _calibrate(data="pickle.npy"),
+        2,
+        "{d}/pickle.npy: cannot read calibration data: not a .npy/.npz file: it looks like a "
+        "Python pickle (never loaded: unpickling can run code)",
+        "err",
+    ),
+    "not-npy": (
+        _calibrate(data="text.npy"),
+        2,
+        "{d}/text.npy: cannot read calibration data: not a .npy/.npz file: it looks like a "
+        "text file",
+        "err",
+    ),
+    "truncated-npy": (
+        _calibrate(data="cut.npy"),
+        2,
+        "{d}/cut.npy: cannot read calibration data: not a valid .npy/.npz file (cannot reshape "
+        "array of size 18 into shape (4,8,8,3))",
         "err",
     ),
     "mindspore-ckpt-mismatch": (

@@ -151,6 +151,13 @@ def load_npy(path: str, what: str = "data"):
 
     if not Path(path).is_file():
         raise AmctBridgeError(f"{path}: cannot read {what}: file not found")
+    if not (_starts_with(path, b"\x93NUMPY") or _starts_with(path, b"PK")):
+        # np.load takes any other file for a pickle ("allow_pickle=False"): say what it is.
+        kind = describe_file(path) or _text_or_unknown(path)
+        never = " (never loaded: unpickling can run code)" if "pickle" in kind else ""
+        raise AmctBridgeError(
+            f"{path}: cannot read {what}: not a .npy/.npz file: it looks like {kind}{never}"
+        )
     name = None
     try:
         loaded = np.load(path, allow_pickle=False)
