@@ -322,6 +322,19 @@ CASES = {
         "never loads (unpickling can run code); save calibration data as a numeric array",
         "err",
     ),
+    "model-of-another-format": (
+        ["prune-groups", "{d}/rec.txt"],
+        2,
+        "{d}/rec.txt: not a Keras model file: expected a .keras or .h5 file, this one looks like "
+        "a text file",
+        "err",
+    ),
+    "data-is-a-directory": (
+        _calibrate(data="a_dir"),
+        2,
+        "{d}/a_dir: cannot read calibration data: is a directory",
+        "err",
+    ),
     "pickle-as-npy": (
         _calibrate(data="pickle.npy"),
         2,

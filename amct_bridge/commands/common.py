@@ -150,7 +150,8 @@ def load_npy(path: str, what: str = "data"):
     import numpy as np
 
     if not Path(path).is_file():
-        raise AmctBridgeError(f"{path}: cannot read {what}: file not found")
+        missing = "is a directory" if Path(path).is_dir() else "file not found"
+        raise AmctBridgeError(f"{path}: cannot read {what}: {missing}")
     if not (_starts_with(path, b"\x93NUMPY") or _starts_with(path, b"PK")):
         # np.load takes any other file for a pickle ("allow_pickle=False"): say what it is.
         kind = describe_file(path) or _text_or_unknown(path)
@@ -197,8 +198,12 @@ def _check_model_file(path: str) -> None:
         with open(path, "rb") as f:
             ok = f.read(8) == b"\x89HDF\r\n\x1a\n"
         expected = "a .h5 model is an HDF5 file"
-    else:
-        return  # let Keras judge other formats
+    else:  # Keras 3 reads nothing else; its own message lists formats, not what the file is
+        kind = describe_file(path) or _text_or_unknown(path)
+        raise AmctBridgeError(
+            f"{path}: not a Keras model file: expected a .keras or .h5 file, this one looks "
+            f"like {kind}"
+        )
     if not ok:
         kind = describe_file(path) or _text_or_unknown(path)
         raise AmctBridgeError(f"{path}: not a Keras model file: it looks like {kind}; {expected}")
