@@ -1,0 +1,124 @@
+"""Cost of calibrating with ``amct_bridge.mindspore.QuantCalibration`` inside Model.eval / train.
+
+Run: ``.venv/bin/python benchmarks/bench_mindspore_callback.py [--steps N] [--size S]``.
+
+The small ResNet of ``bench_mindspore_instrument.py`` (stem, two stages of two basic blocks, one
+with a downsample branch; 15 convs, BN, a ReLU called twice per block, Dense) on ``S x S``
+images, batch 8. For each mode (GRAPH, PYNATIVE) and task (``Model.eval``, ``Model.train`` of one
+epoch) three identical networks and Models are compiled by a warm-up run: one plain, one run
+with a fresh ``QuantCalibration(algorithm="minmax")`` per timed run, one with ``"hfmg"``. Timed
+in turn (interleaved and rotated, best of ``--repeat``) over ``--steps`` batches. Printed:
+
+* ``step x``: the steady per-step cost, mean of the step-end-to-step-end intervals after the
+  first step, with the callback / without (includes the ring reads every 16 steps and the
+  histogram grids; the observers' host work runs on the core's worker thread);
+* ``run x``: the whole call (``Model.eval`` / ``train``) with the callback / without: adds the
+  per-run fixed cost of a calibration: the MindIR export of the graph at the first step (BN
+  folding, calls per step), the recompile of the graph with the probes in (GRAPH_MODE), the
+  final drain, the observers' search (HFMG) and writing record + sidecar;
+* ``fixed s``: that fixed cost in seconds (run time minus steps x the steady step time).
+
+Targets of issue 12: GRAPH <= 1.10 (minmax) / 1.30 (hfmg); PYNATIVE is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+import mindspore as ms
+import numpy as np
+from mindspore import nn
+from mindspore.train import Callback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_mindspore_instrument import SmallResNet, data  # noqa: E402
+
+from amct_bridge.mindspore import QuantCalibration  # noqa: E402
+
+
+class StepClock(Callback):
+    """perf_counter at every step end (the last callback in the list)."""
+
+    def __init__(self) -> None:
+        self.ends: list[float] = []
+
+    def on_eval_step_end(self, run_context) -> None:
+        self.ends.append(time.perf_counter())
+
+    def on_train_step_end(self, run_context) -> None:
+        self.ends.append(time.perf_counter())
+
+
+class Setup:
+    """One network + Model for one mode and task, compiled by a warm-up run."""
+
+    def __init__(self, task: str, algorithm: str | None, steps: int, size: int, out: str):
+        ms.set_seed(0)
+        self.net = SmallResNet()
+        loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+        opt = nn.Momentum(self.net.trainable_params(), learning_rate=0.01, momentum=0.9)
+        self.model = ms.Model(self.net, loss_fn=loss, optimizer=opt, metrics={"loss"})
+        self.task, self.algorithm = task, algorithm
+        self.record = os.path.join(out, f"{task}_{algorithm}.txt")
+        self.warm, self.data = data(2, size), data(steps, size)
+        self.go(self.warm)  # compiles in GRAPH mode; a calibration run warms the Python side
+
+    def go(self, dataset) -> tuple[float, list[float]]:
+        clock = StepClock()
+        callbacks: list = [clock]
+        if self.algorithm is not None:
+            callbacks.insert(0, QuantCalibration(self.record, algorithm=self.algorithm))
+        start = time.perf_counter()
+        if self.task == "eval":
+            self.model.eval(dataset, callbacks=callbacks)
+        else:
+            self.model.train(1, dataset, callbacks=callbacks)
+        return time.perf_counter() - start, clock.ends
+
+
+def steady(ends: list[float]) -> float:
+    """Mean step period after the first step."""
+    gaps = np.diff(ends)
+    return float(gaps.mean()) if len(gaps) else float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--size", type=int, default=32)
+    parser.add_argument("--repeat", type=int, default=3, help="best of N per configuration")
+    parser.add_argument("--modes", nargs="+", choices=("graph", "pynative"),
+                        default=["graph", "pynative"])  # fmt: skip
+    parser.add_argument("--tasks", nargs="+", choices=("eval", "train"), default=["eval", "train"])
+    args = parser.parse_args()
+    print(f"SmallResNet, batch 8, {args.size}x{args.size}, {args.steps} steps, best of "
+          f"{args.repeat}; x = with QuantCalibration / without")  # fmt: skip
+    print(f"{'mode':9} {'task':5} {'algo':6} {'step ms':>8} {'step x':>7} {'run s':>7} "
+          f"{'run x':>6} {'fixed s':>8}")  # fmt: skip
+    modes = {"graph": ("GRAPH", ms.GRAPH_MODE), "pynative": ("PYNATIVE", ms.PYNATIVE_MODE)}
+    with tempfile.TemporaryDirectory() as out:
+        for name, mode in (modes[m] for m in args.modes):
+            for task in args.tasks:
+                ms.set_context(mode=mode)
+                configs = [None, "minmax", "hfmg"]
+                setups = {a: Setup(task, a, args.steps, args.size, out) for a in configs}
+                run = {a: float("inf") for a in configs}
+                step = {a: float("inf") for a in configs}
+                for r in range(args.repeat):  # interleaved and rotated: load hits all alike
+                    for a in configs[r % 3 :] + configs[: r % 3]:
+                        total, ends = setups[a].go(setups[a].data)
+                        run[a], step[a] = min(run[a], total), min(step[a], steady(ends))
+                for a in configs:
+                    fixed = run[a] - args.steps * step[a]
+                    print(f"{name:9} {task:5} {a or 'plain':6} {1000 * step[a]:8.1f} "
+                          f"{step[a] / step[None]:7.2f} {run[a]:7.2f} {run[a] / run[None]:6.2f} "
+                          f"{fixed:8.2f}")  # fmt: skip
+                sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
