@@ -11,7 +11,9 @@ first used.
 - ``QuantCalibration(record_path, ...)``: calibration callback for ``Model.eval`` / ``train``
   / ``fit`` (:mod:`amct_bridge.mindspore.callback`);
 - ``calibrate(net, data, record_path, ...)``: calibration without ``Model``
-  (:mod:`amct_bridge.mindspore.calibrate`).
+  (:mod:`amct_bridge.mindspore.calibrate`);
+- ``simulate(net, record, data, labels=None)``: fake-quantized outputs / accuracy
+  (:mod:`amct_bridge.mindspore.simulation`, also the ``simulated`` context manager).
 
 Example:
     >>> import amct_bridge.mindspore as ams

@@ -357,7 +357,8 @@ def _batches(data: Any, batch_size: int) -> tuple[list[np.ndarray], Any]:
     if hasattr(data, "create_tuple_iterator"):
         inputs, labels = [], []
         for row in data.create_tuple_iterator(num_epochs=1, output_numpy=True):
-            inputs.append(np.asarray(row[0]))
+            x = np.asarray(row[0])
+            inputs.append(x.astype(np.float32) if x.dtype == np.float64 else x)
             if len(row) > 1:
                 labels.append(np.asarray(row[1]))
         return inputs, (np.concatenate(labels) if labels else None)
