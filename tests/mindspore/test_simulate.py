@@ -280,3 +280,13 @@ def test_unknown_keys_and_bad_factors_name_the_cell(data):
         with simulated(net, Record({"stem": LayerFactors(scale_w=[0.1], offset_w=[0])})):
             pass
     assert type(net.pw).__name__ == "Conv2d"  # nothing was left behind by the failures
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    import amct_bridge.mindspore.simulation as module
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    failures, tried = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert failures == 0 and tried > 0
