@@ -258,7 +258,9 @@ def source_layers(model: keras.Model) -> list[SourceLayer]:
     alias: dict[str, str] = {}  # a SeparableConv2D's readers read its pointwise part
     for node in graph:
         layer = find_layer(model, node.layer) if node.is_layer else None
-        inputs = list(dict.fromkeys(_input_name(graph, t) for t in node.inputs))
+        # one name per input tensor, repeats kept: Add([x, x]) is 2x and Concatenate([x, x])
+        # doubles the channels; dropping the repeat left the chip an Add2D with one input
+        inputs = [_input_name(graph, t) for t in node.inputs]
         inputs = [alias.get(name, name) for name in inputs]
         output = any(graph.is_output(t) for t in node.outputs)
         if layer is not None and class_name(layer) == "SeparableConv2D":
