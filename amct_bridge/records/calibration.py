@@ -84,17 +84,39 @@ class CalibrationStats:
             raise RecordError(f"{source}:{err.lineno}:{err.colno}: not JSON: {err.msg}") from None
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise RecordError(f"{source}: not a calibration sidecar (expected format {FORMAT!r})")
-        stats = cls(algorithm=str(doc.get("algorithm", "")), batches=int(doc.get("batches", 0)))
-        for name, entry in doc.get("layers", {}).items():
+        batches, layers = doc.get("batches", 0), doc.get("layers", {})
+        # shapes checked here: a hand-edited sidecar must fail with its name, not a TypeError
+        if not isinstance(batches, int) or isinstance(batches, bool):
+            raise RecordError(f"{source}: batches: expected an integer, got {batches!r}")
+        if not isinstance(layers, dict):
+            raise RecordError(f"{source}: layers: expected an object of layers, got {layers!r}")
+        stats = cls(algorithm=str(doc.get("algorithm", "")), batches=batches)
+        for name, entry in layers.items():
             try:
+                if not isinstance(entry, dict) or not isinstance(entry["kind"], str):
+                    raise TypeError("expected an object with a string 'kind'")
                 stats.layers[name] = LayerStats(
                     kind=entry["kind"],
-                    input=TensorRange(**entry["input"]) if "input" in entry else None,
-                    output=TensorRange(**entry["output"]) if "output" in entry else None,
+                    input=_range(entry["input"]) if "input" in entry else None,
+                    output=_range(entry["output"]) if "output" in entry else None,
                 )
             except (KeyError, TypeError) as err:
                 raise RecordError(f"{source}: layer {name!r}: bad entry ({err})") from None
         return stats
+
+
+def _range(doc: object) -> TensorRange:
+    if not isinstance(doc, dict):
+        raise TypeError(f"a range must be an object, got {doc!r}")
+    got = TensorRange(**doc)  # TypeError names a missing or unknown key
+    for key, value in got.__dict__.items():
+        if value is None and key in ("min", "max"):
+            raise TypeError(f"range {key} must be a number, got null")
+        if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+            raise TypeError(f"range {key} must be a number, got {value!r}")
+        if value is not None:
+            setattr(got, key, float(value))
+    return got
 
 
 def sidecar_path(record_path: str | os.PathLike) -> Path:

@@ -6,16 +6,18 @@ is writable in its flavor and has no field its schema lacks.
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
-from fuzz_records import corrupt_bytes, corrupt_text, records
+from fuzz_records import FLOAT32, NAMES, corrupt_bytes, corrupt_text, records
 from fuzz_support import attempt, fuzz_settings
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from amct_bridge.errors import RecordError
 from amct_bridge.records import convert, dumps, load, loads, save, to_proto, validate
+from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange
 from amct_bridge.records.flavors import FLAVORS
 from amct_bridge.records.validate import Problem
 
@@ -113,3 +115,55 @@ def test_binary_records_with_non_utf8_strings_are_refused(tmp_path):
             got, err = attempt("records.load(regression)", load, path, flavor)
             assert isinstance(err, RecordError), (what, got)
             assert str(path) in str(err) and "is not UTF-8 text" in str(err), what
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 3) | st.floats() | st.text(max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=2) | st.dictionaries(st.text(max_size=3), inner, max_size=2)
+    ),
+    max_leaves=4,
+)
+
+
+@st.composite
+def sidecars(draw) -> str:
+    """A calibration sidecar (JSON) with, sometimes, one value anywhere replaced."""
+    stats = CalibrationStats(algorithm="minmax", batches=draw(st.integers(0, 3)))
+    for name in draw(st.lists(NAMES, max_size=3, unique=True)):
+        r = TensorRange(draw(FLOAT32), draw(FLOAT32))
+        stats.layers[name] = LayerStats("Conv2D", r if draw(st.booleans()) else None, r)
+    doc = json.loads(stats.to_json())
+    if draw(st.integers(0, 4)):
+        paths = [[]]  # every object position in doc
+        for name, entry in doc["layers"].items():
+            paths.append(["layers", name])
+            paths += [["layers", name, k] for k in entry if isinstance(entry[k], dict)]
+        where = draw(st.sampled_from(paths))
+        target = doc
+        for key in where:
+            target = target[key]
+        key = draw(st.sampled_from(sorted(target) + ["min", "kind", "batches", "layers", "x"]))
+        target[key] = draw(JSON_VALUES)
+    return json.dumps(doc)
+
+
+@fuzz_settings("fast")
+@given(sidecars())
+@example('{"format": "amct_bridge.calibration/1", "batches": "x"}')
+@example('{"format": "amct_bridge.calibration/1", "layers": []}')
+@example(
+    '{"format": "amct_bridge.calibration/1", "layers": {"a": {"kind": "K", "output": '
+    '{"min": "a", "max": 1}}}}'
+)
+def test_calibration_sidecars_are_read_or_refused(text):
+    """Found by this fuzzer: a wrong-typed batches/layers/range raised ValueError,
+    AttributeError or was accepted (a string min); now a RecordError naming the sidecar."""
+    stats, err = attempt("records.sidecar", CalibrationStats.from_json, text, "r.calib.json")
+    if err is not None:
+        assert "r.calib.json" in str(err)
+        return
+    for layer in stats.layers.values():
+        for r in (layer.input, layer.output):
+            assert r is None or all(isinstance(v, float) for v in (r.min, r.max))
+    assert CalibrationStats.from_json(stats.to_json()).to_json() == stats.to_json()
