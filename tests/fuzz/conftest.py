@@ -24,8 +24,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         total, unexpected = total + n, unexpected + bad
         detail = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
         tr.write_line(f"{target:<28} {n:>7} calls  ({detail})")
-    failed = len(tr.stats.get("failed", []))
+    failed = [r.nodeid for r in tr.stats.get("failed", []) if "tests/fuzz/" in r.nodeid]
     tr.write_line(
         f"total: {total} calls, {unexpected} unexpected outcomes (incl. shrinking), "
-        f"{failed} failing fuzz tests"
+        f"{len(failed)} failing fuzz tests"
     )
+    for nodeid in failed:
+        tr.write_line(f"FAILED {nodeid} (its shrunk example is in the failure report above)")

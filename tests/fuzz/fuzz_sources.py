@@ -17,7 +17,7 @@ from amct_bridge.espdl.source import SourceLayer
 from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange
 from amct_bridge.records.model import LayerFactors, Record
 
-ACTIVATIONS = [None, None, "relu", "leaky_relu", "relu6", "tanh"]
+ACTIVATIONS = [None, None, None, "relu", "relu", "leaky_relu", "relu6", "tanh"]
 BAD_NAMES = ["../x", "a/b", "a b", "", "9x", "in", "con.v", "ü", "/abs"]
 
 

@@ -43,9 +43,9 @@ settings.register_profile(
 
 #: Examples per target: (ci, long). The long figures give about 10 minutes on 2 shared cores.
 _EXAMPLES = {
-    "fast": (25, 3000),  # pure protobuf / text targets (~ms per case)
-    "medium": (30, 600),  # numpy exporter + coefficient writer + chip simulator
-    "keras": (2, 40),  # random Keras graph: build, discover, perturb, calibrate, export
+    "fast": (25, 1500),  # protobuf / text / JSON targets (10-40 ms per case)
+    "medium": (30, 1500),  # numpy exporter + coefficient writer + chip simulator (~0.1 s)
+    "keras": (2, 250),  # random Keras graph: build, discover, perturb, calibrate, export (~0.5 s)
 }
 
 #: Seconds one case may take before it counts as a hang (SIGALRM interrupts it).
