@@ -49,6 +49,7 @@ class Summary(nn.Cell):
         self.channel_axis = point.channel_axis
         self.mm = _param(np.zeros((slots, 4), np.float64), f"{prefix}.minmax")
         self.written = Tensor(1.0, ms.float64)  # row marker: written, no own histogram
+        self.nan = Tensor(np.nan, ms.float32)
         if self.bins:
             self.hist = _param(np.zeros((slots, self.bins), np.int32), f"{prefix}.hist")
             self.acc = _param(np.zeros(self.bins, np.int32), f"{prefix}.hist_acc")
@@ -65,6 +66,11 @@ class Summary(nn.Cell):
         x = ops.stop_gradient(x)
         lo = ops.reduce_min(x)
         hi = ops.reduce_max(x)
+        # CPU ReduceMin/ReduceMax skip a NaN unless it is the first element: make the whole
+        # row NaN so the host stops on it
+        nan = ops.any(ops.isnan(x))
+        lo = ops.select(nan, self.nan, lo)
+        hi = ops.select(nan, self.nan, hi)
         n = 1
         for d in x.shape:  # static: no Size op (each op costs dispatch time in PyNative)
             n *= d
