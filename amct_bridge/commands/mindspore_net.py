@@ -44,11 +44,15 @@ def _import(module: str, spec: str) -> Any:
         path = Path(module)
         if not path.is_file():
             raise AmctBridgeError(f"--mindspore {spec}: file {module} not found")
-        mod_spec = importlib.util.spec_from_file_location(path.stem, path)
+        # registered in sys.modules: GRAPH_MODE compiles a cell by importing its class's module
+        name = f"amct_bridge_net_{path.stem}"
+        mod_spec = importlib.util.spec_from_file_location(name, path)
         mod = importlib.util.module_from_spec(mod_spec)
+        sys.modules[name] = mod
         try:
             mod_spec.loader.exec_module(mod)
         except Exception as err:  # the user's file: its error, named, is not our bug
+            sys.modules.pop(name, None)
             raise AmctBridgeError(f"--mindspore {spec}: {module} raised {_text(err)}") from None
         return mod
     added = os.getcwd() not in sys.path

@@ -1,0 +1,196 @@
+"""Bad input to MindSpore calibration: a clear CalibrationError (or exit 2 on the command line)
+naming the cell / batch / file, no record or sidecar written, the network left as it was; and
+the ``amct-bridge calibrate --mindspore`` command end to end."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import dataset as ds
+from mindspore import nn
+from mindspore.train import Model
+from nets import INPUT_SHAPES, flatten_dense, group_conv_net, sequential_net
+
+from amct_bridge.cli import main
+from amct_bridge.commands.mindspore_net import load_mindspore_net
+from amct_bridge.errors import CalibrationError
+from amct_bridge.mindspore import QuantCalibration, calibrate
+from amct_bridge.records import load
+from amct_bridge.records.calibration import sidecar_path
+
+
+def x_for(name: str, n: int = 4, seed: int = 0) -> np.ndarray:
+    shape = (n, *INPUT_SHAPES[name][1:])
+    return np.random.default_rng(seed).normal(0, 1, shape).astype(np.float32)
+
+
+def nothing_written(path) -> bool:
+    return not path.exists() and not sidecar_path(path).exists()
+
+
+def cells(net) -> list[tuple[str, str]]:
+    return [(n, type(c).__name__) for n, c in net.cells_and_names()]
+
+
+def test_bad_options_refused_before_any_batch(tmp_path):
+    path = tmp_path / "r.txt"
+    for options, text in [
+        ({"flavor": "tf"}, "flavor must be one of mindspore, inner; got 'tf'"),
+        ({"on": "predict"}, "on must be one of auto, train, validation"),
+        ({"batch_num": 0}, "batch_num must be >= 1"),
+        ({"migration_strength": 0.5}, "DMQ (migration_strength) needs flavor 'inner'"),
+        ({"algorithm": "kmeans"}, "algorithm must be one of"),
+    ]:
+        with pytest.raises(CalibrationError, match=re.escape(text)):
+            QuantCalibration(path, **options)
+    with pytest.raises(CalibrationError, match="cannot write output"):
+        QuantCalibration(tmp_path / "missing_dir" / "r.txt")
+    assert nothing_written(path)
+
+
+def test_unknown_skip_layers_name_did_you_mean(tmp_path):
+    net, path = flatten_dense(), tmp_path / "r.txt"
+    with pytest.raises(CalibrationError, match=r"skip_layers: no layer named 'fc3'.*'fc1'"):
+        calibrate(net, x_for("flatten_dense"), path, algorithm="minmax", skip_layers=["fc3"])
+    assert nothing_written(path)
+    assert all(kind != "Probe" for _, kind in cells(net))
+
+
+def test_no_quantizable_cell(tmp_path):
+    path = tmp_path / "r.txt"
+    net = nn.SequentialCell([nn.ReLU(), nn.MaxPool2d(2, 2)])
+    with pytest.raises(CalibrationError, match="no quantizable layer left"):
+        calibrate(net, x_for("sequential_net"), path)
+    with pytest.raises(CalibrationError, match=r"itself a single Dense cell.*SequentialCell"):
+        calibrate(nn.Dense(4, 2), np.ones((2, 4), np.float32), path)
+    # every quantizable cell skipped
+    with pytest.raises(CalibrationError, match="no quantizable layer left"):
+        calibrate(flatten_dense(), x_for("flatten_dense"), path, skip_layers=["conv", "fc1", "fc2"])
+    assert nothing_written(path)
+
+
+def test_zero_batches(tmp_path):
+    path = tmp_path / "r.txt"
+    with pytest.raises(CalibrationError, match="no calibration batch was seen"):
+        calibrate(sequential_net(), np.zeros((0, 3, 8, 8), np.float32), path)
+    # on="validation" with Model.train: there are no validation passes
+    net = sequential_net()
+    model = Model(
+        net, nn.SoftmaxCrossEntropyWithLogits(sparse=True), nn.SGD(net.trainable_params())
+    )
+    x = x_for("sequential_net")
+    data = ds.NumpySlicesDataset((x, np.zeros(4, np.int32)), ["x", "y"], shuffle=False).batch(2)
+    with pytest.raises(CalibrationError, match=r"on='validation'.*valid_dataset"):
+        model.train(1, data, callbacks=[QuantCalibration(path, on="validation")])
+    assert nothing_written(path)
+
+
+@pytest.mark.parametrize("mode", [ms.GRAPH_MODE, ms.PYNATIVE_MODE])
+def test_nan_names_cell_and_batch(tmp_path, mode):
+    """NaN in batch 1 only: the message names the cell, the tensor and the batch; no record;
+    the probes are gone (the run stopped in the middle)."""
+    before = ms.get_context("mode")
+    ms.set_context(mode=mode)
+    try:
+        net, x = sequential_net(), x_for("sequential_net", n=6)
+        x[3, 0, 0, 0] = np.nan
+        path = tmp_path / "r.txt"
+        data = ds.NumpySlicesDataset((x, np.zeros(6, np.int32)), ["x", "y"], shuffle=False)
+        model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True), metrics={"acc"})
+        cb = QuantCalibration(path, algorithm="minmax")
+        with pytest.raises(CalibrationError, match=r"layer '0': input of batch 1 contains NaN"):
+            model.eval(data.batch(2), callbacks=[cb])
+        assert nothing_written(path)
+        assert cells(net) == cells(sequential_net())
+    finally:
+        ms.set_context(mode=before)
+
+
+def test_nan_after_folded_batchnorm(tmp_path):
+    """NaN produced inside the network (a negative BN moving variance) is named at the folded
+    BatchNorm's output."""
+    net = sequential_net()
+    net[1].moving_variance.set_data(ms.Tensor(np.full(6, -1.0, np.float32)))
+    path = tmp_path / "r.txt"
+    with pytest.raises(CalibrationError, match=r"layer '0': output \(after its folded '1'\)"):
+        calibrate(net, x_for("sequential_net"), path, algorithm="minmax")
+    assert nothing_written(path)
+
+
+def test_grouped_conv_not_quantized_and_logged(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="amct_bridge.mindspore.session"):
+        rec = calibrate(group_conv_net(), x_for("group_conv_net"), tmp_path / "r.txt")
+    assert sorted(rec.layers) == ["0", "2"]
+    assert "grouped convolution(s) '1'" in caplog.text and "not quantized" in caplog.text
+
+
+FACTORY = """
+import mindspore as ms
+from mindspore import nn
+
+
+class Net(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.SequentialCell([nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()])
+        self.flatten = nn.Flatten()
+        self.head = nn.Dense(4 * 8 * 8, 2)
+
+    def construct(self, x):
+        return self.head(self.flatten(self.body(x)))
+
+
+def make():
+    ms.set_seed(7)
+    return Net()
+"""
+
+
+def test_cli_end_to_end_and_bad_checkpoint(tmp_path, capsys):
+    """calibrate --mindspore file.py:factory --ckpt: the record equals calibrate() on the net
+    with the checkpoint loaded; a checkpoint of another net exits 2 naming file and parameter."""
+    (tmp_path / "factory.py").write_text(FACTORY)
+    spec = f"{tmp_path / 'factory.py'}:make"
+    net = load_mindspore_net(spec)
+    rng = np.random.default_rng(5)
+    for _, p in net.parameters_and_names():  # weights differ from the factory's own
+        p.set_data(ms.Tensor(rng.uniform(0.5, 1.5, p.shape).astype(np.float32)))
+    ckpt = tmp_path / "net.ckpt"
+    ms.save_checkpoint(net, str(ckpt))
+    x = x_for("sequential_net", n=6)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "cli.txt"
+    argv = [
+        "calibrate",
+        "--mindspore",
+        spec,
+        "--ckpt",
+        str(ckpt),
+        "--data",
+        str(tmp_path / "x.npy"),
+    ]
+    code = main([*argv, "--record", str(out), "--algorithm", "minmax", "--batch-size", "2"])
+    assert code == 0, capsys.readouterr().err
+    assert "a 'mindspore' record (also valid as 'tf' and 'inner'), 2 layers, minmax, 3 batches" in (
+        capsys.readouterr().out
+    )
+    expected = calibrate(net, x, tmp_path / "api.txt", batch_size=2, algorithm="minmax")
+    assert out.read_text() == (tmp_path / "api.txt").read_text()
+    assert sorted(load(out).layers) == ["body.0", "head"]
+    assert load(out).layers == expected.layers
+
+    other = tmp_path / "other.ckpt"
+    ms.save_checkpoint(nn.SequentialCell([nn.Conv2d(3, 5, 3)]), str(other))
+    bad = tmp_path / "bad.txt"
+    code = main(["calibrate", "--mindspore", spec, "--ckpt", str(other), "--data",
+                 str(tmp_path / "x.npy"), "--record", str(bad)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and str(other) in err and "body.0.weight missing" in err, err
+    assert nothing_written(bad)
+    code = main(["calibrate", "--ckpt", str(ckpt), "--data", str(tmp_path / "x.npy"), "-o",
+                 str(bad)])  # fmt: skip
+    assert code == 2 and "--ckpt goes with --mindspore" in capsys.readouterr().err
