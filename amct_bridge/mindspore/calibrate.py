@@ -19,6 +19,8 @@ Example:
 from __future__ import annotations
 
 import os
+import sys
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -121,3 +123,15 @@ def _as_tensor(value: Any) -> Tensor:
     if array.dtype == np.float64:
         array = array.astype(np.float32)  # MindSpore keeps float64; the weights are float32
     return Tensor(array)
+
+
+class _CallableModule(types.ModuleType):
+    """Importing this submodule binds ``amct_bridge.mindspore.calibrate`` (the package's lazy
+    name for the function) to the module: calling the module calls :func:`calibrate`, so both
+    import orders give a working ``amct_bridge.mindspore.calibrate(net, data, path)``."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Record:
+        return calibrate(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

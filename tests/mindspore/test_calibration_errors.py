@@ -4,6 +4,8 @@ the ``amct-bridge calibrate --mindspore`` command end to end."""
 
 from __future__ import annotations
 
+import doctest
+import importlib
 import logging
 import re
 
@@ -194,3 +196,26 @@ def test_cli_end_to_end_and_bad_checkpoint(tmp_path, capsys):
     code = main(["calibrate", "--ckpt", str(ckpt), "--data", str(tmp_path / "x.npy"), "-o",
                  str(bad)])  # fmt: skip
     assert code == 2 and "--ckpt goes with --mindspore" in capsys.readouterr().err
+
+
+def test_calibrate_module_is_callable_too(tmp_path):
+    """Importing the submodule binds ``amct_bridge.mindspore.calibrate`` to it: it calls the
+    function, so either import order works."""
+    module = importlib.import_module("amct_bridge.mindspore.calibrate")
+    net = nn.SequentialCell([nn.Dense(4, 2)])
+    rec = module(net, np.ones((2, 4), np.float32), tmp_path / "r.txt", algorithm="minmax")
+    assert list(rec.layers) == ["0"] and rec.layers["0"].scale_d == pytest.approx(1 / 255)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "amct_bridge.mindspore.session",
+        "amct_bridge.mindspore.callback",
+        "amct_bridge.mindspore.calibrate",
+    ],
+)
+def test_docstring_examples_run(name):
+    module = importlib.import_module(name)
+    failures, tried = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert failures == 0 and tried > 0
