@@ -43,9 +43,9 @@ settings.register_profile(
 
 #: Examples per target: (ci, long). The long figures give about 10 minutes on 2 shared cores.
 _EXAMPLES = {
-    "fast": (25, 1500),  # protobuf / text / JSON targets (10-40 ms per case)
-    "medium": (30, 1500),  # numpy exporter + coefficient writer + chip simulator (~0.1 s)
-    "keras": (2, 250),  # random Keras graph: build, discover, perturb, calibrate, export (~0.5 s)
+    "fast": (25, 5000),  # protobuf / text / JSON targets (3-30 ms per case)
+    "medium": (30, 10000),  # numpy exporter + coefficient writer + chip simulator (~5 ms)
+    "keras": (2, 400),  # random Keras graph: build, discover, perturb, calibrate, export (~1 s)
 }
 
 #: Seconds one case may take before it counts as a hang (SIGALRM interrupts it).

@@ -38,13 +38,32 @@ ADD_SAME_TWICE = {
     "closing_head": False,
 }
 
+DW2 = {**CONV1, "mult": 2, "named": True}
+#: Found by the first long campaign (shrunk): a depthwise (multiplier 2) after another one;
+#: dw4's range counts 2 input channels per root channel (``multiplier``), each giving 2 outputs.
+#: The record was right; this file's check ignored ``multiplier`` on a depthwise member.
+STACKED_MULTIPLIERS = {
+    "shape": (2, 2, 1),
+    "steps": [
+        ("conv", {**CONV1, "named": True}, [0]),
+        ("dw", DW2, [1]),
+        ("dw", DW2, [2]),
+        ("conv", {**CONV1, "named": True}, [3]),
+    ],
+    "seed": 0,
+    "closing_head": False,
+}
+
 
 def positions(member, i: int) -> set[int]:
-    """Channels of ``member``'s node that carry root channel i (test_real_perturbation)."""
+    """Channels of ``member``'s node that carry root channel i (as test_real_perturbation, plus
+    a depthwise after another multiplier: ``multiplier`` input channels per root channel, each
+    giving ``depth_multiplier`` outputs; the fuzzer's first campaign found the helper lacked it)."""
+    mult, stride, tiles = member.attr("multiplier") or 1, member.attr("stride") or 0, 1
     if member.attr("depth_multiplier"):
         m = member.attr("depth_multiplier")
-        return set(range((member.begin + i) * m, (member.begin + i + 1) * m))
-    mult, stride, tiles = member.attr("multiplier") or 1, member.attr("stride") or 0, 1
+        ins = range(member.begin + i * mult, member.begin + (i + 1) * mult)
+        return {c * m + j for c in ins for j in range(m)}
     tiles = member.attr("tile") or 1
     first = member.begin + i * mult
     return {first + j + t * stride for j in range(mult) for t in range(tiles)}
@@ -70,9 +89,7 @@ def check_ranges(graph, found) -> None:
             assert 0 <= m.begin < m.end, m
             limit = node_channels(graph, m.name)
             for i in range(group.width):
-                assert positions(m, i) and max(positions(m, i)) < limit * max(
-                    1, m.attr("depth_multiplier") or 1
-                ), (m, i, limit)
+                assert positions(m, i) and max(positions(m, i)) < limit, (m, i, limit)
 
 
 def downstream(graph, starts: set[str]) -> set[str]:
@@ -144,6 +161,7 @@ def check_discovery(model, data) -> None:
     st.sampled_from(["s8", "s16"]),
 )
 @example(spec=ADD_SAME_TWICE, algorithm="minmax", skip=False, ftype="s8")
+@example(spec=STACKED_MULTIPLIERS, algorithm="minmax", skip=False, ftype="s8")
 def test_random_keras_graphs_discover_calibrate_and_export(spec, algorithm, skip, ftype):
     model = build(spec)
     rng = np.random.default_rng(spec["seed"])
