@@ -307,3 +307,25 @@ def test_hfmg_inner_flavor_equals_across_modes(tmp_path):
         assert rec.flavor == "inner"
         texts.append((tmp_path / f"{name}.txt").read_text())
     assert texts[0] == texts[1]
+
+
+def test_functional_add_range_in_sidecar(tmp_path):
+    """A functional ``x + y`` whose inputs and output are single-call cells' outputs / input
+    gets a sidecar entry (graph name ``add_op0``): input = union of both operands, output =
+    the sum's range (reference: the forward written out cell by cell)."""
+    from nets import loop_net
+
+    net, x = loop_net(), data(4, seed=5)
+    calibrate(net, x, tmp_path / "r.txt", algorithm="minmax")
+    t = net.stem(Tensor(x))
+    f0 = net.blocks[0](t)
+    f2 = net.blocks[2](net.blocks[1](f0))
+    f0, f2 = f0.asnumpy(), f2.asnumpy()
+    add = load_stats(sidecar_path(tmp_path / "r.txt")).layers["add_op0"]
+    assert add.kind == "Add"
+    assert (add.input.min, add.input.max) == pytest.approx(
+        (min(f0.min(), f2.min()), max(f0.max(), f2.max())), rel=1e-6
+    )
+    assert (add.output.min, add.output.max) == pytest.approx(
+        ((f0 + f2).min(), (f0 + f2).max()), rel=1e-6
+    )
