@@ -329,3 +329,20 @@ def test_functional_add_range_in_sidecar(tmp_path):
     assert (add.output.min, add.output.max) == pytest.approx(
         ((f0 + f2).min(), (f0 + f2).max()), rel=1e-6
     )
+
+
+def test_conv_transpose_folded_per_output_channel(tmp_path):
+    """Conv2dTranspose weight (in, out, kH, kW): its BN folds along axis 1 and scale_w has one
+    value per output channel (axis 1)."""
+    ms.set_seed(3)
+    net = nn.SequentialCell([nn.Conv2dTranspose(3, 5, 3), nn.BatchNorm2d(5, eps=1e-2)])
+    rng = np.random.default_rng(6)
+    for name, p in net.parameters_and_names():
+        low = 0.5 if name.endswith(("moving_variance", "gamma")) else -1.0
+        p.set_data(Tensor(rng.uniform(low, 2.0, p.shape).astype(np.float32)))
+    rec = calibrate(net, data(2), tmp_path / "r.txt", algorithm="minmax")
+    bn = net[1]
+    factor = bn.gamma.asnumpy() / np.sqrt(bn.moving_variance.asnumpy() + 1e-2)
+    kernel = (net[0].weight.asnumpy() * factor[None, :, None, None]).astype(np.float32)
+    expected = arq(kernel.transpose(1, 0, 2, 3), per_channel=True)
+    np.testing.assert_allclose(rec.layers["0"].scale_w, expected, rtol=1e-6)
