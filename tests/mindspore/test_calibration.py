@@ -346,3 +346,28 @@ def test_conv_transpose_folded_per_output_channel(tmp_path):
     kernel = (net[0].weight.asnumpy() * factor[None, :, None, None]).astype(np.float32)
     expected = arq(kernel.transpose(1, 0, 2, 3), per_channel=True)
     np.testing.assert_allclose(rec.layers["0"].scale_w, expected, rtol=1e-6)
+
+
+def test_save_every_epoch_and_accumulate(tmp_path):
+    """save_every_epoch writes at each epoch end what was gathered so far; accumulate keeps
+    statistics across Model.eval calls (a second call with 10x data widens the range)."""
+    from mindspore.train import Callback
+
+    path = tmp_path / "r.txt"
+    seen = []
+
+    class Spy(Callback):
+        def on_train_epoch_end(self, run_context):
+            seen.append(load_stats(sidecar_path(path)).batches)
+
+    net, x = make_net(), data(4)
+    cb = QuantCalibration(path, algorithm="minmax", save_every_epoch=True)
+    make_model(net, lr=0.0).train(2, dataset(x), callbacks=[cb, Spy()])
+    assert seen == [2, 4] and load_stats(sidecar_path(path)).batches == 4
+
+    model, big = make_model(net), data(2, seed=9, scale=10.0)
+    cb = QuantCalibration(path, algorithm="minmax", accumulate=True)
+    model.eval(dataset(x), callbacks=[cb])
+    model.eval(dataset(big), callbacks=[cb])
+    check_record(load(path, flavor="mindspore"), net, cell_inputs(net, [x, big]))
+    assert load_stats(sidecar_path(path)).batches == 3
