@@ -219,3 +219,23 @@ def test_docstring_examples_run(name):
     module = importlib.import_module(name)
     failures, tried = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert failures == 0 and tried > 0
+
+
+def test_exception_mid_run_takes_the_probes_out(tmp_path):
+    """Another callback raising in the middle of Model.eval: the probes come out (the
+    callback's __exit__), nothing is written."""
+    from mindspore.train import Callback
+
+    class Boom(Callback):
+        def on_eval_step_end(self, run_context):
+            if run_context.original_args()["cur_step_num"] == 2:
+                raise KeyboardInterrupt
+
+    net, x = sequential_net(), x_for("sequential_net", n=6)
+    data = ds.NumpySlicesDataset((x, np.zeros(6, np.int32)), ["x", "y"], shuffle=False)
+    model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True), metrics={"acc"})
+    path = tmp_path / "r.txt"
+    with pytest.raises(KeyboardInterrupt):
+        model.eval(data.batch(2), callbacks=[QuantCalibration(path), Boom()])
+    assert nothing_written(path)
+    assert cells(net) == cells(sequential_net())
