@@ -44,7 +44,10 @@ import numpy as np
 
 from amct_bridge.errors import QuantError
 from amct_bridge.keras.fake_quant import layer_spec
-from amct_bridge.keras.qat_layers import RANGE_MODES, FoldedBatchNorm, QATQuant
+from amct_bridge.keras.layers import is_activation, is_batch_norm, is_runtime
+from amct_bridge.keras.qat_layers import RANGE_MODES, FoldedBatchNorm, QATObserve, QATQuant
+from amct_bridge.keras.qat_sidecar import qat_stats
+from amct_bridge.keras.qat_strip import strip_qat
 from amct_bridge.keras.rewrite import (
     batchnorm_after,
     clone_with,
@@ -58,8 +61,10 @@ from amct_bridge.records.model import Record
 __all__ = [
     "RANGE_MODES",
     "FoldedBatchNorm",
+    "QATObserve",
     "QATQuant",
     "qat_record",
+    "qat_stats",
     "quantize_aware",
     "save_qat_record",
     "strip_qat",
@@ -122,6 +127,8 @@ def quantize_aware(
     def make_layer(key, layer):
         if id(layer) in folded:
             return FoldedBatchNorm(name=layer.name)
+        if key not in chosen and _observed(layer):  # its output range goes to the sidecar
+            return QATObserve(plain_copy(layer), ema_decay=ema_decay, name=layer.name)
         if key not in chosen:
             return plain_copy(layer)
         config = layer.get_config()
@@ -135,11 +142,19 @@ def quantize_aware(
     for key, (orig, new) in pairs.items():
         if isinstance(new, QATQuant) and key in bns and fold_batchnorm:
             _fold_into(orig, new.layer, bns[key], key)
-        elif isinstance(new, QATQuant):
+        elif isinstance(new, (QATQuant, QATObserve)):
             copy_weights(orig, new.layer)
         elif orig.weights and id(orig) not in folded:
             copy_weights(orig, new)
     return clone
+
+
+def _observed(layer: keras.layers.Layer) -> bool:
+    """Layers whose output range the ESP-DL export needs: activations, runtime layers (Add,
+    Concatenate, pools) and BatchNormalization (when not folded), as the calibration sidecar."""
+    return (is_activation(layer) or is_runtime(layer) or is_batch_norm(layer)) and not isinstance(
+        layer, keras.Model
+    )
 
 
 def _fold_into(src: keras.layers.Layer, dst: keras.layers.Layer, bn, key: str) -> None:
@@ -195,38 +210,25 @@ def qat_record(qat_model: keras.Model) -> Record:
 
 
 def save_qat_record(qat_model: keras.Model, path: str | os.PathLike) -> Record:
-    """Write :func:`qat_record` to ``path`` (AMCT text format, atomically) and return it.
+    """Write :func:`qat_record` to ``path`` and its calibration sidecar next to it; return it.
+
+    The sidecar (``<path>.calib.json``, :func:`qat_stats`) holds the ranges the ESP-DL export
+    reads (each quantized layer's input and output, folded BNs, activations, Add / Concatenate /
+    pools). Both are built and validated in memory first, then each file is written atomically
+    (temp + rename), so a failure leaves no partial output.
 
     Example:
         >>> save_qat_record(qat, "qat_record.txt")  # doctest: +SKIP
+        >>> export_espdl(strip_qat(qat), "qat_record.txt", "espdl_out")  # doctest: +SKIP
     """
+    from amct_bridge.calibration.records import Built, write_outputs
     from amct_bridge.errors import ValidationError
-    from amct_bridge.records import save, validate
+    from amct_bridge.records import dumps, validate
 
     record = qat_record(qat_model)
     problems = validate(record)
     if problems:
         raise ValidationError(problems)
-    save(record, path)
+    stats = qat_stats(qat_model)
+    write_outputs(Built(record, dumps(record, record.flavor), stats), path)
     return record
-
-
-def strip_qat(qat_model: keras.Model) -> keras.Model:
-    """A plain float copy of a QAT model with its trained weights (QAT wrappers removed).
-
-    Folded BatchNormalization layers stay Identity layers; ``simulate(strip_qat(qat),
-    qat_record(qat))`` computes what the QAT model computes in inference.
-
-    Example:
-        >>> deployable = strip_qat(qat)  # doctest: +SKIP
-    """
-
-    def make_layer(key, layer):
-        return plain_copy(layer.layer if isinstance(layer, QATQuant) else layer)
-
-    clone, pairs = clone_with(qat_model, make_layer)
-    for orig, new in pairs.values():
-        src = orig.layer if isinstance(orig, QATQuant) else orig
-        if src.weights:
-            copy_weights(src, new)
-    return clone

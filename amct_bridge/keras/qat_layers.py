@@ -1,8 +1,9 @@
-"""The QAT Keras layers: :class:`QATQuant` (fake-quantizing wrapper) and :class:`FoldedBatchNorm`.
+"""The QAT Keras layers: :class:`QATQuant` (fake-quantizing wrapper), :class:`QATObserve`
+(output-range tracking wrapper) and :class:`FoldedBatchNorm`.
 
 :func:`amct_bridge.keras.qat.quantize_aware` puts them into a copy of the model; each
 :class:`QATQuant` fake-quantizes its layer's input and kernels while training and turns its
-trained ranges into record entries (:meth:`QATQuant.factors`). Both are registered Keras
+trained ranges into record entries (:meth:`QATQuant.factors`). All three are registered Keras
 serializables (package "amct_bridge"), so a saved QAT model loads back.
 
 Example:
@@ -47,6 +48,89 @@ class FoldedBatchNorm(keras.layers.Layer):
 
     def compute_output_shape(self, input_shape):
         return input_shape
+
+
+def add_range_weights(layer: keras.layers.Layer, name: str, *, trainable: bool) -> tuple:
+    """``(lo, hi, seen)`` variables of one tracked tensor of ``layer`` (``seen``: batches seen).
+
+    Example:
+        >>> # used by QATQuant.build and QATObserve.build
+    """
+    # "mean": under tf.distribute each replica tracks its own batches and the kept range is
+    # the replicas' mean (like BatchNormalization's moving statistics).
+    lo, hi = (
+        layer.add_weight(
+            name=f"{name}_{end}",
+            shape=(),
+            initializer="zeros",
+            trainable=trainable,
+            aggregation="mean",
+            autocast=False,  # factors stay float32 under mixed precision
+        )
+        for end in ("min", "max")
+    )
+    seen = layer.add_weight(
+        name=f"{name}_seen",
+        shape=(),
+        initializer="zeros",
+        trainable=False,
+        aggregation="only_first_replica",
+        autocast=False,
+    )
+    return lo, hi, seen
+
+
+def track_ema(x, lo_var, hi_var, seen, decay: float):
+    """Move ``[lo_var, hi_var]`` towards ``x``'s min/max (EMA; the first batch sets it).
+
+    Returns the new (lo, hi); ``seen`` counts the batches.
+
+    Example:
+        >>> # see QATQuant: range <- d * range + (1 - d) * batch
+    """
+    batch_lo = ops.stop_gradient(ops.cast(ops.min(x), "float32"))  # mixed precision too
+    batch_hi = ops.stop_gradient(ops.cast(ops.max(x), "float32"))
+    first = seen <= 0
+    lo = ops.where(first, batch_lo, decay * lo_var + (1 - decay) * batch_lo)
+    hi = ops.where(first, batch_hi, decay * hi_var + (1 - decay) * batch_hi)
+    lo_var.assign(lo)
+    hi_var.assign(hi)
+    seen.assign(seen + 1.0)
+    return lo, hi
+
+
+@keras.saving.register_keras_serializable(package="amct_bridge")
+class QATObserve(keras.layers.Wrapper):
+    """Runs its layer unchanged and, while training, tracks an EMA of the output's min/max.
+
+    :func:`~amct_bridge.keras.qat.quantize_aware` wraps activations (ReLU...), runtime layers
+    (Add, Concatenate, pools) and unfolded BatchNormalization in it: the QAT sidecar needs their
+    output ranges for the ESP-DL export. :func:`~amct_bridge.keras.qat.strip_qat` unwraps them.
+
+    Example:
+        >>> QATObserve(keras.layers.ReLU(), name="relu").name
+        'relu'
+    """
+
+    def __init__(self, layer, ema_decay=0.99, **kwargs):
+        super().__init__(layer, **kwargs)
+        self.ema_decay = float(ema_decay)
+
+    def build(self, input_shape=None):
+        super().build(input_shape)
+        self.output_range = add_range_weights(self, "output", trainable=False)
+
+    def call(self, inputs, training=None, **kwargs):
+        y = self.layer(inputs, training=training, **kwargs)
+        if training:
+            track_ema(y, *self.output_range, self.ema_decay)
+        return y
+
+    def compute_output_shape(self, input_shape):
+        return self.layer.compute_output_shape(input_shape)
+
+    def get_config(self):
+        return {**super().get_config(), "ema_decay": self.ema_decay}
 
 
 @keras.saving.register_keras_serializable(package="amct_bridge")
@@ -105,42 +189,26 @@ class QATQuant(keras.layers.Wrapper):
         names = ["input"] + (
             ["mid"] if isinstance(self.layer, keras.layers.SeparableConv2D) else []
         )
-        self.ranges = {}
-        for name in names:
-            # "mean": under tf.distribute each replica tracks its own batches and the kept range
-            # is the replicas' mean (like BatchNormalization's moving statistics).
-            lo, hi = (
-                self.add_weight(
-                    name=f"{name}_{end}",
-                    shape=(),
-                    initializer="zeros",
-                    trainable=trainable,
-                    aggregation="mean",
-                    autocast=False,  # factors stay float32 under mixed precision
-                )
-                for end in ("min", "max")
-            )
-            seen = self.add_weight(
-                name=f"{name}_seen",
-                shape=(),
-                initializer="zeros",
-                trainable=False,
-                aggregation="only_first_replica",
-                autocast=False,  # factors stay float32 under mixed precision
-            )
-            self.ranges[name] = (lo, hi, seen)
+        self.ranges = {name: add_range_weights(self, name, trainable=trainable) for name in names}
+        # The output range is only observed (EMA, never a clip): the ESP-DL export needs it in
+        # the sidecar (a chain output feeding an Add, the model output); see qat_sidecar.
+        self.output_range = add_range_weights(self, "output", trainable=False)
 
     def call(self, inputs, training=None):
         x = self._quantize_activation(inputs, "input", training)
         if self.spec.op is None:  # average pooling: input only
-            return self.layer(x)
-        cw = self.channel_wise and self.spec.channel_wise
-        kernels = {
-            attr: arq_fake_quant(getattr(self.layer, attr), layout, self.bits, channel_wise=cw)
-            for attr, layout in self.spec.kernels
-        }
-        mid = lambda y: self._quantize_activation(y, "mid", training)  # noqa: E731
-        return finish(self.layer, self.spec.op(self.layer, x, kernels, mid))
+            y = self.layer(x)
+        else:
+            cw = self.channel_wise and self.spec.channel_wise
+            kernels = {
+                attr: arq_fake_quant(getattr(self.layer, attr), layout, self.bits, channel_wise=cw)
+                for attr, layout in self.spec.kernels
+            }
+            mid = lambda v: self._quantize_activation(v, "mid", training)  # noqa: E731
+            y = finish(self.layer, self.spec.op(self.layer, x, kernels, mid))
+        if training:
+            track_ema(y, *self.output_range, self.ema_decay)
+        return y
 
     def _quantize_activation(self, x, name, training):
         lo_var, hi_var, seen = self.ranges[name]
@@ -153,26 +221,16 @@ class QATQuant(keras.layers.Wrapper):
         return ops.where(ops.logical_or(seen > 0, bool(training)), y, x)
 
     def _update_range(self, x, lo_var, hi_var, seen):
-        batch_lo = ops.stop_gradient(ops.cast(ops.min(x), "float32"))  # mixed precision too
-        batch_hi = ops.stop_gradient(ops.cast(ops.max(x), "float32"))
-        first = seen <= 0
         if self.activation_range == "ema":
-            d = self.ema_decay
-            lo = ops.where(first, batch_lo, d * lo_var + (1 - d) * batch_lo)
-            hi = ops.where(first, batch_hi, d * hi_var + (1 - d) * batch_hi)
-            lo_var.assign(lo)
-            hi_var.assign(hi)
-        else:  # learned: initialise from the first batch, then only gradients move the range
-            lo = ops.where(first, batch_lo, lo_var)
-            hi = ops.where(first, batch_hi, hi_var)
-            lo_var.assign(ops.stop_gradient(lo))
-            hi_var.assign(ops.stop_gradient(hi))
-            lo, hi = (
-                lo_var + ops.stop_gradient(lo - lo_var),
-                hi_var + ops.stop_gradient(hi - hi_var),
-            )
-        seen.assign(1.0)
-        return lo, hi
+            return track_ema(x, lo_var, hi_var, seen, self.ema_decay)
+        # learned: initialise from the first batch, then only gradients move the range
+        first = seen <= 0
+        lo = ops.where(first, ops.stop_gradient(ops.cast(ops.min(x), "float32")), lo_var)
+        hi = ops.where(first, ops.stop_gradient(ops.cast(ops.max(x), "float32")), hi_var)
+        lo_var.assign(ops.stop_gradient(lo))
+        hi_var.assign(ops.stop_gradient(hi))
+        seen.assign(seen + 1.0)  # a batch counter (the sidecar's "batches")
+        return lo_var + ops.stop_gradient(lo - lo_var), hi_var + ops.stop_gradient(hi - hi_var)
 
     def compute_output_shape(self, input_shape):
         return self.layer.compute_output_shape(input_shape)

@@ -10,6 +10,7 @@ from sklearn.model_selection import train_test_split
 from amct_bridge.errors import QuantError
 from amct_bridge.keras.qat import (
     FoldedBatchNorm,
+    QATObserve,
     QATQuant,
     qat_record,
     quantize_aware,
@@ -186,7 +187,8 @@ def test_qat_model_saves_and_loads(conv_bn, tmp_path):
 def test_no_folding_marks_skip_fusion(conv_bn):
     x = np.random.default_rng(7).uniform(-1, 1, (8, 6, 6, 2)).astype("float32")
     qat = quantize_aware(conv_bn, "INT8", fold_batchnorm=False)
-    assert isinstance(qat.get_layer("bn"), keras.layers.BatchNormalization)
+    bn = qat.get_layer("bn")  # kept, wrapped to observe its output range for the sidecar
+    assert isinstance(bn, QATObserve) and isinstance(bn.layer, keras.layers.BatchNormalization)
     qat.compile(optimizer="sgd", loss="mse")
     qat.fit(x, np.zeros((8, 3), "float32"), verbose=0)
     rec = qat_record(qat)
@@ -325,3 +327,26 @@ def test_mirrored_strategy_ranges_are_the_replica_mean():
         lo = b_lo if lo is None else 0.9 * lo + 0.1 * b_lo
         hi = b_hi if hi is None else 0.9 * hi + 0.1 * b_hi
     np.testing.assert_allclose([out["lo"], out["hi"]], [lo, hi], rtol=1e-5)
+
+
+def test_strip_folds_batchnorm_into_the_trained_conv(conv_bn):
+    """strip_qat after training: no BN layer, and it computes the QAT model's float forward
+    (numpy conv + bias + ReLU + dense on the QAT layers' own trained weights)."""
+    rng = np.random.default_rng(9)
+    x = rng.uniform(-1, 1, (16, 6, 6, 2)).astype("float32")
+    qat = quantize_aware(conv_bn, "INT4")
+    qat.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
+    qat.fit(x, rng.normal(0, 1, (16, 3)).astype("float32"), epochs=2, batch_size=8, verbose=0)
+    stripped = strip_qat(qat)
+    assert [type(layer).__name__ for layer in stripped.layers] == [
+        "InputLayer", "Conv2D", "ReLU", "Flatten", "Dense",
+    ]  # fmt: skip
+    conv, fc = qat.get_layer("conv").layer, qat.get_layer("fc").layer
+    k, b = conv.kernel.numpy(), conv.bias.numpy()
+    patches = np.stack(  # valid 3x3 conv by brute force
+        [x[:, i : i + 3, j : j + 3, :] for i in range(4) for j in range(4)], axis=1
+    )
+    y = np.einsum("npabc,abco->npo", patches, k) + b
+    want = np.maximum(y, 0).reshape(16, -1) @ fc.kernel.numpy() + fc.bias.numpy()
+    np.testing.assert_allclose(stripped.predict(x, verbose=0), want, rtol=1e-4, atol=1e-4)
+    assert not np.allclose(k, conv_bn.get_layer("conv").kernel.numpy())  # it did train
