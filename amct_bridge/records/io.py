@@ -132,6 +132,10 @@ def dumps(record: Record, flavor: str | None = None) -> str:
     return _to_text(to_proto(record, flavor))
 
 
+#: Control characters that never occur in record text (tab, newline, \v, \f, \r do).
+_CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f]")
+
+
 def _looks_binary(data: bytes) -> bool:
     if not data:
         return False
@@ -139,7 +143,8 @@ def _looks_binary(data: bytes) -> bool:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         return True
-    return any(ord(c) < 32 and c not in "\t\n\r\f\v" for c in text)
+    # one regex scan: a per-character generator took ~1.5 s of a 15 MB (10,000-layer) load
+    return _CONTROL.search(text) is not None
 
 
 def load(
