@@ -182,6 +182,17 @@ def _layer_errors(net, chip: dict, floats: dict, bits: int) -> list[LayerError]:
     return result
 
 
+def _chip_output(net, model) -> str:
+    """The chip output computing the model's first output: the graph lists its outputs in
+    execution order, which need not be the model's output order."""
+    first = model.outputs[0]._keras_history.operation.name
+    for name in net.outputs:
+        layer = next(x for x in net.layers if x.name == name)
+        if first in (layer.source, *layer.fused):
+            return name
+    return net.outputs[0]  # e.g. a skipped final Softmax: the chip's output is its input
+
+
 def evaluate(
     export_dir: str | Path,
     model,
@@ -221,7 +232,7 @@ def evaluate(
             chip["approx:" + name] = tensor.approximate
     for name, values in parts.items():
         chip[name] = np.concatenate(values) if values else np.zeros(0)
-    out = net.outputs[0]
+    out = _chip_output(net, model)
     scores = np.ldexp(chip[out].astype(np.float64), chip["exp:" + out])
     floats = _float_outputs(
         model,
