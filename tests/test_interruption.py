@@ -130,7 +130,9 @@ def test_single_file_write_point_keeps_previous(tmp_path, monkeypatch, kind, cal
 
 
 @pytest.mark.parametrize("exc", FAILURES, ids=FAIL_IDS)
-def test_qat_record_write_keeps_previous(tmp_path, monkeypatch, exc):
+@pytest.mark.parametrize("nth", [1, 2], ids=["during-record", "during-sidecar"])
+def test_qat_record_write_keeps_previous(tmp_path, monkeypatch, nth, exc):
+    """save_qat_record writes the QAT record and its sidecar: both stay the previous ones."""
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(3, name="fc")], name="m")
     qat = quantize_aware(model, "INT8")
@@ -139,14 +141,16 @@ def test_qat_record_write_keeps_previous(tmp_path, monkeypatch, exc):
     qat.fit(x, np.zeros((32, 3)), batch_size=16, epochs=1, verbose=0)
     path = tmp_path / "qat_record.txt"
     save(record(0.25), path)
+    save_stats(stats(0.5), sidecar_path(path))
     before = snapshot(tmp_path)
-    fail_on(monkeypatch, "fsync", 1, exc)
+    fail_on(monkeypatch, "fsync", nth, exc)
     with pytest.raises(type(exc)):
         save_qat_record(qat, path)
     assert snapshot(tmp_path) == before
     monkeypatch.undo()
     written = save_qat_record(qat, path)  # and the same call without a failure does write
     assert load(path).layers.keys() == written.layers.keys() == {"fc"}
+    assert snapshot(tmp_path).keys() == before.keys()
 
 
 # ------------------------------------------------------------------ files written together
