@@ -26,8 +26,8 @@ from amct_bridge.records.model import LayerFactors
 TOLERANCE = 1e-3
 
 
-def arq_scales(filt: np.ndarray, axis: int | None) -> np.ndarray:
-    """AMCT ARQ scales of ``filt``: per channel along ``axis`` or one (axis None).
+def arq_scales(filt: np.ndarray, axis: int | None, bits: int = 8) -> np.ndarray:
+    """AMCT ARQ scales of ``filt`` on a ``bits`` grid: per channel along ``axis`` or one.
 
     Example:
         >>> arq_scales(np.array([-1.0, 0.5]), None).tolist()
@@ -40,7 +40,7 @@ def arq_scales(filt: np.ndarray, axis: int | None) -> np.ndarray:
     )
     hi = np.max(flat, axis=1).astype(np.float64)
     lo = np.min(flat, axis=1).astype(np.float64)
-    divisor = np.where(np.abs(lo) >= np.abs(hi), 128.0, 127.0)
+    divisor = np.where(np.abs(lo) >= np.abs(hi), 2.0 ** (bits - 1), 2.0 ** (bits - 1) - 1)
     return np.maximum(np.abs(hi), np.abs(lo)) / divisor
 
 
@@ -60,7 +60,9 @@ def check_scale_w(
             f"layer {name!r}: record has {scales.size} scale_w values but the layer has {channels} "
             "output channels: was the record made for this model?"
         )
-    ref = arq_scales(filt, None if scales.size == 1 else axis)
+    # a QAT record's dst_type (INT4) sets the weights' grid; otherwise AMCT's INT8 weights
+    bits = 4 if (factors.dst_type or "").upper() == "INT4" else 8
+    ref = arq_scales(filt, None if scales.size == 1 else axis, bits)
     usable = ref > np.finfo(np.float32).eps  # ARQ replaces tiny scales by 1.0
     if not usable.any():
         return None

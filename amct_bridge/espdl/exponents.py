@@ -82,6 +82,8 @@ class ExponentFinder:
         if factors is None or factors.scale_d is None or factors.offset_d is None:
             return None
         act_bits = 16 if (factors.act_type or "INT8").upper() == "INT16" else 8
+        if (factors.dst_type or "").upper() == "INT4":  # a QAT record: INT4 activations
+            act_bits = 4
         try:
             exp = scale_offset_to_exponent(factors.scale_d, factors.offset_d, act_bits, self.bits)
         except QuantError as err:

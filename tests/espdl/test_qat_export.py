@@ -16,6 +16,7 @@ from sklearn.datasets import load_digits
 
 from amct_bridge.cli import main
 from amct_bridge.espdl.chip import simulate_chip
+from amct_bridge.espdl.exponents import ExponentFinder
 from amct_bridge.espdl.preview import load_set, preview_set
 from amct_bridge.keras import export_espdl
 from amct_bridge.keras.qat import quantize_aware, save_qat_record, strip_qat
@@ -139,3 +140,26 @@ def test_cli_preview_of_the_saved_stripped_model(trained, tmp_path, capsys):
     assert main([*argv, "--preview"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines[1:4]] == ["c1", "c2", "fc"]
+
+
+def test_int4_qat_record_exports_without_false_warnings(tmp_path):
+    """An INT4 QAT record's scale_w are ARQ on the INT4 grid (max / 7): not a mismatch; without
+    a sidecar, its scale_d/offset_d encode an INT4 range, [(-8 - o) s, (7 - o) s]."""
+    keras.utils.set_random_seed(1)
+    x = np.random.default_rng(0).uniform(0, 1, (64, 8, 8, 1)).astype("float32")
+    labels = (x.mean(axis=(1, 2, 3)) * 20).astype("int64") % 10
+    qat = quantize_aware(residual_cnn(), "INT4")
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    qat.compile(optimizer=keras.optimizers.Adam(1e-3), loss=loss)
+    qat.fit(x, labels, epochs=1, batch_size=16, verbose=0)
+    record = save_qat_record(qat, tmp_path / "r.txt")
+    stripped = strip_qat(qat)
+    res = export_espdl(stripped, tmp_path / "r.txt", tmp_path / "o")
+    assert [w for w in res.warnings if "scale_w" in w] == []
+    finder = ExponentFinder([], record, None, bits=8)  # no sidecar: the record's factors
+    for key in ("c1", "c2", "fc"):
+        f = record.layers[key]
+        lo, hi = (-8 - f.offset_d) * f.scale_d, (7 - f.offset_d) * f.scale_d
+        want = int(np.ceil(np.log2(max(abs(lo), abs(hi)) / 127)))
+        exp, _, found = finder.record_exponent(key)
+        assert exp == want and found == pytest.approx((lo, hi))
