@@ -6,7 +6,9 @@ Workflow (AMCT's create_quant_retrain_model / save_quant_retrain_model, in Keras
     qat.compile(optimizer="adam", loss=..., metrics=[...])
     qat.fit(x, y, epochs=3)                          # fake-quantized forward, STE backward
     save_qat_record(qat, "record.txt")               # scale_d/offset_d, scale_w/offset_w, dst_type
-    deployable = strip_qat(qat)                      # plain Keras model with the trained weights
+                                                     # + record.txt.calib.json (qat_sidecar)
+    deployable = strip_qat(qat)                      # plain Keras model, BN folded away (qat_strip)
+    export_espdl(deployable, "record.txt", "out")    # ESP-DL v1 (amct_bridge.keras.export_espdl)
 
 In the forward pass every quantizable layer (Conv2D, DepthwiseConv2D, Conv2DTranspose, Dense,
 SeparableConv2D, AveragePooling2D) sees
@@ -23,7 +25,9 @@ Rounding uses the straight-through estimator; values clipped by the range get no
 BatchNormalization that directly follows a quantized layer is folded into it before training (its
 moving statistics frozen into the kernel and bias, the BN replaced by a FoldedBatchNorm identity
 layer of the same name), so the trained kernel is the deployed kernel and the record needs no
-fusion; otherwise the layer's record carries ``skip_fusion: true``.
+fusion; otherwise the layer's record carries ``skip_fusion: true``. Activations, runtime layers
+(Add, Concatenate, pools) and unfolded BNs are wrapped in a QATObserve that tracks their output
+range for the sidecar the ESP-DL export reads.
 
 Example:
     >>> import keras, numpy as np
@@ -214,8 +218,8 @@ def save_qat_record(qat_model: keras.Model, path: str | os.PathLike) -> Record:
 
     The sidecar (``<path>.calib.json``, :func:`qat_stats`) holds the ranges the ESP-DL export
     reads (each quantized layer's input and output, folded BNs, activations, Add / Concatenate /
-    pools). Both are built and validated in memory first, then each file is written atomically
-    (temp + rename), so a failure leaves no partial output.
+    pools). Both are built and validated in memory first, then written as one set (temp files,
+    then renamed together), so a failure leaves both previous files.
 
     Example:
         >>> save_qat_record(qat, "qat_record.txt")  # doctest: +SKIP

@@ -10,6 +10,8 @@ MODULES = [
     "amct_bridge.keras.espdl_weights",
     "amct_bridge.keras.instrument_buffers",
     "amct_bridge.keras.qat_layers",
+    "amct_bridge.keras.qat_sidecar",
+    "amct_bridge.keras.qat_strip",
     "amct_bridge.keras.record_builder",
 ]
 
