@@ -60,6 +60,7 @@ HINTS: dict[str, str] = {
     "Subtract": "ESP-DL v1's Sub2D arithmetic is not fixed by any source; compute it on the host",
     "Multiply": "ESP-DL v1's Mul2D arithmetic is not fixed by any source; compute it on the host",
     "QATQuant": "export strip_qat(qat_model) with the QAT record and sidecar, see docs/qat.md",
+    "QATObserve": "export strip_qat(qat_model) with the QAT record and sidecar, see docs/qat.md",
     "Conv1D": "use Conv2D on an (1, W, C) input",
     "UpSampling2D": "ESP-DL v1 has no resize layer",
     "Softmax": "apply softmax on the host to the int outputs (it keeps the arg max)",

@@ -329,3 +329,33 @@ def test_strip_folds_batchnorm_into_the_trained_conv(conv_bn):
     want = np.maximum(y, 0).reshape(16, -1) @ fc.kernel.numpy() + fc.bias.numpy()
     np.testing.assert_allclose(stripped.predict(x, verbose=0), want, rtol=1e-4, atol=1e-4)
     assert not np.allclose(k, conv_bn.get_layer("conv").kernel.numpy())  # it did train
+
+
+def test_strip_sequential_and_nested_models_drop_folded_bn():
+    """Sequential and nested functional models: each folded BN is gone from the stripped copy,
+    which still computes the original float function (QAT not yet trained: same weights)."""
+    inner = keras.Sequential(
+        [
+            keras.Input((6, 6, 2)),
+            keras.layers.DepthwiseConv2D(3, padding="same", name="dw"),
+            keras.layers.BatchNormalization(name="bn_in"),
+            keras.layers.ReLU(name="r_in"),
+        ],
+        name="block",
+    )
+    x_in = keras.Input((6, 6, 2))
+    y = keras.layers.Conv2D(2, 1, name="c")(inner(x_in))
+    y = keras.layers.BatchNormalization(name="bn_out")(y)
+    model = keras.Model(x_in, keras.layers.Add(name="add")([y, x_in]), name="outer")
+    rng = np.random.default_rng(10)
+    for layer in (inner.get_layer("bn_in"), model.get_layer("bn_out")):
+        layer.set_weights([rng.uniform(0.5, 2, w.shape).astype("float32") for w in layer.weights])
+    stripped = strip_qat(quantize_aware(model, "INT8"))
+    kinds = [type(x).__name__ for x in stripped.layers]
+    assert kinds == ["InputLayer", "Sequential", "Conv2D", "Add"]
+    assert isinstance(stripped.get_layer("block"), keras.Sequential)
+    assert [x.name for x in stripped.get_layer("block").layers] == ["dw", "r_in"]
+    x = rng.uniform(-1, 1, (4, 6, 6, 2)).astype("float32")
+    np.testing.assert_allclose(
+        stripped.predict(x, verbose=0), model.predict(x, verbose=0), rtol=1e-4, atol=1e-4
+    )
