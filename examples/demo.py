@@ -1,7 +1,8 @@
 """End-to-end demo (run by `make demo`): train a small Keras CNN on scikit-learn's digits,
 calibrate it with the QuantCalibration callback, check and convert the AMCT record, measure the
-INT8 accuracy it gives with a per-layer report (HTML with plots), find pruning groups, and
-export ESP-DL v1 coefficients with a preview.
+INT8 accuracy it gives with a per-layer report (HTML with plots), find pruning groups, export
+ESP-DL v1 coefficients with a preview and the C++ files (coefficients, model class, app_main),
+and measure the accuracy of the simulated chip next to float and fake-quant.
 
 Everything runs on the CPU in about a minute; outputs go to ``out/demo/`` (or argv[1]).
 """
@@ -20,7 +21,8 @@ import numpy as np  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
 
 from amct_bridge.cli import main as cli  # noqa: E402
-from amct_bridge.keras import QuantCalibration, simulate  # noqa: E402
+from amct_bridge.commands.espdl_eval import evaluate  # noqa: E402
+from amct_bridge.keras import QuantCalibration, export_espdl, simulate  # noqa: E402
 from amct_bridge.records import load  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,11 +115,27 @@ def demo(out: Path) -> None:
     print("\n== 5. channel-pruning groups and 2:4 selective layers")
     cli(["prune-groups", str(model_path), "--selective", "--record", str(out / "prune.txt")])
 
-    print("\n== 6. ESP-DL v1 export (config.json + npy for convert.py) and its preview")
+    print("\n== 6. ESP-DL v1 export: config.json + npy, C++ coefficients, model class, app_main")
     espdl_dir = out / "espdl"
     args = ["--record", str(record_path), "--model", str(model_path), "--feature-type", "s8"]
-    cli(["export-espdl", *args, "--out", str(espdl_dir)])
-    cli(["export-espdl", *args, "--preview", "--target", "esp32s3"])
+    args += ["--target", "esp32s3"]
+    cli(["export-espdl", *args, "--out", str(espdl_dir), "--cpp", "digits_coefficient"])
+    cli(["export-espdl", *args, "--preview"])
+
+    print("\n== 7. accuracy on the chip before flashing: float, fake-quant, bit-exact chip")
+    eval_args = ["--export", str(espdl_dir), "--model", str(model_path), "--record"]
+    cli(["espdl-eval", *eval_args, str(record_path), *data, "--target", "esp32s3"])
+    print("\nthe other ESP-DL v1 formats (same record, same test set):")
+    for ftype, gran in (("s8", "per-channel"), ("s16", "per-tensor")):
+        other = out / f"espdl_{ftype}_{gran}"
+        export_espdl(
+            model, record_path, other, feature_type=ftype, granularity=gran, target="esp32s3"
+        )
+        ev = evaluate(other, model, x_test, y_test, record=load(record_path), target="esp32s3")
+        print(
+            f"{ftype + ' ' + gran:<15} float {ev.float_acc:.4f}   fake-quant "
+            f"{ev.fake_quant_acc:.4f}   chip {ev.chip_acc:.4f}"
+        )
     print(f"\nall outputs in {out}")
 
 

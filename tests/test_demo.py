@@ -30,5 +30,19 @@ def test_demo_runs_end_to_end(tmp_path):
     line = next(x for x in result.stdout.splitlines() if x.startswith("float:"))
     float_acc, int8_acc = float(line.split()[1]), float(line.split()[4])
     assert float_acc > 0.85 and abs(float_acc - int8_acc) < 0.03
+    # the C++ files and the chip's accuracy next to float and fake-quant (espdl-eval)
+    names = ["digits_coefficient.cpp", "digits_coefficient.hpp", "digits_model.hpp"]
+    assert all((out / "espdl" / name).is_file() for name in [*names, "app_main.cpp"])
+    lines = result.stdout.splitlines()
+    labels = ("float accuracy:", "fake-quant accuracy:", "chip accuracy:")
+    figures = {x.split(":")[0]: float(x.split()[2]) for x in lines if x.startswith(labels)}
+    assert figures["float accuracy"] == float_acc  # the same test set as step 4
+    assert figures["fake-quant accuracy"] == int8_acc
+    chip = next(x for x in lines if x.startswith("chip accuracy:"))
+    assert "(esp32s3, bit-exact simulator)" in chip
+    assert float_acc - 0.1 < figures["chip accuracy"] <= 1.0  # s8 per-tensor
+    others = {x.split()[1]: float(x.split()[-1]) for x in lines if x.startswith(("s8 ", "s16 "))}
+    assert set(others) == {"per-channel", "per-tensor"}
+    assert abs(others["per-tensor"] - float_acc) < 0.02  # s16: the chip is nearly float
     page = (out / "report.html").read_text()  # the per-layer report, with its plots
     assert page.count("data:image/png;base64,") == 3 and "skip_layers: &quot;" in page
