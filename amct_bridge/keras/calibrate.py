@@ -12,9 +12,15 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import math
 import os
 
+import numpy as np
+
 from amct_bridge.keras.quant_calibration import QuantCalibration
+from amct_bridge.keras.session import Session
 from amct_bridge.records import Record, load
 
 
@@ -50,6 +56,8 @@ def calibrate(
     callback = QuantCalibration(record_path, **options)
     if steps is None and callback.batch_num is not None:
         steps = callback.batch_num  # do not run the rest of the data uninstrumented
+    if not callbacks and not verbose and _direct_ok(model, data, batch_size):
+        return _calibrate_direct(model, data, batch_size, steps, callback)
     try:
         model.predict(
             data,
@@ -62,6 +70,80 @@ def calibrate(
         callback.restore()
     written = callback._session.written if callback._session is not None else None
     return written if written is not None else load(record_path, flavor=callback.flavor)
+
+
+def _direct_ok(model, data, batch_size: int | None) -> bool:
+    """Arrays for a single-input model in its own dtype, nothing predict() would add: the
+    batches can go to an observed forward function of our own (see Session.direct_step)."""
+    import tensorflow as tf
+
+    if not isinstance(data, np.ndarray) or not batch_size or batch_size < 1 or data.ndim < 1:
+        return False
+    inputs = getattr(model, "inputs", None)
+    if not inputs or len(inputs) != 1 or getattr(model, "jit_compile", False):
+        return False
+    if (
+        tf.distribute.has_strategy()
+        or model.distribute_strategy is not tf.distribute.get_strategy()
+    ):
+        return False
+    shape = tuple(inputs[0].shape)
+    return (
+        np.dtype(inputs[0].dtype) == data.dtype
+        and len(shape) == data.ndim
+        and all(s is None or s == d for s, d in zip(shape[1:], data.shape[1:], strict=True))
+    )
+
+
+def _calibrate_direct(model, data: np.ndarray, batch_size: int, steps, callback) -> Record:
+    """The batches of ``data`` through the session's own observed step, then the write."""
+    import tensorflow as tf
+
+    count = math.ceil(len(data) / batch_size)
+    if steps is not None:
+        count = min(count, int(steps))
+    spec = tf.TensorSpec((None, *data.shape[1:]), data.dtype)
+    session = Session(model, callback.config, callback.batch_num, direct_spec=spec)
+    callback._session = session
+    try:
+        session.new_run()
+        session.start_pass("predict")
+        with _plain_calls():
+            for i in range(count):
+                if not session.active:
+                    break
+                session.batch_begin("predict", i)
+                session.step_function(tf.constant(data[i * batch_size : (i + 1) * batch_size]))
+                session.batch_end("predict", i)
+        session.stop_pass("predict")
+        session.write(callback._outputs(), require_batches=True)
+    finally:
+        session.stop_all()
+    return session.written
+
+
+_SKIP_GRAPPLER = True
+
+
+@contextlib.contextmanager
+def _plain_calls():
+    if not _SKIP_GRAPPLER:
+        yield
+        return
+    from tensorflow.core.protobuf import config_pb2
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    old = ctx.function_call_options
+    new = copy.copy(old)
+    config = config_pb2.ConfigProto.FromString(old.config_proto_serialized)
+    config.graph_options.rewrite_options.disable_meta_optimizer = True
+    new.config_proto_serialized = config
+    ctx.function_call_options = new
+    try:
+        yield
+    finally:
+        ctx.function_call_options = old
 
 
 def _is_dataset(data) -> bool:

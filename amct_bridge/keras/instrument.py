@@ -126,7 +126,14 @@ class Instrumentation(RingBuffers):
             self._local.frames = []
         return self._local.frames
 
-    def _wrap_step(self, step_fn) -> Callable:
+    def wrap_step(self, step_fn) -> Callable:
+        """``step_fn`` made an observed step: the layers it runs are summarised and the
+        summaries written to the buffers when it returns (trace it in a ``tf.function``).
+
+        Example:
+            >>> # Session's direct path: tf.function(inst.wrap_step(forward), autograph=False)
+        """
+
         @tf.autograph.experimental.do_not_convert
         def step(*args, **kwargs):
             if tf.distribute.get_replica_context() is None:
@@ -357,7 +364,7 @@ class Instrumentation(RingBuffers):
         for lid, indices in by_layer.items():
             self._set(layers[lid], "call", self._wrap(layers[lid], indices))
         for name in self.steps:
-            self._set(self.model, name, self._wrap_step(getattr(self.model, name)))
+            self._set(self.model, name, self.wrap_step(getattr(self.model, name)))
 
     def _set(self, obj, name: str, value) -> None:
         self._installed.append((obj, name, vars(obj).get(name, _MISSING)))

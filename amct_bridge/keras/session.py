@@ -43,9 +43,13 @@ _NOT_SAVED = object()  # no step function saved yet (None is a valid saved one)
 class Session(CalibrationSession):
     """Statistics of one calibration session of a Keras model (see the module docstring)."""
 
-    def __init__(self, model, config: QuantConfig, batch_num: int | None) -> None:
+    def __init__(self, model, config: QuantConfig, batch_num: int | None, direct_spec=None) -> None:
         super().__init__(config, batch_num, model_name=model.name)
         self.model = model
+        # calibrate() on arrays: no Keras step function, the session traces its own (see
+        # direct_step); ``direct_spec`` is the TensorSpec of its batches
+        self.direct_spec = direct_spec
+        self.step_function = None
         self._saved_fn = _NOT_SAVED
         self._weights = KerasWeights()
         self.written = None  # the last record written, as its file holds it (see write)
@@ -72,12 +76,17 @@ class Session(CalibrationSession):
         # compiled step comes back when the pass ends); an XLA step cannot run our native ops
         jit = bool(getattr(self.model, "jit_compile", False))
         hist = any(p.bins for p in points)
+        if self.direct_spec is not None:
+            return Instrumentation(self.model, points, every, steps=(), native=True)
         return Instrumentation(
             self.model, points, every, steps=(f"{mode}_step",), native=hist or not jit
         )
 
     def _activate(self, mode: str) -> None:
         """Re-trace the ``mode`` step function so the instrumentation runs in its graph."""
+        if self.direct_spec is not None:
+            self.step_function = direct_step(self.model, self._inst, self.direct_spec)
+            return
         self._saved_fn = getattr(self.model, f"{mode}_function")
         jit_setting = getattr(self.model, "jit_compile", False)
         jit, hist = bool(jit_setting), any(p.bins for p in self.points)
@@ -91,6 +100,7 @@ class Session(CalibrationSession):
 
     def _deactivate(self, mode: str) -> None:
         """Put the user's step function back (None too: Keras then makes a fresh one)."""
+        self.step_function = None
         if self._saved_fn is not _NOT_SAVED:
             setattr(self.model, f"{mode}_function", self._saved_fn)
         self._saved_fn = _NOT_SAVED
@@ -107,6 +117,27 @@ class Session(CalibrationSession):
         # again: calibrate() returned that read-back, ~0.1 s for MobileNetV2's 300 kB record
         flavor = built.record.flavor
         self.written = from_proto(to_proto(built.record, flavor), flavor)
+
+
+def direct_step(model, inst: Instrumentation, spec):
+    """An observed forward pass of ``model`` on batches of ``spec``: a concrete function.
+
+    Lighter to trace than Keras' predict step (no data adapter, no distribution wrappers,
+    no outputs handed back) and called on the batches directly. The model is called as
+    ``predict_step`` calls it, so every observed tensor is the one ``predict`` computes.
+
+    Example:
+        >>> # Session(model, config, None, direct_spec=tf.TensorSpec([None, 8])) runs it
+    """
+    import tensorflow as tf
+
+    kwargs = {"training": False} if getattr(model, "_call_has_training_arg", True) else {}
+
+    def forward(x):
+        model(x, **kwargs)
+
+    fn = tf.function(inst.wrap_step(forward), input_signature=[spec], autograph=False)
+    return fn.get_concrete_function()
 
 
 def _depthwise_output(layer, x):
