@@ -149,4 +149,6 @@ def test_mobilenet_v2_relu6_path_exports_completely_and_runs_on_the_chip(
     got = chip.output.to_float()
     assert got.shape == want.shape == (16, 10)
     assert np.abs(got - want).max() < 0.1 * np.abs(want).max()
-    assert chip.approximate_layers == ["global_average_pooling2d"]  # docs: ±1 LSB
+    # docs: ±1 LSB; Keras numbers auto-named layers per process, so read the name from the model
+    pools = [x.name for x in model.layers if isinstance(x, L.GlobalAveragePooling2D)]
+    assert len(pools) == 1 and chip.approximate_layers == pools
