@@ -19,7 +19,7 @@ attribute write in a GRAPH_MODE ``construct`` runs as a Python fallback every ca
 10x slower).
 
 Per call of the cell, each observed tensor (cell input and/or output, :class:`Summary`) writes
-one row ``[min, max, element count, marker]`` (float64) into a ring of ``slots`` rows,
+one row ``[min, max, NaN flag, element count, marker]`` (float64) into a ring of ``slots`` rows,
 optionally its per-channel min and max (DMQ; channel axis 1, NCHW) and its histogram. A probe's
 call counter (int32 Parameter) picks the row and numbers the rows. The host reads the rings
 every ``read_every`` batch ends (:meth:`~Instrumentation.drain`), so each batch keeps its own
@@ -260,12 +260,14 @@ class Instrumentation:
         mm = summary.mm.asnumpy()
         slots = [n % probe.slots for n in calls]
         hist = None
-        if summary.bins and (mm[slots, 3] == _OWN_HIST).any():
+        if summary.bins and (mm[slots, 4] == _OWN_HIST).any():
             hist = summary.hist.asnumpy()
         chan = summary.chan.asnumpy() if summary.channel_axis is not None else None
         rows = []
         for n, slot in zip(calls, slots, strict=True):
-            lo, hi, size, marker = mm[slot]
+            lo, hi, flag, size, marker = mm[slot]
+            if np.isnan(flag) and np.isfinite(lo) and np.isfinite(hi):
+                lo = hi = np.nan  # a NaN the CPU reductions skipped (see instrument_cells.ROW)
             own = None
             if summary.bins:
                 self._added[index] = self._added.get(index, 0) + int(size)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import mindspore as ms
 import numpy as np
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 from amct_bridge.calibration.protocol import Point
 
@@ -28,8 +28,15 @@ def _param(value: np.ndarray, name: str) -> Parameter:
     return Parameter(Tensor(value), name=name, requires_grad=False)
 
 
-class Summary(nn.Cell):
-    """The buffers and ops of one observed tensor (one point) inside a :class:`Probe`.
+#: Ring row columns: min, max, a NaN flag (the sum of x * 0: NaN iff an element is NaN or
+#: infinite), element count, marker (1: written, no own histogram; 2: the row's histogram is
+#: the batch's own).
+ROW = 5
+
+
+class Summary:
+    """The buffers of one observed tensor (one point); the :class:`Probe` that observes it owns
+    them (a plain object, not a Cell: a sub-cell per tensor doubled the graph's compile time).
 
     Args:
         prefix: unique Parameter name prefix.
@@ -39,17 +46,15 @@ class Summary(nn.Cell):
     Example:
         >>> s = Summary("doc.0", Point("fc", "input", None, bins=4), 2)
         >>> s.mm.shape, s.hist.shape, s.acc.shape
-        ((2, 4), (2, 4), (4,))
+        ((2, 5), (2, 4), (4,))
     """
 
     def __init__(self, prefix: str, point: Point, slots: int) -> None:
-        super().__init__(auto_prefix=False)
         self.slots = int(slots)
         self.bins = int(point.bins)
         self.channel_axis = point.channel_axis
-        self.mm = _param(np.zeros((slots, 4), np.float64), f"{prefix}.minmax")
-        self.written = Tensor(1.0, ms.float64)  # row marker: written, no own histogram
-        self.nan = Tensor(np.nan, ms.float32)
+        self.mm = _param(np.zeros((slots, ROW), np.float64), f"{prefix}.minmax")
+        self.hist = self.acc = self.grid = self.chan = None
         if self.bins:
             self.hist = _param(np.zeros((slots, self.bins), np.int32), f"{prefix}.hist")
             self.acc = _param(np.zeros(self.bins, np.int32), f"{prefix}.hist_acc")
@@ -58,54 +63,68 @@ class Summary(nn.Cell):
             chans = (slots, 2, int(point.channels))
             self.chan = _param(np.zeros(chans, np.float32), f"{prefix}.channels")
 
-    def construct(self, x, slot, within):
-        """Summarise ``x`` into ring row ``slot`` (shape (1,)); ``within``: the call is within
-        the limit and may bin onto the grid."""
-        if x.dtype != ms.float32:
-            x = ops.cast(x, ms.float32)
-        x = ops.stop_gradient(x)
-        lo = ops.reduce_min(x)
-        hi = ops.reduce_max(x)
-        # CPU ReduceMin/ReduceMax skip a NaN unless it is the first element: make the whole
-        # row NaN so the host stops on it
-        nan = ops.any(ops.isnan(x))
-        lo = ops.select(nan, self.nan, lo)
-        hi = ops.select(nan, self.nan, hi)
-        n = 1
-        for d in x.shape:  # static: no Size op (each op costs dispatch time in PyNative)
-            n *= d
-        size = ops.scalar_to_tensor(n, ms.float64)
+    def parameters(self) -> list[Parameter]:
+        """The buffers, in the order of :meth:`spec`'s indices."""
+        return [p for p in (self.mm, self.hist, self.acc, self.grid, self.chan) if p is not None]
+
+    def spec(self, first: int) -> tuple:
+        """Static description for :func:`_summarise`: the buffers' indices in the probe's
+        ParameterTuple (-1: absent), starting at ``first``, then bins and channel axis."""
+        index, out = first, []
+        for p in (self.mm, self.hist, self.acc, self.grid, self.chan):
+            out.append(index if p is not None else -1)
+            index += p is not None
+        axis = -1 if self.channel_axis is None else int(self.channel_axis)
+        return (*out, self.bins, axis)
+
+
+def _summarise(x, slot, within, bufs, spec):
+    """Summarise ``x`` into ring row ``slot`` (shape (1,)) of the buffers ``spec`` names in
+    ``bufs``; ``within``: the call is within the limit and may bin onto the grid."""
+    mm, hist_ring, acc, grid_i, chan_i, bins, axis = spec
+    if x.dtype != ms.float32:
+        x = ops.cast(x, ms.float32)
+    x = ops.stop_gradient(x)
+    lo = ops.reduce_min(x)
+    hi = ops.reduce_max(x)
+    # CPU ReduceMin/ReduceMax skip a NaN unless it is the first element: the sum of x * 0 is
+    # NaN exactly when an element is NaN or infinite (0 otherwise, no overflow), fewer ops
+    # than isnan + any + select; the host reads it (Instrumentation._rows_of)
+    total = ops.reduce_sum(x * 0.0)
+    n = 1
+    for d in x.shape:  # static: no Size op
+        n *= d
+    if bins:
+        grid = bufs[grid_i]
+        inside = ops.logical_and(ops.logical_and(lo >= grid[0], hi <= grid[1]), within)
         lo64, hi64 = ops.cast(lo, ms.float64), ops.cast(hi, ms.float64)
-        if self.bins:
-            grid = self.grid
-            inside = ops.logical_and(ops.logical_and(lo >= grid[0], hi <= grid[1]), within)
-            top = ops.select(hi > lo, hi64, lo64 + 1.0)  # constant batch: all in bin 0
-            start = ops.select(inside, ops.cast(grid[0], ms.float64), lo64)
-            end = ops.select(inside, ops.cast(grid[1], ms.float64), top)
-            pos = (ops.cast(ops.reshape(x, (-1,)), ms.float64) - start) / (
-                (end - start) / self.bins
-            )
-            # pos >= 0, so the cast truncates like floor; NaN/Inf batches bin garbage into
-            # valid bins (the clamp), the host stops on their min/max anyway
-            index = ops.clamp(ops.cast(pos, ms.int32), 0, self.bins - 1)
-            hist = ops.unsorted_segment_sum(ops.ones_like(index), index, self.bins)
-            ops.assign_add(self.acc, hist * ops.cast(inside, ms.int32))
-            ops.scatter_update(self.hist, slot, ops.reshape(hist, (1, self.bins)))
-            row = ops.stack([lo64, hi64, size, 2.0 - ops.cast(inside, ms.float64)])
-        else:
-            row = ops.stack([lo64, hi64, size, self.written])
-        ops.scatter_update(self.mm, slot, ops.reshape(row, (1, 4)))
-        if self.channel_axis is not None:
-            per = ops.swapaxes(x, 0, self.channel_axis)
-            per = ops.reshape(per, (per.shape[0], -1))
-            chan = ops.stack([ops.reduce_min(per, 1), ops.reduce_max(per, 1)])
-            ops.scatter_update(self.chan, slot, ops.expand_dims(chan, 0))
-        return lo
+        top = ops.select(hi > lo, hi64, lo64 + 1.0)  # constant batch: all in bin 0
+        start = ops.select(inside, ops.cast(grid[0], ms.float64), lo64)
+        end = ops.select(inside, ops.cast(grid[1], ms.float64), top)
+        pos = (ops.cast(ops.reshape(x, (-1,)), ms.float64) - start) / ((end - start) / bins)
+        # pos >= 0, so the cast truncates like floor; NaN/Inf batches bin garbage into
+        # valid bins (the clamp), the host stops on their min/max anyway
+        index = ops.clamp(ops.cast(pos, ms.int32), 0, bins - 1)
+        hist = ops.unsorted_segment_sum(ops.ones_like(index), index, bins)
+        ops.assign_add(bufs[acc], hist * ops.cast(inside, ms.int32))
+        ops.scatter_update(bufs[hist_ring], slot, ops.reshape(hist, (1, bins)))
+        tail = ops.stack([ops.scalar_to_tensor(n, ms.float64), 2.0 - ops.cast(inside, ms.float64)])
+    else:
+        tail = Tensor((n, 1.0), ms.float64)
+    row = ops.concat((ops.cast(ops.stack([lo, hi, total]), ms.float64), tail))
+    ops.scatter_update(bufs[mm], slot, ops.reshape(row, (1, 5)))
+    if axis >= 0:
+        per = ops.swapaxes(x, 0, axis)
+        per = ops.reshape(per, (per.shape[0], -1))
+        chan = ops.stack([ops.reduce_min(per, 1), ops.reduce_max(per, 1)])
+        ops.scatter_update(bufs[chan_i], slot, ops.expand_dims(chan, 0))
 
 
 class Probe(nn.Cell):
     """The wrapper put in place of an observed cell: summaries around the cell's own call.
 
+    All summaries' buffers are one ParameterTuple of the probe and the summaries run inline
+    (:func:`_summarise`), so the graph gains no sub-cell per observed tensor.
     ``getattr`` falls through to the wrapped cell, so ``self.conv.weight`` in a parent's
     ``construct`` still works while the probe is installed.
 
@@ -120,9 +139,16 @@ class Probe(nn.Cell):
     ) -> None:
         super().__init__(auto_prefix=False)
         self.insert_child_to_cell("cell", cell)  # setattr would rename the cell's parameters
-        self.inputs = nn.CellList(inputs, auto_prefix=False)
-        self.outputs = nn.CellList(outputs, auto_prefix=False)
+        params: list[Parameter] = []
+        specs: list[tuple] = []
+        for summary in (*inputs, *outputs):
+            specs.append(summary.spec(len(params)))
+            params.extend(summary.parameters())
+        self.in_specs = tuple(specs[: len(inputs)])
+        self.out_specs = tuple(specs[len(inputs) :])
         self.has_inputs, self.has_outputs = bool(inputs), bool(outputs)
+        self.has_grid = any(s.bins for s in (*inputs, *outputs))
+        self.bufs = ParameterTuple(params)
         self.slots, self.calls = int(slots), int(calls)
         self.count = _param(np.zeros((), np.int32), f"{prefix}.count")
         self.one = Tensor(1, ms.int32)
@@ -133,15 +159,15 @@ class Probe(nn.Cell):
         """Summarise the input(s), run the cell, summarise its output, count the call."""
         n = self.count + 0  # this call's number, read before the increment below
         slot = ops.reshape(ops.floor_mod(n, self.slots), (1,))
-        within = n < self.limit
+        within = n < self.limit if self.has_grid else n
         if self.has_inputs:
-            for summary in self.inputs:
-                summary(inputs[0], slot, within)
+            for spec in self.in_specs:
+                _summarise(inputs[0], slot, within, self.bufs, spec)
         out = self.cell(*inputs)
         if self.has_outputs:
             first = out[0] if isinstance(out, tuple) else out
-            for summary in self.outputs:
-                summary(first, slot, within)
+            for spec in self.out_specs:
+                _summarise(first, slot, within, self.bufs, spec)
         ops.assign_add(self.count, self.one)
         return out
 

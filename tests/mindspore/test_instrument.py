@@ -349,3 +349,28 @@ def test_nan_and_inf_reach_the_host(mode):
     assert rows[1].stats.max == np.inf and rows[1].stats.min == x.min()
     assert all(r.stats.hist is not None for r in rows)  # not inside the grid: own rows
     assert inst.take_histograms([0]) == []
+
+
+def test_nan_flag_is_exact_on_a_min_max_point(mode):
+    """Without a histogram, a NaN that is not the first element still makes the row NaN; huge
+    finite values of both signs (partial sums could overflow to +inf and -inf) do not; +inf and -inf
+    keep their own min/max."""
+    pool = nn.SequentialCell([nn.AvgPool2d(2, 2)])
+    inst = Instrumentation(pool, [Point("0", "input", pool[0])], steps_per_read=4)
+    inst.install()
+    nan_mid = np.ones((2, 3, 8, 8), np.float32)
+    nan_mid[1, 2, 5, 6] = np.nan
+    huge = np.full((2, 3, 8, 8), 3e38, np.float32)
+    huge[1] = -3e38  # partial sums could overflow both ways
+    infs = np.zeros((2, 3, 8, 8), np.float32)
+    infs[0, 0, 0, 1], infs[1, 1, 1, 1] = np.inf, -np.inf
+    for b in (nan_mid, huge, infs):
+        pool(ms.Tensor(b))
+    rows = inst.drain()
+    inst.remove()
+    assert np.isnan(rows[0].stats.min) and np.isnan(rows[0].stats.max)
+    assert (rows[1].stats.min, rows[1].stats.max) == (
+        float(np.float32(-3e38)),
+        float(np.float32(3e38)),
+    )
+    assert (rows[2].stats.min, rows[2].stats.max) == (-np.inf, np.inf)
