@@ -4,15 +4,18 @@ Run: ``.venv/bin/python benchmarks/bench_ptq.py [--images 256] [--repeat 3] [--n
 
 Model: keras.applications MobileNetV2 (alpha 0.35, 96x96, ``weights=None``), batch 32. For each
 algorithm it prints ``calibrate()`` wall time divided by a warm ``model.predict`` of the same
-images (same run, back to back, best of ``--repeat``; goals: minmax <= 2x, ifmr/hfmg <= 3x), and
+images (same run, back to back, best of ``--repeat``; goals: minmax <= 2x, ifmr/hfmg <= 3x),
+as a first call (``keep_step=False``: the observed step is traced and instantiated) and as a
+call again on the same model (the step kept from the call before), and
 TFLite's int8 converter (``TFLiteConverter`` with a representative dataset of the same images) in
 the same units, and a plain ``predict`` whose step is traced anew (``retrace``): calibration
 observes tensors inside the compiled step, so it traces a new step, and that is its floor. Then
 where ``calibrate()``'s time goes, from one profiled run per algorithm:
 
 - ``keras in``: from the call to the first callback hook (the callback, predict's data adapter);
-- ``setup``: the plan and the observers, installing the instrumentation;
-- ``trace+1st``: the first batch, with the instrumented step's tracing;
+- ``setup``: the plan and the observers, the instrumentation and tracing calibrate()'s observed
+  step (none on a call again);
+- ``trace+1st``: the first batch, with the step's instantiation (none on a call again);
 - ``batches``: the other batches (the steady per-batch cost is this over their number);
 - ``keras out``: from the last batch to the end hook;
 - ``drain``: the last read of the summaries and waiting for the observer thread;
@@ -72,9 +75,10 @@ def timed_retrace(model, x) -> float:
     return timed_predict(model, x)
 
 
-def timed_calibrate(model, x, path: str, algo: str) -> float:
+def timed_calibrate(model, x, path: str, algo: str, keep: bool) -> float:
+    """One calibrate(); ``keep=False``: a first call (no step kept from before, none kept)."""
     start = time.perf_counter()
-    calibrate(model, x, path, algorithm=algo, batch_size=32)
+    calibrate(model, x, path, algorithm=algo, batch_size=32, keep_step=keep)
     return time.perf_counter() - start
 
 
@@ -193,44 +197,63 @@ def main() -> None:
     model = make_model()
     model.predict(x[:32], batch_size=32, verbose=0)  # build and trace the plain step
     print(f"MobileNetV2 a0.35 96x96, {args.images} images, batch 32, best of {args.repeat}")
-    results = {}
-    for algo in ("retrace", *args.algorithms.split(",")):
-        base, calib = [], []
+    algorithms = args.algorithms.split(",")
+    results = {}  # name -> (predict, first call, call again)
+    for algo in ("retrace", *algorithms):
+        base, first, again = [], [], []
         for i in range(args.repeat):
             base.append(timed_predict(model, x))
             if algo == "retrace":
-                calib.append(timed_retrace(model, x))
-            else:
-                path = os.path.join(out, f"{algo}{i}.txt")
-                calib.append(timed_calibrate(model, x, path, algo))
-        results[algo] = (min(base), min(calib))
+                first.append(timed_retrace(model, x))
+                continue
+            path = os.path.join(out, f"{algo}{i}.txt")
+            first.append(timed_calibrate(model, x, path, algo, keep=False))
+            timed_calibrate(model, x, path, algo, keep=True)  # traces the step it keeps
+            again.append(timed_calibrate(model, x, path, algo, keep=True))
+            timed_calibrate(model, x, path, algo, keep=False)  # drops it again
+        results[algo] = (min(base), min(first), min(again) if again else None)
     if not args.no_tflite:
-        results["tflite int8"] = (timed_predict(model, x), timed_tflite(model, x))
-    print(f"warm predict: {min(b for b, _ in results.values()):.3f} s")
-    print(f"{'':<12} {'seconds':>8} {'x predict':>9} {'goal':>5}")
-    for algo, (b, c) in results.items():
+        results["tflite int8"] = (timed_predict(model, x), timed_tflite(model, x), None)
+    print(f"warm predict: {min(r[0] for r in results.values()):.3f} s")
+    print(f"{'':<12} {'first s':>8} {'x predict':>9} {'again s':>8} {'x predict':>9} {'goal':>5}")
+    for algo, (b, c, w) in results.items():
         goal = GOALS.get(algo)
-        mark = "" if goal is None else ("ok" if c / b <= goal else "over")
-        print(f"{algo:<12} {c:>8.3f} {c / b:>9.2f} {goal or '':>5} {mark}")
-    print("(retrace: a plain predict with its step traced anew, the floor of a calibration)")
+        again = "" if w is None else f"{w:>8.3f} {w / b:>9.2f}"
+        marks = ""
+        if goal is not None:
+            marks = " ".join(
+                f"{label} {'ok' if t / b <= goal else 'over'}"
+                for label, t in (("first", c), ("again", w))
+            )
+        print(f"{algo:<12} {c:>8.3f} {c / b:>9.2f} {again:>18} {goal or '':>5} {marks}")
+    print(
+        "(first: calibrate() traces and instantiates its observed step; again: the step kept\n"
+        " from the call before, as Keras keeps its predict function; retrace: a plain predict\n"
+        " with its step traced anew, the floor of any first call)"
+    )
 
     print("\nwhere calibrate() spends its time (one profiled run each, seconds):")
     cols = (
         "keras in", "setup", "trace+1st", "batches", "per batch", "keras out", "drain", "search",
         "build", "write",
     )  # fmt: skip
-    print(f"{'algorithm':<10} {'total':>6} " + " ".join(f"{c:>9}" for c in (*cols, "other")))
+    print(f"{'algorithm':<16} {'total':>6} " + " ".join(f"{c:>9}" for c in (*cols, "other")))
     # the profiled runs come after the timed ones: every part has been run once before
-    for algo in args.algorithms.split(","):
-        profile = Profile()
-        with profile.wrapped():
-            start = time.perf_counter()
-            total = timed_calibrate(model, x, os.path.join(out, f"{algo}-p.txt"), algo)
-        parts = profile.table(start, total)
-        print(
-            f"{algo:<10} {total:>6.3f} "
-            + " ".join(f"{parts.get(c, 0.0):>9.3f}" for c in (*cols, "other"))
-        )
+    for algo in algorithms:
+        for keep in (False, True):
+            if keep:
+                timed_calibrate(model, x, os.path.join(out, f"{algo}-k.txt"), algo, keep)
+            profile = Profile()
+            with profile.wrapped():
+                start = time.perf_counter()
+                path = os.path.join(out, f"{algo}-p.txt")
+                total = timed_calibrate(model, x, path, algo, keep)
+            parts = profile.table(start, total)
+            label = f"{algo} {'again' if keep else 'first'}"
+            print(
+                f"{label:<16} {total:>6.3f} "
+                + " ".join(f"{parts.get(c, 0.0):>9.3f}" for c in (*cols, "other"))
+            )
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ def calibrate(
     steps: int | None = None,
     verbose: int | str = 0,
     callbacks: list | None = None,
+    keep_step: bool = True,
     **options,
 ) -> Record:
     """Run ``model.predict(data)`` with a :class:`QuantCalibration` and return the record.
@@ -45,6 +46,11 @@ def calibrate(
         steps: batches to run (default: ``batch_num`` if set, else all of ``data``).
         verbose: predict's progress bar (0 silent, 1 bar).
         callbacks: more callbacks for the predict call (e.g. a progress bar).
+        keep_step: keep the traced observed step for the next ``calibrate()`` of this model
+            object with the same plan (array data; like Keras' predict function: a layer
+            changed in place later is not seen, weights are). It holds its buffers (with
+            histograms: rings of at most 32 MiB plus 4 bytes per bin and tensor) until the
+            model is deleted; False drops it.
         **options: :class:`QuantCalibration` options (algorithm, batch_num, config, keys...).
 
     Returns:
@@ -57,7 +63,7 @@ def calibrate(
     if steps is None and callback.batch_num is not None:
         steps = callback.batch_num  # do not run the rest of the data uninstrumented
     if not callbacks and not verbose and _direct_ok(model, data, batch_size):
-        return _calibrate_direct(model, data, batch_size, steps, callback)
+        return _calibrate_direct(model, data, batch_size, steps, callback, keep_step)
     try:
         model.predict(
             data,
@@ -95,7 +101,9 @@ def _direct_ok(model, data, batch_size: int | None) -> bool:
     )
 
 
-def _calibrate_direct(model, data: np.ndarray, batch_size: int, steps, callback) -> Record:
+def _calibrate_direct(
+    model, data: np.ndarray, batch_size: int, steps, callback, keep_step: bool
+) -> Record:
     """The batches of ``data`` through the session's own observed step, then the write."""
     import tensorflow as tf
 
@@ -103,7 +111,9 @@ def _calibrate_direct(model, data: np.ndarray, batch_size: int, steps, callback)
     if steps is not None:
         count = min(count, int(steps))
     spec = tf.TensorSpec((None, *data.shape[1:]), data.dtype)
-    session = Session(model, callback.config, callback.batch_num, direct_spec=spec)
+    session = Session(
+        model, callback.config, callback.batch_num, direct_spec=spec, keep_step=keep_step
+    )
     callback._session = session
     try:
         session.new_run()

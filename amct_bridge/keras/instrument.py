@@ -119,6 +119,11 @@ class Instrumentation(RingBuffers):
         self.python_calls = 0
         self.derived = 0
 
+    def reset(self) -> None:
+        """Buffers as new and the trace counters at 0, for a traced step run again."""
+        super().reset()
+        self.python_calls = self.derived = 0
+
     # ---- graph side -------------------------------------------------------------------------
 
     def _frames(self) -> list[_Frame]:

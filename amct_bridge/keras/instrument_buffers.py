@@ -134,6 +134,28 @@ class RingBuffers:
                 for col in self._cols[index]:
                     self._chan[col] = var([self.slots, 2, point.channels], tf.float32, "chan")
 
+    def reset(self) -> None:
+        """Back to the state of new buffers, for a traced step that runs again (calibrate()'s
+        reused step, :mod:`amct_bridge.keras.session`): counters, accumulators, grids and the
+        host's bookkeeping. The rings need no zeroing: a row is read only after it was written.
+        ``writes_per_step`` stays: it comes from the trace.
+
+        Example:
+            >>> # Session reuses an Instrumentation and its traced step: inst.reset()
+        """
+        locals_ = [*self._locals(self._count)]
+        if self._steps is not None:
+            locals_ += self._locals(self._steps)
+        for local in locals_:
+            local.assign(tf.zeros_like(local))
+        for group in self._groups.values():
+            for local in self._locals(group.vars["acc"]):
+                local.assign(tf.zeros_like(local))
+            for local in self._locals(group.vars["grid"]):
+                local.assign(np.tile(_NO_GRID, (len(group.cols), 1)))
+        for book in (self._last, self._seq, self._added, self._junk, self._largest):
+            book.clear()
+
     def _locals(self, var: tf.Variable) -> list[tf.Variable]:
         """``var``'s components, one per replica."""
         return list(self.strategy.experimental_local_results(var))

@@ -20,6 +20,10 @@ Example:
 
 from __future__ import annotations
 
+import threading
+import weakref
+from dataclasses import dataclass
+
 from amct_bridge.calibration.layers import ModelDesc
 from amct_bridge.calibration.plan import Target
 from amct_bridge.calibration.protocol import Point
@@ -40,18 +44,67 @@ _HIST_BUDGET = 32 * 2**20
 _NOT_SAVED = object()  # no step function saved yet (None is a valid saved one)
 
 
+@dataclass
+class _Kept:
+    """calibrate()'s observed step for one model and plan: its key, buffers and function."""
+
+    key: tuple
+    inst: Instrumentation
+    fn: object = None
+
+
+#: calibrate() on arrays traces its own observed step (direct_step). Like Keras' predict
+#: function it is kept for the next calibrate() of the same model object with the same observed
+#: tensors (tracing and instantiating it is most of a short calibration's cost): one per model,
+#: weakly keyed, holding neither the model nor a closure over it, so it goes with the model.
+_KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_KEPT_LOCK = threading.Lock()  # a run takes the entry out, so two threads never share one
+_TRACE_LOCK = threading.Lock()  # wrappers of two traces on the same layers would nest
+
+
+class _TracedOnce(Instrumentation):
+    """calibrate()'s instrumentation: the layers are wrapped only while its step is traced
+    (:meth:`trace`), under one lock, so calls of the traced step on other threads, or another
+    model's trace, never meet a wrapper."""
+
+    def install(self) -> None:
+        """Nothing: see :meth:`trace`."""
+
+    def remove(self) -> None:
+        """Nothing: see :meth:`trace`."""
+
+    def trace(self, spec):
+        """The observed step of the model on batches of ``spec`` (see :func:`direct_step`)."""
+        with _TRACE_LOCK:
+            super().install()
+            try:
+                return direct_step(self.model, self, spec)
+            finally:
+                super().remove()
+
+
 class Session(CalibrationSession):
     """Statistics of one calibration session of a Keras model (see the module docstring)."""
 
-    def __init__(self, model, config: QuantConfig, batch_num: int | None, direct_spec=None) -> None:
+    def __init__(
+        self,
+        model,
+        config: QuantConfig,
+        batch_num: int | None,
+        direct_spec=None,
+        keep_step: bool = True,
+    ) -> None:
         super().__init__(config, batch_num, model_name=model.name)
         self.model = model
         # calibrate() on arrays: no Keras step function, the session traces its own (see
-        # direct_step); ``direct_spec`` is the TensorSpec of its batches
+        # direct_step); ``direct_spec`` is the TensorSpec of its batches; ``keep_step``: keep
+        # it for the next calibrate() of this model (_KEPT)
         self.direct_spec = direct_spec
+        self.keep_step = keep_step
         self.step_function = None
         self._saved_fn = _NOT_SAVED
         self._weights = KerasWeights()
+        self._kept: _Kept | None = None  # calibrate()'s observed step of this run
         self.written = None  # the last record written, as its file holds it (see write)
 
     # ---- the core's hooks ---------------------------------------------------------------------
@@ -77,7 +130,7 @@ class Session(CalibrationSession):
         jit = bool(getattr(self.model, "jit_compile", False))
         hist = any(p.bins for p in points)
         if self.direct_spec is not None:
-            return Instrumentation(self.model, points, every, steps=(), native=True)
+            return self._direct_instrumentation(points, every)
         return Instrumentation(
             self.model, points, every, steps=(f"{mode}_step",), native=hist or not jit
         )
@@ -85,7 +138,10 @@ class Session(CalibrationSession):
     def _activate(self, mode: str) -> None:
         """Re-trace the ``mode`` step function so the instrumentation runs in its graph."""
         if self.direct_spec is not None:
-            self.step_function = direct_step(self.model, self._inst, self.direct_spec)
+            kept = self._kept
+            if kept.fn is None:
+                kept.fn = self._inst.trace(self.direct_spec)
+            self.step_function = kept.fn
             return
         self._saved_fn = getattr(self.model, f"{mode}_function")
         jit_setting = getattr(self.model, "jit_compile", False)
@@ -98,9 +154,28 @@ class Session(CalibrationSession):
             if jit and hist:
                 self.model.jit_compile = jit_setting
 
+    def _direct_instrumentation(self, points: list[Point], every: int) -> Instrumentation:
+        """The kept observed step's buffers when the model and plan are the same, else new."""
+        key = _plan_key(points, self.direct_spec, every)
+        with _KEPT_LOCK:
+            kept = _KEPT.pop(self.model, None)
+        if kept is not None and kept.key == key:
+            kept.inst.reset()
+            kept.inst.model = self.model
+        else:
+            kept = _Kept(key, _TracedOnce(self.model, points, every, steps=(), native=True))
+        self._kept = kept
+        return kept.inst
+
     def _deactivate(self, mode: str) -> None:
-        """Put the user's step function back (None too: Keras then makes a fresh one)."""
+        """Put the user's step function back (None too: Keras then makes a fresh one); keep
+        calibrate()'s traced step for the next call."""
         self.step_function = None
+        kept, self._kept = self._kept, None
+        if kept is not None and kept.fn is not None and self.keep_step:
+            kept.inst.model = None  # the entry must not keep the model alive
+            with _KEPT_LOCK:
+                _KEPT[self.model] = kept
         if self._saved_fn is not _NOT_SAVED:
             setattr(self.model, f"{mode}_function", self._saved_fn)
         self._saved_fn = _NOT_SAVED
@@ -132,12 +207,22 @@ def direct_step(model, inst: Instrumentation, spec):
     import tensorflow as tf
 
     kwargs = {"training": False} if getattr(model, "_call_has_training_arg", True) else {}
+    ref = weakref.ref(model)  # the kept function must not keep the model alive
 
     def forward(x):
-        model(x, **kwargs)
+        ref()(x, **kwargs)
 
     fn = tf.function(inst.wrap_step(forward), input_signature=[spec], autograph=False)
     return fn.get_concrete_function()
+
+
+def _plan_key(points: list[Point], spec, every: int) -> tuple:
+    """What the traced observed step depends on besides the model: its tensors and batches."""
+    observed = tuple(
+        (p.key, p.role, id(p.layer), p.bins, p.channel_axis, p.channels, p.calls, p.inner)
+        for p in points
+    )
+    return observed, tuple(spec.shape.as_list()), spec.dtype.name, every
 
 
 def _depthwise_output(layer, x):
