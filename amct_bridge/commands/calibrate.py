@@ -163,17 +163,17 @@ def _run_mindspore(args: argparse.Namespace) -> int:
     return 0
 
 
-def _mindspore_data(path: str):
+def _mindspore_data(path: str, what: str = "calibration"):
     """The .npy array, or the .npz arrays in file order (one per network input), as float32."""
     import numpy as np
 
-    loaded = load_npy(path, "calibration data")
+    loaded = load_npy(path, f"{what} data")
     arrays = [loaded] if isinstance(loaded, np.ndarray) else [loaded[n] for n in loaded.files]
     for array in arrays:
         if array.dtype.kind not in "iubf":
             raise CalibrationError(f"{path}: holds {array.dtype}; expected numbers")
         if array.ndim == 0 or len(array) == 0:
-            raise CalibrationError(f"{path}: holds 0 samples; calibration needs at least one")
+            raise CalibrationError(f"{path}: holds 0 samples; {what} needs at least one")
     arrays = [a.astype(np.float32) if a.dtype != np.float32 else a for a in arrays]
     return arrays[0] if len(arrays) == 1 else tuple(arrays)
 

@@ -1,6 +1,9 @@
 """``amct-bridge report --record r.txt --model m.keras --data x.npy [--labels y.npy]
 [--html out.html]``: per-layer quantization report of a record (docs/report.md).
 
+A MindSpore network instead of ``--model``: ``--mindspore module:factory [--ckpt FILE]`` (see
+:mod:`amct_bridge.commands.mindspore_net`); ``--data`` is then NCHW, as the network runs.
+
 Prints the table (input and clip ranges, saturated share, scale/offset, weight scale spread,
 SNR of each layer alone and cumulative, model SNR, accuracy drop with labels), the most
 sensitive layers and an AMCT simple-config fragment keeping them in float. ``--html`` writes
@@ -31,14 +34,21 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "report",
         help="per-layer quantization report of a record (SNR, ranges, sensitive layers)",
-        description="Run the Keras model float and simulated with the record (each layer "
+        description="Run the Keras model (or MindSpore network) float and simulated with the "
+        "record (each layer "
         "alone, and all layers) on the data; print per layer the input and clip ranges, the "
         "saturated share, scale/offset, weight scale spread, SNR (dB) and, with --labels, the "
         "accuracy drop; then the top-K sensitive layers and an AMCT config fragment "
         "(skip_layers) with the accuracy when they are kept in float.",
     )
     p.add_argument("--record", required=True, help="AMCT record (its .calib.json is read too)")
-    p.add_argument("--model", required=True, help="float Keras model (.keras or .h5)")
+    p.add_argument("--model", help="float Keras model (.keras or .h5); or --mindspore")
+    p.add_argument(
+        "--mindspore",
+        metavar="MODULE:FACTORY",
+        help="a MindSpore network instead: module:function or file.py:function returning the Cell",
+    )
+    p.add_argument("--ckpt", help="with --mindspore: checkpoint to load into the network")
     p.add_argument("--data", required=True, help="inputs: .npy array or .npz (one per input)")
     p.add_argument("--labels", help=".npy class labels (index or one-hot): accuracy columns")
     p.add_argument("--html", help="write a self-contained HTML report with plots here")
@@ -54,20 +64,33 @@ def run(args: argparse.Namespace) -> int:
     """Build the report, print it, write the files asked for."""
     import numpy as np
 
-    from amct_bridge.keras.report import quant_report
     from amct_bridge.report import plots, text_table, write_html
 
     if args.top_k < 0:
         raise CalibrationError(f"--top-k must be >= 0, got {args.top_k}")
+    if (args.model is None) == (args.mindspore is None):
+        raise CalibrationError("give either --model (Keras) or --mindspore MODULE:FACTORY")
+    if args.ckpt and not args.mindspore:
+        raise CalibrationError("--ckpt goes with --mindspore MODULE:FACTORY")
     for path in (args.json, args.html):  # before the model runs, not after
         if path:
             check_writable(path)
-    model = load_keras_model(args.model, unsafe=args.unsafe_load)
-    data = _load_data(args.data, model)
+    if args.mindspore:
+        from amct_bridge.commands.calibrate import _mindspore_data
+        from amct_bridge.commands.mindspore_net import load_mindspore_net
+        from amct_bridge.mindspore.report import quant_report
+
+        data = _mindspore_data(args.data, "report")
+        model = load_mindspore_net(args.mindspore, args.ckpt)
+    else:
+        from amct_bridge.keras.report import quant_report
+
+        model = load_keras_model(args.model, unsafe=args.unsafe_load)
+        data = _load_data(args.data, model)
     labels = None
     if args.labels:
         labels = load_npy(args.labels, "labels")  # never unpickles
-        n = len(data[0] if isinstance(data, list) else data)
+        n = len(data[0] if isinstance(data, (list, tuple)) else data)
         if not isinstance(labels, np.ndarray) or labels.ndim == 0 or len(labels) != n:
             got = labels.shape if isinstance(labels, np.ndarray) else "an .npz archive"
             raise CalibrationError(
@@ -75,7 +98,10 @@ def run(args: argparse.Namespace) -> int:
             )
     if args.max_samples:
         cut = slice(0, args.max_samples)
-        data = [a[cut] for a in data] if isinstance(data, list) else data[cut]
+        if isinstance(data, (list, tuple)):
+            data = type(data)(a[cut] for a in data)
+        else:
+            data = data[cut]
         labels = None if labels is None else labels[cut]
     report = quant_report(
         model, args.record, data, labels, top_k=args.top_k, batch_size=args.batch_size

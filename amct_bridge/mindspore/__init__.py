@@ -13,7 +13,9 @@ first used.
 - ``calibrate(net, data, record_path, ...)``: calibration without ``Model``
   (:mod:`amct_bridge.mindspore.calibrate`);
 - ``simulate(net, record, data, labels=None)``: fake-quantized outputs / accuracy
-  (:mod:`amct_bridge.mindspore.simulation`, also the ``simulated`` context manager).
+  (:mod:`amct_bridge.mindspore.simulation`, also the ``simulated`` context manager);
+- ``quant_report(net, record, data, labels=None)``: the per-layer quantization report
+  (:mod:`amct_bridge.mindspore.report`, docs/report.md).
 
 Example:
     >>> import amct_bridge.mindspore as ams
@@ -36,6 +38,7 @@ _LAZY = {
     "QuantCalibration": "amct_bridge.mindspore.callback",
     "calibrate": "amct_bridge.mindspore.calibrate",
     "simulate": "amct_bridge.mindspore.simulation",
+    "quant_report": "amct_bridge.mindspore.report",
 }
 
 __all__ = sorted(_LAZY)

@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -193,7 +194,15 @@ def build_report(
     known = {i.key for i in runner.layers()}
     missing = [k for k, f in record.layers.items() if _quantized(f) and k not in known]
     if missing:
-        raise RecordError(f"record keys {missing} name no quantizable layer of the model")
+        hints = [difflib.get_close_matches(k, sorted(known), n=1) for k in missing]
+        said = ", ".join(
+            f"{k!r}" + (f" (did you mean {h[0]!r}?)" if h else "")
+            for k, h in zip(missing, hints, strict=True)
+        )
+        raise RecordError(
+            f"record keys {said} name no quantizable layer of the model; it has: "
+            + (", ".join(sorted(known)) or "none")
+        )
     if not infos:
         raise RecordError("the record has no quantized layer (no scale_d/scale_w) to report on")
     keys = [i.key for i in infos]

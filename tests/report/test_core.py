@@ -155,7 +155,7 @@ def test_html_embeds_pngs():
 
 def test_unknown_or_empty_record_is_refused():
     chain = Chain()
-    with pytest.raises(RecordError, match=r"\['zz'\] name no quantizable layer"):
+    with pytest.raises(RecordError, match=r"'zz' name no quantizable layer of the model; it has: "):
         build_report(Record({"zz": LayerFactors(scale_d=1.0, offset_d=0)}), chain)
     with pytest.raises(RecordError, match="no quantized layer"):
         build_report(Record({"a": LayerFactors()}), chain)
