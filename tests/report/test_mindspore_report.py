@@ -186,16 +186,21 @@ def test_cli_with_mindspore_network(twins, capsys, tmp_path):
     assert "--ckpt goes with --mindspore" in capsys.readouterr().err
 
 
-def test_a_record_of_another_network_is_refused_by_name(twins):
-    _, net, _, xc, _, out, _, _ = twins
+def test_a_record_of_another_network_is_refused_by_name(twins, tmp_path, capsys):
+    _, net, _, xc, _, out, module, ckpt = twins
     from amct_bridge.errors import RecordError
-    from amct_bridge.records import LayerFactors, Record
+    from amct_bridge.records import LayerFactors, Record, save
 
-    bad = Record(
-        {"conv9": LayerFactors(scale_d=0.1, offset_d=0, scale_w=[0.1] * 8, offset_w=[0] * 8)}
-    )
-    with pytest.raises(
-        RecordError,
-        match=r"record keys 'conv9' \(did you mean 'conv2'\?\) name no quantizable layer.*conv1, conv2, fc",
-    ):
+    factors = LayerFactors(scale_d=0.1, offset_d=0, scale_w=[0.1] * 8, offset_w=[0] * 8)
+    bad = Record({"conv9": factors}, flavor="mindspore")
+    text = r"record keys 'conv9' \(did you mean 'conv2'\?\) name no quantizable layer"
+    text += ".*it has: conv1, conv2, fc"
+    with pytest.raises(RecordError, match=text):
         ams.quant_report(net, bad, xc)
+    save(bad, tmp_path / "bad.txt")
+    argv = ["report", "--mindspore", f"{module}:make", "--ckpt", str(ckpt)]
+    argv += ["--record", str(tmp_path / "bad.txt"), "--data", str(out / "xc.npy")]
+    assert main([*argv, "--html", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert re.search(text, err) and "Traceback" not in err
+    assert not (tmp_path / "r.html").exists()
