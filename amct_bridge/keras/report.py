@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from pathlib import Path
 
 import keras
 import numpy as np
@@ -32,9 +31,9 @@ from amct_bridge.keras.fake_quant import layer_spec
 from amct_bridge.keras.layers import class_name
 from amct_bridge.keras.rewrite import quantizable_layers
 from amct_bridge.keras.simulate import _by_keras_keys, simulate
-from amct_bridge.records.calibration import CalibrationStats, load_stats, sidecar_path
+from amct_bridge.records.calibration import CalibrationStats
 from amct_bridge.records.model import Record
-from amct_bridge.report import LayerInfo, Report, RunResult, build_report
+from amct_bridge.report import LayerInfo, Report, RunResult, build_report, read_record
 
 
 class KerasReportRunner:
@@ -146,13 +145,7 @@ def quant_report(
         >>> rep = quant_report(model, "record.txt", x, y)  # doctest: +SKIP
         >>> [r.key for r in sorted(rep.rows, key=lambda r: r.rank)][:3]  # doctest: +SKIP
     """
-    if not isinstance(record, Record):
-        from amct_bridge.records import load
-
-        side = sidecar_path(record)
-        if stats is None and Path(side).is_file():
-            stats = load_stats(side)
-        record = load(record)
+    record, stats = read_record(record, stats)
     runner = KerasReportRunner(model, data, batch_size)
     known = {i.key for i in runner.layers()}
     if any(k not in known for k in record.layers):

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import mindspore as ms
@@ -34,9 +33,9 @@ from mindspore import Tensor, nn
 
 from amct_bridge.errors import RecordError
 from amct_bridge.mindspore.simulation import _quantizable, simulated
-from amct_bridge.records.calibration import CalibrationStats, load_stats, sidecar_path
+from amct_bridge.records.calibration import CalibrationStats
 from amct_bridge.records.model import Record
-from amct_bridge.report import LayerInfo, Report, RunResult, build_report
+from amct_bridge.report import LayerInfo, Report, RunResult, build_report, read_record
 
 __all__ = ["MindSporeReportRunner", "quant_report"]
 
@@ -157,13 +156,7 @@ def quant_report(
     Example:
         >>> # rep = quant_report(net, "record.txt", x_val, y_val); print(text_table(rep))
     """
-    if not isinstance(record, Record):
-        from amct_bridge.records import load
-
-        side = sidecar_path(record)
-        if stats is None and Path(side).is_file():
-            stats = load_stats(side)
-        record = load(record)
+    record, stats = read_record(record, stats)
     runner = MindSporeReportRunner(net, data, batch_size)
     return build_report(record, runner, labels, top_k=top_k, stats=stats)
 

@@ -26,6 +26,7 @@ from amct_bridge.report.table import (
     ReportRunner,
     RunResult,
     build_report,
+    read_record,
 )
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "build_report",
     "clip_range",
     "config_fragment",
+    "read_record",
     "render_html",
     "saturated_share",
     "scale_spread",

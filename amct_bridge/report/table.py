@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -163,6 +165,26 @@ class Report:
         doc["rows"] = [r.to_dict() for r in self.rows]
         doc["histograms"] = {k: {"counts": c, "edges": e} for k, (c, e) in self.histograms.items()}
         return doc
+
+
+def read_record(
+    record: Record | str | os.PathLike, stats: CalibrationStats | None = None
+) -> tuple[Record, CalibrationStats | None]:
+    """``record`` as a Record, and ``stats``, else a record file's sidecar if it has one.
+
+    Example:
+        >>> read_record(Record({}))[1] is None
+        True
+    """
+    if isinstance(record, Record):
+        return record, stats
+    from amct_bridge.records import load
+    from amct_bridge.records.calibration import load_stats, sidecar_path
+
+    side = sidecar_path(record)
+    if stats is None and Path(side).is_file():
+        stats = load_stats(side)
+    return load(record), stats
 
 
 def build_report(
