@@ -104,7 +104,9 @@ def clone_with(
     pairs: dict[str, tuple[keras.layers.Layer, keras.layers.Layer]] = {}
 
     def clone_function(layer: keras.layers.Layer) -> keras.layers.Layer:
-        key = keys[id(layer)]
+        key = keys.get(id(layer))
+        if key is None:  # a raw op (x + y, keras.ops.*): stateless, copied as Keras copies it
+            return layer.__class__.from_config(layer.get_config())
         new = make_layer(key, layer)
         pairs[key] = (layer, new)
         return new

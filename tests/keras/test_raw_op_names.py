@@ -173,3 +173,50 @@ def test_invented_name_only_where_keras_gives_none():
     graph = extract_graph(model)
     assert [n.name for n in graph] == ["add_op0", "add_op1", "fc"]
     assert graph.node("add_op1").kind == "Add" and not graph.node("add_op1").is_layer
+
+
+def test_rewrites_copy_raw_ops(tmp_path):
+    """simulate / replace_relu6 / QAT clone the model: its raw ops (x + y, ops.multiply,
+    ops.concatenate, one in a nested model) are copied with their names, not a KeyError (a
+    new user's simulate() of a model with ``a + b`` raised one). The simulated raw-op model
+    equals the same model built with Add/Multiply/Concatenate layers, same weights and record."""
+    from amct_bridge.keras import quantize_aware, replace_relu6, simulate
+
+    model, names = build()
+    x = np.random.default_rng(0).uniform(-1, 1, (16, 6, 6, 3)).astype("float32")
+    record = calibrate(model, x, tmp_path / "r.txt", algorithm="minmax")
+    sim = simulate(model, record)
+    ops_of = {op.name for op in sim.operations} | {
+        f"inner/{op.name}" for op in sim.get_layer("inner").operations
+    }
+    assert set(names.values()) <= ops_of
+    assert {op.name for op in replace_relu6(model).operations} == {
+        op.name for op in model.operations
+    }
+    qat = quantize_aware(model)
+    assert set(names.values()) - {names["inner_add"]} <= {op.name for op in qat.operations}
+
+    # the same function with layers instead of raw ops: what simulate must compute
+    twin = _layer_twin(model)
+    np.testing.assert_allclose(twin.predict(x, verbose=0), model.predict(x, verbose=0), atol=1e-6)
+    want = simulate(twin, record).predict(x, verbose=0)
+    np.testing.assert_allclose(sim.predict(x, verbose=0), want, atol=1e-6)
+
+
+def _layer_twin(model: keras.Model) -> keras.Model:
+    """:func:`build`'s model with Add / Multiply / Concatenate layers, its weights copied."""
+    xi = keras.Input((6, 6, 4))
+    inner = keras.Model(xi, layers.Add()([layers.Conv2D(4, 1, name="ci")(xi), xi]), name="inner")
+    x = keras.Input((6, 6, 3))
+    a = layers.Conv2D(4, 3, padding="same", name="c1")(x)
+    b = layers.Conv2D(4, 1, name="c2")(a)
+    s = layers.Add()([a, b])
+    k = layers.Concatenate(axis=-1)([s, layers.Multiply()([s, b])])
+    n = inner(layers.Conv2D(4, 1, name="c3")(k))
+    out = layers.Dense(3, name="fc")(layers.GlobalAveragePooling2D(name="gap")(n))
+    twin = keras.Model(x, out, name="outer")
+    for name in ("c1", "c2", "c3", "fc"):
+        twin.get_layer(name).set_weights(model.get_layer(name).get_weights())
+    ci = model.get_layer("inner").get_layer("ci").get_weights()
+    twin.get_layer("inner").get_layer("ci").set_weights(ci)
+    return twin
