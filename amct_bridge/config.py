@@ -101,7 +101,9 @@ class QuantConfig:
         True
     """
 
-    batch_num: int = 1
+    #: batches to calibrate on, None when the config does not say (the caller's default: every
+    #: batch for the callbacks; AMCT's own default is 1, and AMCT writes it into its configs)
+    batch_num: int | None = None
     activation_offset: bool = True
     joint_quant: bool = False
     skip_layers: list[str] = field(default_factory=list)
@@ -203,7 +205,7 @@ def _from_message(msg: pb.AMCTConfig, source: str) -> QuantConfig:
         where = f"{source}: override_layer_configs {entry.layer_name!r}"
         by_name[entry.layer_name] = _layer_config(entry.calibration_config, common, where)
     return QuantConfig(
-        batch_num=msg.batch_num,
+        batch_num=msg.batch_num if msg.HasField("batch_num") else None,
         activation_offset=msg.activation_offset,
         joint_quant=msg.joint_quant,
         skip_layers=list(msg.skip_layers),

@@ -19,11 +19,16 @@ from pathlib import Path
 
 import keras
 
+from amct_bridge.calibration.options import (
+    check_choice,
+    check_flavor,
+    check_output,
+    resolve_batch_num,
+)
 from amct_bridge.config import QuantConfig, resolve_config
 from amct_bridge.errors import AmctBridgeError, CalibrationError
 from amct_bridge.keras.session import Session
 from amct_bridge.records.atomic import check_writable
-from amct_bridge.records.calibration import sidecar_path
 
 _MODES = ("auto", "train", "validation")
 _KEYS = ("keras", "tf_op")
@@ -108,20 +113,15 @@ class QuantCalibration(keras.callbacks.Callback):
             migration_strength=migration_strength,
             joint_quant=joint_quant,
         )
-        if batch_num is not None and int(batch_num) < 1:
-            raise CalibrationError(f"batch_num must be >= 1 (or None for all), got {batch_num}")
-        self.batch_num = (
-            int(batch_num) if batch_num else (self.config.batch_num if from_file else None)
-        )
-        _check_choice("flavor", flavor, ("inner", "tf"))
-        _check_choice("keys", keys, _KEYS)
-        _check_choice("on", on, _MODES)
-        _check_dmq_flavor(self.config, flavor)
-        self.record_path = Path(record_path)
+        self.batch_num = resolve_batch_num(batch_num, self.config, from_file)
+        check_choice("flavor", flavor, ("inner", "tf"))
+        check_choice("keys", keys, _KEYS)
+        check_choice("on", on, _MODES)
+        check_flavor(self.config, flavor)
+        self.record_path = check_output(record_path)
         self.frozen_graph_path = Path(frozen_graph_path) if frozen_graph_path else None
-        for path in (self.record_path, sidecar_path(self.record_path), self.frozen_graph_path):
-            if path is not None:
-                _check_writable(path)
+        if self.frozen_graph_path is not None:
+            _check_writable(self.frozen_graph_path)
         self.flavor, self.keys, self.on = flavor, keys, on
         self.accumulate, self.save_every_epoch = accumulate, save_every_epoch
         self._session: Session | None = None
@@ -213,20 +213,6 @@ class QuantCalibration(keras.callbacks.Callback):
             if self._session is not None:
                 self._session.stop_all()
             raise
-
-
-def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise CalibrationError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
-
-
-def _check_dmq_flavor(config: QuantConfig, flavor: str) -> None:
-    layers = [config.common, *config.by_type.values(), *config.by_name.values()]
-    if flavor != "inner" and any(c.migration_strength is not None for c in layers):
-        raise CalibrationError(
-            f"DMQ (migration_strength) needs flavor 'inner': a {flavor!r} record cannot hold "
-            "tensor_balance_factor, and its scale_w would not match the unbalanced weights"
-        )
 
 
 def _check_writable(path: Path) -> None:

@@ -25,7 +25,7 @@ from mindspore.train import Callback
 
 from amct_bridge.calibration.options import (
     check_choice,
-    check_dmq_flavor,
+    check_flavor,
     check_output,
     resolve_batch_num,
 )
@@ -123,7 +123,7 @@ class QuantCalibration(Callback):
         self.batch_num = resolve_batch_num(batch_num, self.config, from_file)
         check_choice("flavor", flavor, FLAVORS)
         check_choice("on", on, _MODES)
-        check_dmq_flavor(self.config, flavor)
+        check_flavor(self.config, flavor)
         self.record_path = check_output(record_path)
         self.flavor, self.on = flavor, on
         self.accumulate, self.save_every_epoch = accumulate, save_every_epoch

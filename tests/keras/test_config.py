@@ -128,3 +128,20 @@ def test_other_act_types_are_refused(bad):
 
     with pytest.raises(CalibrationError, match=f"act_type must be INT8 or INT16 .*got {bad!r}"):
         LayerQuantConfig(act_type=bad)
+
+
+def test_batch_num_only_where_the_file_sets_it(tmp_path):
+    """A config without batch_num (e.g. the report's skip_layers fragment saved as a file)
+    leaves the caller's default (every batch); one that sets it, even to AMCT's 1, applies."""
+    from amct_bridge.calibration.options import resolve_batch_num
+
+    bare = tmp_path / "fragment.cfg"
+    bare.write_text('skip_layers: "fc"\n')
+    cfg, from_file = resolve_config(bare)
+    assert from_file and cfg.batch_num is None and cfg.skip_layers == ["fc"]
+    assert resolve_batch_num(None, cfg, from_file) is None
+    one = tmp_path / "one.cfg"
+    one.write_text('batch_num: 1\nskip_layers: "fc"\n')
+    cfg, from_file = resolve_config(one)
+    assert resolve_batch_num(None, cfg, from_file) == 1
+    assert resolve_batch_num(3, cfg, from_file) == 3

@@ -46,9 +46,14 @@ def test_bad_options_refused_before_any_batch(tmp_path):
         ({"batch_num": 0}, "batch_num must be >= 1"),
         ({"migration_strength": 0.5}, "DMQ (migration_strength) needs flavor 'inner'"),
         ({"algorithm": "kmeans"}, "algorithm must be one of"),
+        # the "mindspore" schema has no act_type: its INT16 offsets would read as INT8
+        ({"act_type": "int16"}, "act_type INT16 needs flavor 'inner' (or 'tf'): a 'mindspore'"),
     ]:
         with pytest.raises(CalibrationError, match=re.escape(text)):
             QuantCalibration(path, **options)
+    assert (
+        QuantCalibration(path, act_type="int16", flavor="inner").config.common.act_type == "INT16"
+    )
     with pytest.raises(CalibrationError, match="cannot write output"):
         QuantCalibration(tmp_path / "missing_dir" / "r.txt")
     assert nothing_written(path)
