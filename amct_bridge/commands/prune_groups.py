@@ -58,13 +58,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the command; returns the exit code."""
-    from amct_bridge.graph.groups import Discovery, discover_groups
-    from amct_bridge.graph.report import format_table, to_json
-    from amct_bridge.graph.selective import selective_candidates
-    from amct_bridge.keras.graph import extract_graph
-    from amct_bridge.keras.prune import prune_record, selective_masks
-    from amct_bridge.records import save
-
     if args.with_mask and not args.selective:
         raise GraphError("--with-mask needs --selective")
     if args.record:
@@ -75,32 +68,25 @@ def run(args: argparse.Namespace) -> int:
         return _run_mindspore(args)
     if not args.model:
         raise GraphError("give a Keras model file or --mindspore module:factory")
+    from amct_bridge.keras.graph import extract_graph
+    from amct_bridge.keras.prune import prune_record, selective_masks
+
     model = load_keras_model(args.model, unsafe=args.unsafe_load)
     graph = extract_graph(model)
-    discovery = Discovery() if args.no_channel else discover_groups(graph)
-    selective = selective_candidates(graph) if args.selective else None
-    if args.json:
-        print(json.dumps(to_json(discovery, selective), indent=2))
-    else:
-        print(format_table(discovery, selective))
-    if args.record:
-        masks = selective_masks(model, graph) if args.with_mask else None
-        record = prune_record(
-            model, channel=not args.no_channel, selective=args.selective, masks=masks
-        )
-        save(record, args.record)
-    return 0
+
+    def record(channel: bool, selective: bool, with_mask: bool):
+        masks = selective_masks(model, graph) if with_mask else None
+        return prune_record(model, channel=channel, selective=selective, masks=masks)
+
+    return _output(args, graph, record)
 
 
 def _run_mindspore(args: argparse.Namespace) -> int:
-    """The same report and record for a MindSpore network (graph through MindIR)."""
+    """The same report and record for a MindSpore network (graph through MindIR); imports no
+    Keras or TensorFlow."""
     from amct_bridge.commands.mindspore_net import load_mindspore_net, parse_input_shape
-    from amct_bridge.graph.groups import Discovery, discover_groups
-    from amct_bridge.graph.report import format_table, to_json
-    from amct_bridge.graph.selective import selective_candidates
     from amct_bridge.mindspore.graph import extract_graph
     from amct_bridge.mindspore.prune import prune_record, selective_masks
-    from amct_bridge.records import save
 
     if args.model:
         raise GraphError("give either a Keras model file or --mindspore, not both")
@@ -108,17 +94,27 @@ def _run_mindspore(args: argparse.Namespace) -> int:
         raise GraphError("--mindspore needs --input-shape (e.g. 1,3,16,16) for the MindIR export")
     net = load_mindspore_net(args.mindspore, args.ckpt)
     graph = extract_graph(net, parse_input_shape(args.input_shape))
+
+    def record(channel: bool, selective: bool, with_mask: bool):
+        masks = selective_masks(net, graph=graph) if with_mask else None
+        return prune_record(net, channel=channel, selective=selective, masks=masks, graph=graph)
+
+    return _output(args, graph, record)
+
+
+def _output(args: argparse.Namespace, graph, record) -> int:
+    """Print the groups (table or JSON) and write the prune record if asked."""
+    from amct_bridge.graph.groups import Discovery, discover_groups
+    from amct_bridge.graph.report import format_table, to_json
+    from amct_bridge.graph.selective import selective_candidates
+    from amct_bridge.records import save
+
     discovery = Discovery() if args.no_channel else discover_groups(graph)
     selective = selective_candidates(graph) if args.selective else None
-    print(
-        json.dumps(to_json(discovery, selective), indent=2)
-        if args.json
-        else format_table(discovery, selective)
-    )
+    if args.json:
+        print(json.dumps(to_json(discovery, selective), indent=2))
+    else:
+        print(format_table(discovery, selective))
     if args.record:
-        masks = selective_masks(net, graph=graph) if args.with_mask else None
-        record = prune_record(
-            net, channel=not args.no_channel, selective=args.selective, masks=masks, graph=graph
-        )
-        save(record, args.record)
+        save(record(not args.no_channel, args.selective, args.with_mask), args.record)
     return 0
