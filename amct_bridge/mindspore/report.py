@@ -31,7 +31,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn
 
-from amct_bridge.errors import RecordError
+from amct_bridge.errors import CalibrationError, RecordError
 from amct_bridge.mindspore.simulation import _quantizable, simulated
 from amct_bridge.records.calibration import CalibrationStats
 from amct_bridge.records.model import Record
@@ -81,6 +81,13 @@ class MindSporeReportRunner:
             handles = [c.register_forward_pre_hook(counter(k)) for k, c in self._cells.items()]
             try:
                 net(*[Tensor(a[: self.batch_size]) for a in self.arrays])
+            except (RuntimeError, TypeError, ValueError) as err:  # MindSpore's shape checks
+                shapes = ", ".join(str(a.shape) for a in self.arrays)
+                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                raise CalibrationError(
+                    f"report data of shape {shapes} does not run through network "
+                    f"{type(net).__name__!r} (NCHW, as it runs): {first}"
+                ) from None
             finally:
                 for handle in handles:
                     handle.remove()

@@ -230,6 +230,7 @@ def build_report(
     keys = [i.key for i in infos]
     quant = Record({k: record.layers[k] for k in keys}, flavor=record.flavor)
     floating = runner.run(None, keys)
+    _check_finite(floating, infos)
     full = runner.run(quant, keys)
     acc = _accuracy_fn(labels)
     rows = [_static_row(i, record.layers[i.key], floating, stats) for i in infos]
@@ -267,6 +268,24 @@ def build_report(
             report.histograms[key] = _histogram(values, row)
     report.fragment = config_fragment(report)
     return report
+
+
+def _check_finite(floating: RunResult, infos: list[LayerInfo]) -> None:
+    """RecordError naming the first layer whose float input is NaN/Inf on the report data
+    (SNRs and histograms of such data mean nothing), or the model output."""
+    for info in infos:
+        values = floating.inputs.get(info.key)
+        if values is not None and not np.isfinite(values).all():
+            bad = np.unravel_index(np.flatnonzero(~np.isfinite(values))[0], values.shape)
+            raise RecordError(
+                f"layer {info.key!r}: its float input over the report data contains NaN or Inf "
+                f"(sample {bad[0]}): check the data (or the model's float output)"
+            )
+    if not np.isfinite(floating.final).all():
+        sample = np.argwhere(~np.isfinite(floating.final))[0][0]
+        raise RecordError(
+            f"the model's float output contains NaN or Inf on the report data (sample {sample})"
+        )
 
 
 def _quantized(f: LayerFactors | None) -> bool:

@@ -161,6 +161,14 @@ def test_unknown_or_empty_record_is_refused():
         build_report(Record({"a": LayerFactors()}), chain)
 
 
+def test_nan_in_the_report_data_names_the_layer_and_sample():
+    chain = Chain()
+    chain.x[7, 2] = np.nan
+    record = Record({"a": LayerFactors(scale_d=0.01, offset_d=0)})
+    with pytest.raises(RecordError, match=r"layer 'a': its float input .* NaN or Inf \(sample 7\)"):
+        build_report(record, chain)
+
+
 def test_metrics_hand_worked():
     assert snr_db([3.0, 4.0], [3.0, 4.5]) == pytest.approx(10 * math.log10(25 / 0.25))
     assert snr_db([0.0], [1.0]) == -math.inf and snr_db([1.0], [1.0]) == math.inf

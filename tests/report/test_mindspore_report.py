@@ -204,3 +204,24 @@ def test_a_record_of_another_network_is_refused_by_name(twins, tmp_path, capsys)
     err = capsys.readouterr().err
     assert re.search(text, err) and "Traceback" not in err
     assert not (tmp_path / "r.html").exists()
+
+
+def test_bad_report_data_is_an_input_error(twins, tmp_path, capsys):
+    """NHWC data for the NCHW network, and NaN in the data: exit 2 naming them (both were
+    internal errors: MindSpore's RuntimeError, numpy's non-finite histogram range)."""
+    _, _, x, xc, _, out, module, ckpt = twins
+    np.save(tmp_path / "nhwc.npy", x)
+    nan = xc.copy()
+    nan[5, 1, 2, 2] = np.nan
+    np.save(tmp_path / "nan.npy", nan)
+    argv = ["report", "--mindspore", f"{module}:make", "--ckpt", str(ckpt)]
+    argv += ["--record", str(out / "m_record.txt"), "--data"]
+    assert main([*argv, str(tmp_path / "nhwc.npy")]) == 2
+    err = capsys.readouterr().err
+    assert "report data of shape (64, 8, 8, 3) does not run through network 'Outlier'" in err
+    assert main([*argv, str(tmp_path / "nan.npy")]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "layer 'conv1': its float input over the report data contains NaN or Inf (sample 5)" in err
+    )
+    assert "Traceback" not in err and "internal error" not in err
