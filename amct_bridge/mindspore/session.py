@@ -64,7 +64,7 @@ from amct_bridge.mindspore.weights import MindSporeWeights
 from amct_bridge.records import Record
 from amct_bridge.records.codec import from_proto, to_proto
 
-__all__ = ["FLAVORS", "Session", "net_inputs"]
+__all__ = ["FLAVORS", "Session", "input_count", "net_inputs"]
 
 log = logging.getLogger(__name__)
 
@@ -235,6 +235,26 @@ class Session(CalibrationSession):
         return self.written
 
 
+def input_count(net, columns: int) -> int:
+    """How many of ``columns`` leading values ``net.construct`` takes positionally (all of them
+    with ``*args``; 1 if its signature cannot be read).
+
+    Example:
+        >>> from mindspore import nn
+        >>> input_count(nn.Dense(2, 2), 2)
+        1
+    """
+    try:
+        params = inspect.signature(net.construct).parameters.values()
+    except (TypeError, ValueError):
+        return 1
+    kinds = [p.kind for p in params]
+    if inspect.Parameter.VAR_POSITIONAL in kinds:
+        return columns
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return max(1, sum(1 for k in kinds if k in positional))
+
+
 def net_inputs(net, element: tuple | list) -> Any:
     """The part of a dataset element (a batch's columns) that ``net`` takes: as many leading
     columns as its ``construct`` has positional parameters (all with ``*args``).
@@ -248,15 +268,6 @@ def net_inputs(net, element: tuple | list) -> Any:
         'x'
     """
     element = list(element)
-    try:
-        params = inspect.signature(net.construct).parameters.values()
-    except (TypeError, ValueError):
-        return element[0] if len(element) == 1 else element
-    kinds = [p.kind for p in params]
-    if inspect.Parameter.VAR_POSITIONAL in kinds:
-        count = len(element)
-    else:
-        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        count = max(1, sum(1 for k in kinds if k in positional))
+    count = input_count(net, len(element))
     taken = element[:count]
     return taken[0] if len(taken) == 1 else taken

@@ -68,6 +68,7 @@ from amct_bridge.mindspore.cells import (
     leaf_cells,
 )
 from amct_bridge.mindspore.instrument_cells import places, put
+from amct_bridge.mindspore.session import input_count
 from amct_bridge.mindspore.weights import batch_norm_params, kernel_of
 from amct_bridge.quant.factors import quant_limits
 from amct_bridge.records.model import Record
@@ -247,10 +248,12 @@ def simulate(
     Args:
         net: the network (NCHW inputs, as it runs).
         record: a Record or record file (see :func:`simulated`).
-        data: a numpy array or Tensor of inputs (batched by ``batch_size``), or a
-            ``mindspore.dataset`` whose first column is the input and, when ``labels`` is
-            None, whose second column (if any) is the label.
-        labels: class indices ``(N,)`` or one-hot ``(N, K)``; gives ``accuracy``.
+        data: a numpy array or Tensor of inputs (batched by ``batch_size``); a tuple of
+            them, one per network input (then, when ``labels`` is None, the labels); or a
+            ``mindspore.dataset`` whose leading columns are the inputs and, when ``labels`` is
+            None, whose next column (if any) is the label.
+        labels: class indices ``(N,)`` or one-hot ``(N, K)``; gives ``accuracy`` (top-1 of a
+            ``(N, classes)`` first output; other outputs are refused with labels).
         batch_size: batch size for arrays.
 
     Returns:
@@ -259,15 +262,16 @@ def simulate(
     Example:
         >>> # res = simulate(net, "record.txt", x_val, y_val); print(res.accuracy)
     """
-    batches, found = _batches(data, batch_size)
+    batches, found = _batches(net, data, batch_size)
     if not batches:
         raise RecordError("simulate(): no data (zero batches)")
     labels = found if labels is None else labels
     training = net.training
     try:
         net.set_train(False)
-        with simulated(net, record, sample_input=batches[0]) as names:
-            outs = [net(Tensor(b)) for b in batches]
+        sample = list(batches[0]) if len(batches[0]) > 1 else batches[0][0]
+        with simulated(net, record, sample_input=sample) as names:
+            outs = [net(*(Tensor(a) for a in b)) for b in batches]
     finally:
         net.set_train(training)
     if isinstance(outs[0], (tuple, list)):
@@ -352,26 +356,48 @@ def _clear(cells: list) -> None:
         cell.compile_cache.clear()
 
 
-def _batches(data: Any, batch_size: int) -> tuple[list[np.ndarray], Any]:
-    """Input batches as float arrays, and labels found in a dataset's second column."""
+def _batches(net: nn.Cell, data: Any, batch_size: int) -> tuple[list[tuple], Any]:
+    """Batches as tuples of the network's input arrays (float64 as float32), and the labels
+    found after the inputs (a dataset's next column, a tuple's next array)."""
     if hasattr(data, "create_tuple_iterator"):
-        inputs, labels = [], []
-        for row in data.create_tuple_iterator(num_epochs=1, output_numpy=True):
-            x = np.asarray(row[0])
-            inputs.append(x.astype(np.float32) if x.dtype == np.float64 else x)
-            if len(row) > 1:
-                labels.append(np.asarray(row[1]))
-        return inputs, (np.concatenate(labels) if labels else None)
-    x = data.asnumpy() if isinstance(data, Tensor) else np.asarray(data)
-    if x.dtype == np.float64:
-        x = x.astype(np.float32)  # MindSpore keeps float64: the network's weights are float32
+        rows = [
+            [_float32(np.asarray(c)) for c in row]
+            for row in data.create_tuple_iterator(num_epochs=1, output_numpy=True)
+        ]
+        count = input_count(net, len(rows[0]) if rows else 1)
+        labels = [r[count] for r in rows if len(r) > count]
+        return [tuple(r[:count]) for r in rows], (np.concatenate(labels) if labels else None)
+    several = isinstance(data, (tuple, list)) and all(
+        isinstance(a, (np.ndarray, Tensor)) for a in data
+    )  # arrays: one per input (then labels); a plain nested list is one array
+    arrays = list(data) if several else [data]
+    arrays = [_float32(a.asnumpy() if isinstance(a, Tensor) else np.asarray(a)) for a in arrays]
+    count = input_count(net, len(arrays))
+    if len(arrays) < count:
+        raise RecordError(
+            f"simulate(): network {type(net).__name__!r} takes {count} inputs, got "
+            f"{len(arrays)} array(s) (give a tuple with one array per input)"
+        )
+    labels = arrays[count] if len(arrays) > count else None
     step = max(1, int(batch_size))
-    return [x[i : i + step] for i in range(0, len(x), step)], None
+    inputs = arrays[:count]
+    n = len(inputs[0])
+    return [tuple(a[i : i + step] for a in inputs) for i in range(0, n, step)], labels
+
+
+def _float32(x: np.ndarray) -> np.ndarray:
+    # MindSpore keeps float64: the network's weights are float32
+    return x.astype(np.float32) if x.dtype == np.float64 else x
 
 
 def _accuracy(outputs: np.ndarray, labels: Any) -> float | None:
     if labels is None:
         return None
+    if outputs.ndim != 2:  # top-1 needs (samples, classes)
+        raise RecordError(
+            f"simulate(): accuracy needs (samples, classes) outputs, the network's first output "
+            f"is {outputs.shape}; leave labels out and compare the outputs"
+        )
     y = labels.asnumpy() if isinstance(labels, Tensor) else np.asarray(labels)
     if y.ndim == outputs.ndim and y.ndim > 1:
         y = y.argmax(axis=-1)  # one-hot

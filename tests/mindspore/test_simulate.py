@@ -290,3 +290,48 @@ def test_docstring_examples_run():
     ms.set_context(mode=ms.PYNATIVE_MODE)
     failures, tried = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert failures == 0 and tried > 0
+
+
+class TwoInputs(nn.Cell):
+    """fc(a) + fc2(b): two network inputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Dense(3, 2)
+        self.fc2 = nn.Dense(4, 2)
+
+    def construct(self, a, b):
+        return self.fc(a) + self.fc2(b)
+
+
+def test_two_input_network_takes_a_tuple_then_labels():
+    """A tuple is one array per network input, then the labels (as calibrate() reads it; the
+    arrays were stacked into one before); the outputs are those of simulated() by hand."""
+    ms.set_seed(0)
+    net = TwoInputs()
+    rng = np.random.default_rng(3)
+    a = rng.normal(0, 1, (10, 3)).astype(np.float32)
+    b = rng.normal(0, 1, (10, 4)).astype(np.float32)
+    y = rng.integers(0, 2, 10)
+    f = LayerFactors(scale_d=0.05, offset_d=0, scale_w=[0.02], offset_w=[0])
+    record = Record({"fc": f, "fc2": f})
+    res = simulate(net, record, (a, b, y), batch_size=4)
+    with simulated(net, record):
+        want = net(ms.Tensor(a), ms.Tensor(b)).asnumpy()
+    np.testing.assert_allclose(res.outputs, want, rtol=1e-6)
+    assert res.accuracy == float(np.mean(want.argmax(-1) == y))
+    assert not np.allclose(want, net(ms.Tensor(a), ms.Tensor(b)).asnumpy())  # quantized
+    with pytest.raises(RecordError, match=r"takes 2 inputs, got 1 array\(s\)"):
+        simulate(net, record, a)
+
+
+def test_accuracy_needs_class_outputs(data):
+    """Labels with a first output that is not (samples, classes) are refused, not scored by a
+    broadcast argmax."""
+    net = nn.SequentialCell([nn.Conv2d(3, 2, 1, has_bias=False)])
+    f = LayerFactors(scale_d=0.05, offset_d=0, scale_w=[0.02, 0.02], offset_w=[0, 0])
+    x = np.random.default_rng(0).normal(0, 1, (4, 3, 5, 5)).astype(np.float32)
+    with pytest.raises(
+        RecordError, match=r"accuracy needs \(samples, classes\) outputs.*\(4, 2, 5, 5\)"
+    ):
+        simulate(net, Record({"0": f}), x, np.zeros(4, np.int64))
