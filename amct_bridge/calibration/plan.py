@@ -45,6 +45,7 @@ class Target:
         config: effective settings of this layer.
         bn: the BatchNorm's handle folded into this part (None: none or fusion skipped).
         skip_fusion: the user turned Conv+BN folding off for this layer.
+        skipped: the config skips this part (skip_layers / skip_layer_types): sidecar only.
         calls: times the layer runs per model call (shared layers).
         tensors: graph-IR ids of its (input, output) tensor, None when unknown or shared; equal
             ids mean the same tensor. With a folded BN the output is the BN's.
@@ -71,11 +72,13 @@ class Target:
     inputs: tuple[str | None, ...] = ()
     desc: LayerDesc | None = None
     bn_desc: LayerDesc | None = None
+    skipped: bool = False
 
     @property
     def quantized(self) -> bool:
-        """True if the target gets a record entry (not just sidecar ranges)."""
-        return self.part is not None
+        """True if the target gets a record entry (not just sidecar ranges: an activation, a
+        runtime layer, or a part the config skips)."""
+        return self.part is not None and not self.skipped
 
     @property
     def runtime(self) -> bool:
@@ -131,8 +134,9 @@ def make_plan(model: ModelDesc, config: QuantConfig) -> Plan:
         for part in desc.parts:
             key = part.key(layer_key)
             types = (kind, part.op_type)
-            if config.is_skipped(layer_key, types) or config.is_skipped(key, types):
-                continue
+            # skipped: no record entry, but its ranges still go to the sidecar (a runtime such
+            # as ESP-DL v1, which has no float layers, still needs its output exponent)
+            skipped = config.is_skipped(layer_key, types) or config.is_skipped(key, types)
             skip_fusion = config.skips_fusion(layer_key)
             bn_key, bn = chains.get(layer_key, (None, None))
             if not part.foldable or skip_fusion:
@@ -157,6 +161,7 @@ def make_plan(model: ModelDesc, config: QuantConfig) -> Plan:
                     bn_key,
                     desc=desc,
                     bn_desc=bn,
+                    skipped=skipped,
                 )
             )
         if not desc.parts and desc.activation:

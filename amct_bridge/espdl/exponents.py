@@ -186,7 +186,7 @@ class ExponentFinder:
             raise ExportError(
                 f"layer {chain.head.name!r}: cannot choose output_exponent: no calibrated output "
                 f"range for {chain.last!r} in the calibration sidecar{hint}; pass the sidecar "
-                "(<record>.calib.json) written by the Keras calibration callback"
+                "(<record>.calib.json) the calibration wrote beside the record (Keras or MindSpore)"
             )
         self.chain_outputs[chain.last] = found[0]
         return found

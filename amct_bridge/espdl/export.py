@@ -111,6 +111,24 @@ class ExportResult:
         return {layer.name: layer.source for layer in self.layers}
 
 
+def _not_in_record(chains, record: Record) -> list[str]:
+    """A note per exported weight layer the record has no entry for (e.g. calibration's
+    skip_layers): ESP-DL v1 has no float layer, so it is exported quantized all the same."""
+    keys = set(record.layers)
+    heads = [c.head.name for c in chains]
+    absent = [
+        name
+        for name in heads
+        if name not in keys and not any(k.startswith(name + "/") for k in keys)
+    ]
+    return [
+        f"layer {name!r} has no record entry (skip_layers at calibration?): ESP-DL v1 has no "
+        "float layers, so it is exported quantized too (coefficient exponents from its weights, "
+        "feature exponents from the sidecar ranges); check its accuracy with espdl-eval"
+        for name in absent
+    ]
+
+
 def check_options(feature_type: str, granularity: str, target: str) -> None:
     """Refuse option combinations ESP-DL v1 cannot run.
 
@@ -313,6 +331,8 @@ def export_layers(
         passthrough=passthrough(layers),
         inputs=[x.name for x in layers if x.op == "input"],
     )
+    if record is not None:
+        result.notes += _not_in_record(chains, record)
     missing = unaccounted(layers, _report(result))
     if missing:  # a bug guard: the rules above must place every layer somewhere
         raise ExportError(f"layers neither exported, fused, skipped nor refused: {missing}")

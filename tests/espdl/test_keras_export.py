@@ -367,3 +367,27 @@ def test_concatenated_branches_share_an_exponent():
     assert ref_exponent(acts["a"][1]) != ref_exponent(acts["b2"][1])  # the test means something
     assert cfg["a"]["output_exponent"] == cfg["b2"]["output_exponent"] == shared
     assert cfg["c"]["input_exponent"] == shared
+
+
+def test_skipped_layers_still_export_with_their_calibrated_exponents(tmp_path):
+    """skip_layers at calibration, then the export: the skipped layers' sidecar ranges give the
+    full calibration's config.json (the last layer's output exponent was missing before)."""
+    from amct_bridge.keras import calibrate
+
+    keras.utils.set_random_seed(3)
+    x = inp = keras.Input((8, 8, 3))
+    x = keras.layers.Conv2D(4, 3, name="c1")(x)
+    x = keras.layers.BatchNormalization(name="bn")(x)
+    x = keras.layers.ReLU(name="r")(keras.layers.Conv2D(4, 3, name="c2")(x))
+    model = keras.Model(inp, keras.layers.Dense(3, name="fc")(keras.layers.Flatten(name="f")(x)))
+    data = np.random.default_rng(0).uniform(0, 1, (16, 8, 8, 3)).astype("float32")
+    calibrate(model, data, tmp_path / "full.txt", algorithm="minmax")
+    export_espdl(model, tmp_path / "full.txt", tmp_path / "ef")
+    want = json.loads((tmp_path / "ef" / "config.json").read_text())
+    for skip in (["fc"], ["c1"], ["c2", "fc"]):
+        rec, out = tmp_path / f"{skip[0]}.txt", tmp_path / f"e_{'_'.join(skip)}"
+        calibrate(model, data, rec, algorithm="minmax", skip_layers=skip)
+        res = export_espdl(model, rec, out)
+        assert json.loads((out / "config.json").read_text()) == want, skip
+        notes = [w.split("'")[1] for w in res.warnings if "has no record entry" in w]
+        assert notes == skip

@@ -76,10 +76,12 @@ def test_another_plan_traces_a_new_step_and_keep_step_false_drops_it(tmp_path):
     model, x = _branchy_with(None)
     calibrate(model, x, tmp_path / "a.txt", algorithm="minmax")
     fn = session._KEPT[model].fn
-    calibrate(model, x, tmp_path / "b.txt", algorithm="minmax", skip_layers=["fc"])
+    # histograms: other observed tensors (skip_layers alone would not change them: a skipped
+    # layer keeps its sidecar ranges)
+    calibrate(model, x, tmp_path / "b.txt", algorithm="hfmg", skip_layers=["fc"])
     assert session._KEPT[model].fn is not fn
     fresh, _ = _branchy_with(model.get_weights())
-    calibrate(fresh, x, tmp_path / "c.txt", algorithm="minmax", skip_layers=["fc"])
+    calibrate(fresh, x, tmp_path / "c.txt", algorithm="hfmg", skip_layers=["fc"])
     assert _outputs(tmp_path / "b.txt") == _outputs(tmp_path / "c.txt")
     calibrate(model, x, tmp_path / "d.txt", algorithm="minmax", keep_step=False)
     assert model not in session._KEPT

@@ -528,3 +528,22 @@ def test_call_sites_share_the_cells_ranges(tmp_path):
     assert b.sources["output_exponent"] == "sidecar output range of 'relu@1'"
     assert res.config["b"]["output_exponent"] == math.ceil(math.log2(3.0 / 127))
     assert "relu@1" not in stats.layers  # the caller's sidecar is not modified
+
+
+def test_skipped_cells_still_export_with_their_calibrated_exponents(tmp_path):
+    """The report's fragment (skip_layers) then the export: skipped cells keep their sidecar
+    ranges, so the export gives the full calibration's config.json (minmax: same ranges) and a
+    note per cell the record leaves out (the export stopped on 'no calibrated output range')."""
+    net = resnet_tiny()
+    x = np.random.default_rng(2).normal(0, 1, (8, 3, 16, 16)).astype(np.float32)
+    ams.calibrate(net, x, tmp_path / "full.txt", algorithm="minmax")
+    skip = ["fc", "layer2.0.down.0"]
+    ams.calibrate(net, x, tmp_path / "skip.txt", algorithm="minmax", skip_layers=skip)
+    assert not set(skip) & set(load(tmp_path / "skip.txt").layers)
+    full = ams.export_espdl(net, tmp_path / "full.txt", tmp_path / "ef", sample_input=x[:1])
+    part = ams.export_espdl(net, tmp_path / "skip.txt", tmp_path / "es", sample_input=x[:1])
+    configs = [json.loads((tmp_path / d / "config.json").read_text()) for d in ("ef", "es")]
+    assert configs[0] == configs[1]
+    notes = [w for w in part.warnings if "has no record entry" in w]
+    assert [n.split("'")[1] for n in notes] == ["layer2.0.down.0", "fc"]
+    assert not [w for w in full.warnings if "has no record entry" in w]
