@@ -200,7 +200,7 @@ def _report(args: argparse.Namespace, record) -> None:
 
     stats = load_stats(sidecar_path(args.output))
     print(
-        f"wrote {args.output}: {flavor_phrase(record)}, {len(record.layers)} layers, "
+        f"wrote {args.output}: {flavor_phrase(record, record.flavor)}, {len(record.layers)} layers, "
         f"{stats.algorithm}, {stats.batches} batches; and {sidecar_path(args.output)}"
         + (f" and {args.frozen_graph}" if args.frozen_graph else "")
     )

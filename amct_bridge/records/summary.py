@@ -16,7 +16,7 @@ from amct_bridge.records.flavors import WIDEST_FIRST, a_record
 from amct_bridge.records.model import PruneNode, Record
 
 
-def flavor_phrase(record: Record) -> str:
+def flavor_phrase(record: Record, written: str | None = None) -> str:
     """The record's flavor as every command prints it: the narrowest flavor whose schema holds
     everything it uses (what ``load`` detects), and the wider ones that read it too.
 
@@ -29,8 +29,17 @@ def flavor_phrase(record: Record) -> str:
         "a 'tf' record (also valid as 'inner')"
         >>> flavor_phrase(Record({"c": LayerFactors(scale_d=0.5, offset_d=0, dst_type="INT4")}))
         "an 'inner' record"
+        >>> flavor_phrase(Record({"conv": LayerFactors(scale_d=0.5, offset_d=0)}), "mindspore")
+        "a 'mindspore' record (the same text as a 'tf' record here; also valid as 'inner')"
+
+    ``written``: the flavor a writer was asked for; said first when it is narrower than what
+    the text shows (a mindspore record whose keys have no ``.`` is a tf record, byte for byte).
     """
     flavor = detect_flavor(record)
+    if written in WIDEST_FIRST and WIDEST_FIRST.index(written) > WIDEST_FIRST.index(flavor):
+        wider = [w for w in WIDEST_FIRST[: WIDEST_FIRST.index(flavor)][::-1] if w != written]
+        also = f"; also valid as {' and '.join(repr(w) for w in wider)}" if wider else ""
+        return f"{a_record(written)} (the same text as {a_record(flavor)} here{also})"
     wider = WIDEST_FIRST[: WIDEST_FIRST.index(flavor)][::-1]
     also = f" (also valid as {' and '.join(repr(w) for w in wider)})" if wider else ""
     return a_record(flavor) + also
