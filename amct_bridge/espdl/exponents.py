@@ -11,7 +11,8 @@ output_exponent of a chain (range of the chain's last layer, after the fused act
      through exponent-keeping layers (MaxPool, Reshape, Flatten, ReLU...);
   3. the record's ``scale_d``/``offset_d`` of that next layer (the range AMCT quantizes it to);
   4. for a chain ending in a folded BN: a bound from the conv's own output range pushed through
-     the BN per channel (with a warning: coarser than a calibrated range).
+     the BN per channel (with a warning: coarser than a calibrated range);
+  a range of exactly [0, 0] takes the chain's input exponent (with a warning).
 input_exponent of a chain:
   1. the output exponent of the exported chain feeding it (through exponent-keeping layers), or
      of an Add2D / average pool (:mod:`amct_bridge.espdl.runtime` adds those to
@@ -188,8 +189,26 @@ class ExponentFinder:
                 f"range for {chain.last!r} in the calibration sidecar{hint}; pass the sidecar "
                 "(<record>.calib.json) the calibration wrote beside the record (Keras or MindSpore)"
             )
+        if found[2] is not None and found[2][0] == found[2][1] == 0.0:
+            found = self._zero_output(chain, found)
         self.chain_outputs[chain.last] = found[0]
         return found
+
+    def _zero_output(self, chain: Chain, found: Found) -> Found:
+        """A chain whose output was exactly 0 on every calibration batch (a zero-initialised BN
+        gamma, a dead branch): any exponent holds it, and exponent 0 would make an Add2D after
+        it drop the other input's fraction bits (the sum takes the larger exponent). Take the
+        chain's input exponent instead, with a warning."""
+        source = self.input_exponent(chain)
+        exp = source[0] if source is not None else found[0]
+        self.warnings.append(
+            f"layer {chain.head.name!r}: the output of {chain.last!r} was 0 on every calibration "
+            f"batch ({found[1]} is [0, 0], e.g. a zero-initialised BatchNormalization gamma); "
+            f"output_exponent {exp} is its input's: recalibrate once it computes something"
+        )
+        if source is None:
+            return found
+        return exp, f"{found[1]} is [0, 0]: the input's exponent ({source[1]})", found[2]
 
     def input_exponent(self, chain: Chain) -> Found | None:
         """The chain's input exponent and its source, or None when nothing gives one."""

@@ -391,3 +391,32 @@ def test_skipped_layers_still_export_with_their_calibrated_exponents(tmp_path):
         assert json.loads((out / "config.json").read_text()) == want, skip
         notes = [w.split("'")[1] for w in res.warnings if "has no record entry" in w]
         assert notes == skip
+
+
+def test_a_branch_that_was_zero_takes_its_input_exponent(tmp_path):
+    """Zero-init residual (the last BN's gamma = 0): the branch is exactly 0 on the calibration
+    data. Its output exponent was 0, so the Add2D after it (the sum takes the larger exponent)
+    floor-shifted the identity path to whole numbers: chip SNR 0.2 dB against float. Now it
+    takes its input's exponent, with a warning, and the chip follows the float model."""
+    from amct_bridge.espdl import simulate_chip
+    from amct_bridge.keras import calibrate
+
+    keras.utils.set_random_seed(0)
+    L = keras.layers
+    inp = keras.Input((16, 16, 3), name="img")
+    x = L.Conv2D(8, 3, padding="same", activation="relu", name="stem")(inp)
+    b = L.Conv2D(8, 3, padding="same", use_bias=False, name="branch")(x)
+    b = L.BatchNormalization(gamma_initializer="zeros", name="branch_bn")(b)
+    s = L.ReLU(name="res_relu")(L.Add(name="res")([x, b]))
+    model = keras.Model(inp, L.Dense(4, name="fc")(L.GlobalAveragePooling2D(name="gap")(s)))
+    xs = np.random.default_rng(0).random((32, 16, 16, 3), dtype=np.float32)
+    calibrate(model, xs, tmp_path / "r.txt", algorithm="minmax")
+    res = export_espdl(model, tmp_path / "r.txt", tmp_path / "e", target="esp32s3")
+    outs = {c.name: c.entry["output_exponent"] for c in res.layers}
+    assert outs["branch"] == outs["stem"]
+    assert [r.output_exponent for r in res.runtime if r.name == "res"] == [outs["stem"]]
+    assert any("'branch_bn' was 0 on every calibration batch" in w for w in res.warnings)
+    got = simulate_chip(tmp_path / "e", xs, target="esp32s3").output.to_float()
+    want = model.predict(xs, verbose=0)
+    snr = 10 * np.log10((want**2).sum() / ((want - got) ** 2).sum())
+    assert snr > 20
