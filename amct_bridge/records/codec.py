@@ -12,7 +12,13 @@ from __future__ import annotations
 from dataclasses import fields
 
 from amct_bridge.errors import RecordError
-from amct_bridge.records.flavors import FLAVORS, WIDEST_FIRST, a_record, get_flavor
+from amct_bridge.records.flavors import (
+    FLAVORS,
+    UNSUPPORTED_FIELDS,
+    WIDEST_FIRST,
+    a_record,
+    get_flavor,
+)
 from amct_bridge.records.model import ATTR_TYPES, Attr, LayerFactors, PruneNode, PruneRecord, Record
 from amct_bridge.records.source_map import SourceMap
 
@@ -251,7 +257,9 @@ def _refuse_bytes(record: Record, source: str) -> None:
 
 # ---------------------------------------------------------------- flavor detection
 def detect_flavor(record: Record) -> str:
-    """The narrowest flavor whose schema holds everything ``record`` uses.
+    """The narrowest flavor whose schema holds everything ``record`` uses, and whose consumer
+    accepts it (``shift_bit`` is in convert_model's schema but refused: such a record is
+    "inner").
 
     A record that fits both "tf" and "mindspore" (only scale/offset/skip_fusion) is "mindspore"
     when its keys look like MindSpore Cell names (some dotted, none with "/"), else "tf".
@@ -265,6 +273,7 @@ def detect_flavor(record: Record) -> str:
         name
         for name in WIDEST_FIRST
         if used <= FLAVORS[name].fields
+        and not used & UNSUPPORTED_FIELDS[name]
         and (FLAVORS[name].has_prune_records or not record.prune_records)
     ]
     if not fits:

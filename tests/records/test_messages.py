@@ -135,3 +135,17 @@ def test_describe_bytes_leaves_unknown_bytes_alone():
     assert describe_bytes(b"") is None
     assert describe_bytes(b"\x0a\x05\x0a\x01c\x12\x00") is None  # a binary record
     assert describe_bytes(b"{ not json") is None
+
+
+def test_a_shift_bit_record_is_inner_and_validates():
+    """joint_quant writes shift_bit: in convert_model's schema but refused there, so the record
+    is "inner" (it read as 'tf' and failed validate with "shift_bit is not supported")."""
+    from amct_bridge.records import detect_flavor, dumps, loads, validate
+    from amct_bridge.records.summary import flavor_phrase
+
+    rec = Record(
+        {"c1": LayerFactors(scale_d=0.5, offset_d=0, scale_w=[0.1], offset_w=[0], shift_bit=[3])}
+    )
+    assert detect_flavor(rec) == "inner" and flavor_phrase(rec) == "an 'inner' record"
+    again = loads(dumps(rec, "inner"))
+    assert again.flavor == "inner" and validate(again) == []
