@@ -141,4 +141,12 @@ def load_stats(path: str | os.PathLike) -> CalibrationStats:
         text = Path(path).read_text()
     except OSError as err:
         raise RecordError(f"{path}: cannot read calibration sidecar: {err.strerror}") from None
+    except UnicodeDecodeError:
+        from amct_bridge.records.sniff import describe_file
+
+        kind = describe_file(path) or "binary data (not UTF-8 text)"
+        raise RecordError(
+            f"{path}: not a calibration sidecar: it looks like {kind}; expected "
+            "the JSON the calibration writes beside the record (<record>.calib.json)"
+        ) from None
     return CalibrationStats.from_json(text, source=str(path))

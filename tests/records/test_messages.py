@@ -149,3 +149,17 @@ def test_a_shift_bit_record_is_inner_and_validates():
     assert detect_flavor(rec) == "inner" and flavor_phrase(rec) == "an 'inner' record"
     again = loads(dumps(rec, "inner"))
     assert again.flavor == "inner" and validate(again) == []
+
+
+def test_a_sidecar_that_is_not_text_is_named_for_what_it_looks_like(tmp_path):
+    """A .npy (or other binary) given as the sidecar was a UnicodeDecodeError (exit 70)."""
+    from amct_bridge.records.calibration import load_stats
+
+    path = tmp_path / "r.txt.calib.json"
+    np.save(tmp_path / "x.npy", np.zeros(3))
+    path.write_bytes((tmp_path / "x.npy").read_bytes())
+    with pytest.raises(RecordError, match=r"not a calibration sidecar: it looks like a NumPy \.npy"):
+        load_stats(path)
+    path.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(RecordError, match="not a calibration sidecar: it looks like"):
+        load_stats(path)
