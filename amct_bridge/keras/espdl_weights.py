@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import keras
@@ -30,6 +31,7 @@ from amct_bridge.espdl.source import SourceLayer
 from amct_bridge.graph.ir import Graph, Node
 from amct_bridge.keras.graph import extract_graph, find_layer
 from amct_bridge.keras.layers import class_name
+from amct_bridge.records.calibration import sidecar_path
 from amct_bridge.records.model import Record
 
 #: Coefficient-free Keras layers the ESP-DL v1 runtime has -> whether the output exponent
@@ -303,5 +305,22 @@ def export_espdl(
         >>> st = CalibrationStats(layers={"fc": LayerStats("Dense", input=r, output=r)})
         >>> export_espdl(m, None, None, stats=st).config["fc"]["output_exponent"]
         -6
+
+    A record keyed by TF op names (``keys="tf_op"``) is re-keyed by layer name, as
+    :func:`amct_bridge.keras.simulate` does.
     """
-    return export(record, source_layers(model), out_dir, **options)
+    layers = source_layers(model)
+    if record is not None and not isinstance(record, Record):
+        from amct_bridge.records import load
+
+        side = sidecar_path(record)
+        if options.get("stats") is None and Path(side).is_file():
+            options["stats"] = side
+        record = load(record)
+    if record is not None and any(k not in {x.name for x in layers} for k in record.layers):
+        from amct_bridge.keras.simulate import _by_keras_keys
+
+        rekeyed = _by_keras_keys(model, record.layers)
+        if rekeyed.keys() != record.layers.keys():
+            record = Record(rekeyed, record.prune_records, flavor=record.flavor)
+    return export(record, layers, out_dir, **options)

@@ -420,3 +420,24 @@ def test_a_branch_that_was_zero_takes_its_input_exponent(tmp_path):
     want = model.predict(xs, verbose=0)
     snr = 10 * np.log10((want**2).sum() / ((want - got) ** 2).sum())
     assert snr > 20
+
+
+def test_a_tf_op_keyed_record_exports_like_the_keras_keyed_one(tmp_path):
+    """keys="tf_op" records (for convert_model) are re-keyed by layer name, as simulate and
+    report do; the export blamed the record on another model before."""
+    from amct_bridge.keras import calibrate
+
+    keras.utils.set_random_seed(4)
+    L = keras.layers
+    x = inp = keras.Input((8, 8, 3))
+    x = L.ReLU(name="r")(L.BatchNormalization(name="bn")(L.Conv2D(4, 3, name="c1")(x)))
+    x = L.SeparableConv2D(6, 3, name="sep")(x)
+    model = keras.Model(inp, L.Dense(3, name="fc")(L.Flatten(name="f")(x)))
+    data = np.random.default_rng(1).uniform(0, 1, (16, 8, 8, 3)).astype("float32")
+    calibrate(model, data, tmp_path / "k.txt", algorithm="minmax")
+    calibrate(model, data, tmp_path / "t.txt", algorithm="minmax", keys="tf_op", flavor="tf")
+    assert any("/" in k for k in (tmp_path / "t.txt").read_text().split('key: "')[1:])
+    export_espdl(model, tmp_path / "k.txt", tmp_path / "ek")
+    export_espdl(model, tmp_path / "t.txt", tmp_path / "et")
+    configs = [json.loads((tmp_path / d / "config.json").read_text()) for d in ("ek", "et")]
+    assert configs[0] == configs[1]
