@@ -145,7 +145,11 @@ def format_preview(result: ExportResult) -> str:
         >>> format_preview(ExportResult(None, "s8", "per-tensor", "esp32", [], []))[:9]
         'layer  op'
     """
-    rows = [_row(x.preview, output_use(x, result.feature_type), x.fused[1:]) for x in result.layers]
+    # every fused layer but the chain's own source (a folded ZeroPadding2D comes before it)
+    rows = [
+        _row(x.preview, output_use(x, result.feature_type), [f for f in x.fused if f != x.source])
+        for x in result.layers
+    ]
     rows += [_runtime_row(x, result.feature_type) for x in result.runtime]
     lines = _table(rows)
     warn = [

@@ -441,3 +441,21 @@ def test_a_tf_op_keyed_record_exports_like_the_keras_keyed_one(tmp_path):
     export_espdl(model, tmp_path / "t.txt", tmp_path / "et")
     configs = [json.loads((tmp_path / d / "config.json").read_text()) for d in ("ek", "et")]
     assert configs[0] == configs[1]
+
+
+def test_preview_lists_a_folded_zero_padding_as_fused(tmp_path):
+    """The preview's fused column dropped the first fused layer (a ZeroPadding2D folded into
+    the next conv comes before the conv itself in ``fused``)."""
+    from amct_bridge.espdl.report import format_preview
+    from amct_bridge.keras import calibrate
+
+    L = keras.layers
+    inp = keras.Input((9, 9, 3))
+    x = L.Conv2D(4, 3, strides=2, name="c")(L.ZeroPadding2D(((0, 1), (0, 1)), name="pad")(inp))
+    model = keras.Model(inp, L.Dense(2, name="fc")(L.Flatten(name="f")(L.ReLU(name="r")(x))))
+    data = np.random.default_rng(1).uniform(0, 1, (8, 9, 9, 3)).astype("float32")
+    calibrate(model, data, tmp_path / "r.txt", algorithm="minmax")
+    res = export_espdl(model, tmp_path / "r.txt", None)
+    assert [x.fused for x in res.layers if x.name == "c"] == [["pad", "c", "r"]]
+    row = next(line for line in format_preview(res).splitlines() if line.startswith("c "))
+    assert row.split()[-1] == "pad+r"
