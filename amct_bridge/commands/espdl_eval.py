@@ -32,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     Example:
         >>> p = argparse.ArgumentParser(); register(p.add_subparsers())
         >>> p.parse_args(["espdl-eval", "--export", "e", "--model", "m", "--data", "d"]).target
-        'esp32'
+        ... # None: the export's own target
     """
     parser = subparsers.add_parser(
         "espdl-eval",
@@ -49,7 +49,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--labels", help="y.npy (class indices or one-hot) when --data is x.npy")
     parser.add_argument(
-        "--target", choices=("esp32", "esp32s2", "esp32c3", "esp32s3"), default="esp32"
+        "--target",
+        choices=("esp32", "esp32s2", "esp32c3", "esp32s3"),
+        help="chip to simulate (default: the one the export was made for)",
     )
     parser.add_argument("--input-exponent", type=int, help="override the export's input exponent")
     parser.add_argument("--limit", type=int, help="use the first N samples only")
@@ -200,7 +202,7 @@ def evaluate(
     y: np.ndarray,
     *,
     record=None,
-    target: str = "esp32",
+    target: str | None = None,
     input_exponent: int | None = None,
     batch_size: int = 64,
 ) -> Evaluation:
@@ -225,7 +227,7 @@ def evaluate(
     parts: dict[str, list[np.ndarray]] = {layer.name: [] for layer in net.layers}
     for start in range(0, len(x), batch_size):
         res = simulate_chip(net, x[start : start + batch_size], target, input_exponent)
-        warnings = res.warnings
+        warnings, simulated = res.warnings, res.target
         for name, tensor in res.layers.items():
             parts[name].append(tensor.values)
             chip["exp:" + name] = tensor.exponent
@@ -245,7 +247,7 @@ def evaluate(
         _accuracy(np.asarray(float_scores), y),
         fq_acc,
         _accuracy(scores, y),
-        target,
+        simulated if len(x) else (target or net.target or "esp32"),
         _layer_errors(net, chip, floats, net.bits),
         warnings,
     )

@@ -315,7 +315,7 @@ def _input(net: Network, x: np.ndarray, exponent: int | None) -> tuple[np.ndarra
 def simulate_chip(
     model: Network | ExportResult | str | os.PathLike,
     x: np.ndarray,
-    target: str = "esp32",
+    target: str | None = None,
     input_exponent: int | None = None,
 ) -> ChipResult:
     """Run ``model`` as the ESP-DL v1 chip ``target`` would, on ``x`` (HWC, or N×HWC batch).
@@ -323,7 +323,9 @@ def simulate_chip(
     Args:
         model: a :class:`Network`, an export directory, or an ``ExportResult``.
         x: integers (with ``input_exponent``) or floats (quantized by :func:`quantize_input`).
-        target: esp32, esp32s2, esp32c3 or esp32s3 (esp32s3 saturates accumulators).
+        target: esp32, esp32s2, esp32c3 or esp32s3 (esp32s3 saturates accumulators);
+            default the chip the export was made for (export.json), else esp32. Another one
+            than the export's gives a warning in the result.
         input_exponent: the input's exponent; default the network's (the first layer's
             input_exponent in the export).
 
@@ -336,16 +338,23 @@ def simulate_chip(
         >>> simulate_chip(net, np.array([-3, 4]), input_exponent=-2)["r"].values.tolist()
         [0, 4]
     """
-    if target not in spec.TARGETS:
+    if target is not None and target not in spec.TARGETS:
         raise ExportError(f"target {target!r}: expected one of {', '.join(spec.TARGETS)}")
     net = _as_network(model)
+    made_for = getattr(net, "target", None)
+    warnings: list[str] = []
+    if target is not None and made_for is not None and target != made_for:
+        warnings.append(
+            f"the export was made for {made_for}; simulating {target} (esp32s3 saturates its "
+            "accumulators, the others do not)"
+        )
+    target = target or made_for or "esp32"
     q, e_in, batched = _input(net, x, input_exponent)
     bits, dtype = net.bits, _DTYPE[net.bits]
     values: dict[str, np.ndarray] = {INPUT: q}
     exps: dict[str, int] = {INPUT: e_in}
     approx: dict[str, bool] = {INPUT: False}
     result: dict[str, ChipTensor] = {}
-    warnings: list[str] = []
     for layer in net.layers:
         xs = [values[s] for s in layer.inputs]
         ins = [exps[s] for s in layer.inputs]

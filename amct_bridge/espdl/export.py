@@ -359,6 +359,7 @@ def _report(result: ExportResult) -> dict:
         "format": REPORT_FORMAT,
         "feature_type": result.feature_type,
         "granularity": result.granularity,
+        "target": result.target,
         "convert_command": (
             f"python convert.py -t {result.target} -i <this directory> -n <NAME> -o <OUT> -q {q}"
         ),

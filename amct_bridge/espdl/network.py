@@ -156,6 +156,7 @@ class Network:
     input_shape: tuple[int, ...] | None = None
     outputs: list[str] = field(default_factory=list)
     input_source: str = INPUT
+    target: str | None = None  # the chip the export was made for (export.json), if known
 
     @property
     def bits(self) -> int:
@@ -371,16 +372,20 @@ def load_network(directory: str | Path, graph: str | Path | dict | None = None) 
     directory = Path(directory)
     config, arrays = load_set(directory)
     where = str(directory / "export.json")
+    target = None
     if graph is None:
         report = graph_from_json(directory / "export.json")
         graph = report.get("graph")
         if not graph:
             why = report.get("graph_error", "it was written before the chip graph existed")
             raise ExportError(f"{where}: no chip graph ({why}); pass one, or export again")
+        target = report.get("target") if report.get("target") in spec.TARGETS else None
     elif not isinstance(graph, dict):
         where = str(graph)
         graph = graph_from_json(graph)
-    return network_from_parts(graph, config, arrays, where=where)
+    net = network_from_parts(graph, config, arrays, where=where)
+    net.target = target
+    return net
 
 
 def network_from_result(result: ExportResult) -> Network:
@@ -415,5 +420,6 @@ def network_from_result(result: ExportResult) -> Network:
             attach_coefficients(layer, previews[layer.coefficients], result.target)
         net.layers.append(layer)
     net.outputs = [str(s) for s in graph.get("outputs", [])]
+    net.target = result.target
     _resolve(net, "export graph")
     return net

@@ -168,6 +168,8 @@ def test_espdl_eval_cli(tmp_path, capsys):
                 str(out),
                 "--feature-type",
                 "s16",
+                "--target",
+                "esp32s3",
             ]
         )
         == 0
@@ -190,11 +192,16 @@ def test_espdl_eval_cli(tmp_path, capsys):
     text = capsys.readouterr().out
     lines = text.splitlines()
     assert lines[0] == "samples: 40"
+    # the chip the export was made for, without --target (esp32 before, whatever the export)
+    assert "(esp32s3, bit-exact simulator)" in lines[3]
     assert lines[1] == "float accuracy:      1.0000"
     chip_acc = float(lines[3].split()[2])
     fq_acc = float(lines[2].split()[2])
     # the chip's own argmax, computed here from the simulator directly
     net = load_network(out)
+    assert net.target == "esp32s3" and simulate_chip(net, data[:2]).target == "esp32s3"
+    other = simulate_chip(net, data[:2], target="esp32")
+    assert other.target == "esp32" and "the export was made for esp32s3" in other.warnings[0]
     chip_pred = simulate_chip(net, data).output.values.argmax(axis=1)
     assert chip_acc == pytest.approx(float(np.mean(chip_pred == labels)))
     assert chip_acc >= 0.9 and fq_acc >= 0.9

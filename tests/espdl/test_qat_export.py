@@ -109,7 +109,9 @@ def test_record_and_sidecar_hold_what_the_export_needs(trained):
 def test_export_simulates_on_the_chip_like_the_stripped_model(trained, tmp_path, granularity):
     _, stripped, record_path, x = trained
     out = tmp_path / "espdl"
-    res = export_espdl(stripped, record_path, out, feature_type="s8", granularity=granularity)
+    res = export_espdl(
+        stripped, record_path, out, feature_type="s8", granularity=granularity, target="esp32s3"
+    )
     assert sorted(res.config) == ["c1", "c2", "fc"]
     report = json.loads((out / "export.json").read_text())
     assert report["skipped"] == []
