@@ -144,3 +144,18 @@ def test_act_type_in_lower_case_is_accepted(files, tmp_path):
     out = tmp_path / "r.txt"
     assert calibrate(files, files / "x.npy", out, "--act-type", "int16") == 0
     assert {f.act_type for f in load(out).layers.values()} == {"INT16"}
+
+
+def test_num_of_bins_without_hfmg_says_so(files, tmp_path, capsys):
+    """It listed the IFMR observer's internal option names before."""
+    out = tmp_path / "r.txt"
+    assert calibrate(files, files / "x.npy", out, "--num-of-bins", "1024") == 2
+    err = capsys.readouterr().err
+    assert (
+        "--num-of-bins applies to --algorithm hfmg (AMCT's hfmg_quantize.num_of_bins), not ifmr"
+        in err
+    )
+    assert not out.exists()
+    assert (
+        calibrate(files, files / "x.npy", out, "--num-of-bins", "1024", "--algorithm", "hfmg") == 0
+    )

@@ -180,6 +180,11 @@ def _mindspore_data(path: str, what: str = "calibration"):
 
 def _options(args: argparse.Namespace) -> dict:
     """The QuantCalibration options both frameworks share."""
+    if args.num_of_bins and (args.algorithm or ("hfmg" if args.config else "ifmr")) != "hfmg":
+        raise CalibrationError(
+            f"--num-of-bins applies to --algorithm hfmg (AMCT's hfmg_quantize.num_of_bins), "
+            f"not {args.algorithm or 'ifmr'}"
+        )
     return {
         "config": args.config,
         "algorithm": args.algorithm,
@@ -199,8 +204,9 @@ def _report(args: argparse.Namespace, record) -> None:
     from amct_bridge.records.calibration import load_stats, sidecar_path
 
     stats = load_stats(sidecar_path(args.output))
+    phrase = flavor_phrase(record, record.flavor)
     print(
-        f"wrote {args.output}: {flavor_phrase(record, record.flavor)}, {len(record.layers)} layers, "
+        f"wrote {args.output}: {phrase}, {len(record.layers)} layers, "
         f"{stats.algorithm}, {stats.batches} batches; and {sidecar_path(args.output)}"
         + (f" and {args.frozen_graph}" if args.frozen_graph else "")
     )

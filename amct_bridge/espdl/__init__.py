@@ -82,8 +82,10 @@ def _resolve_stats(
         return stats
     if stats is not None:
         return load_stats(stats)
-    if isinstance(record, (str, os.PathLike)) and sidecar_path(record).is_file():
-        return load_stats(sidecar_path(record))
+    # a record file, or a Record read from one (``load``, ``calibrate()``'s return value)
+    path = record if isinstance(record, (str, os.PathLike)) else getattr(record, "source", None)
+    if path and sidecar_path(path).is_file():
+        return load_stats(sidecar_path(path))
     return None
 
 
@@ -120,7 +122,7 @@ def export(
             adapter's entry, e.g. ``amct_bridge.keras.export_espdl(model, record, out_dir)``).
         out_dir: directory to create (built beside it, then renamed: never half-written).
         stats: calibration sidecar (object or path). Default: ``<record>.calib.json`` when
-            ``record`` is a path and that file exists.
+            ``record`` is a path, or a Record read from one, and that file exists.
         feature_type, granularity, target, skip_unsupported, overwrite, cpp: see
             :func:`amct_bridge.espdl.export.export_layers` (``cpp="NAME"`` also writes the C++
             coefficient files, model class and app_main.cpp).

@@ -186,8 +186,9 @@ class ExponentFinder:
             hint = f" nor an input range / scale_d for its reader {nxt.name!r}" if nxt else ""
             raise ExportError(
                 f"layer {chain.head.name!r}: cannot choose output_exponent: no calibrated output "
-                f"range for {chain.last!r} in the calibration sidecar{hint}; pass the sidecar "
-                "(<record>.calib.json) the calibration wrote beside the record (Keras or MindSpore)"
+                f"range for {chain.last!r} in the calibration sidecar{hint}; pass the sidecar the "
+                "calibration wrote beside the record (<record>.calib.json): give the record's "
+                "path, or stats= / --stats (a Record object carries no sidecar)"
             )
         if found[2] is not None and found[2][0] == found[2][1] == 0.0:
             found = self._zero_output(chain, found)

@@ -191,7 +191,9 @@ class Session(CalibrationSession):
         # what load() of the file gives (proto floats are float32), without parsing the text
         # again: calibrate() returned that read-back, ~0.1 s for MobileNetV2's 300 kB record
         flavor = built.record.flavor
-        self.written = from_proto(to_proto(built.record, flavor), flavor)
+        # source: the file, so the export / report find its sidecar from the Record too
+        path = str(outputs["record_path"])
+        self.written = from_proto(to_proto(built.record, flavor), flavor, source=path)
 
 
 def direct_step(model, inst: Instrumentation, spec):

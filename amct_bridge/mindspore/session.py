@@ -231,7 +231,8 @@ class Session(CalibrationSession):
         record, text = finish_record(record, flavor)
         write_outputs(Built(record, text, stats), record_path)
         # what load() of the file gives (proto floats are float32), without parsing it again
-        self.written = from_proto(to_proto(record, flavor), flavor)
+        # source: the file, so the export / report find its sidecar from the Record too
+        self.written = from_proto(to_proto(record, flavor), flavor, source=str(record_path))
         return self.written
 
 

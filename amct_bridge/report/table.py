@@ -170,21 +170,19 @@ class Report:
 def read_record(
     record: Record | str | os.PathLike, stats: CalibrationStats | None = None
 ) -> tuple[Record, CalibrationStats | None]:
-    """``record`` as a Record, and ``stats``, else a record file's sidecar if it has one.
+    """``record`` as a Record, and ``stats``, else the sidecar of the file it was read from.
 
     Example:
         >>> read_record(Record({}))[1] is None
         True
     """
-    if isinstance(record, Record):
-        return record, stats
     from amct_bridge.records import load
     from amct_bridge.records.calibration import load_stats, sidecar_path
 
-    side = sidecar_path(record)
-    if stats is None and Path(side).is_file():
-        stats = load_stats(side)
-    return load(record), stats
+    path = record.source if isinstance(record, Record) else record  # read from a file?
+    if stats is None and path and Path(sidecar_path(path)).is_file():
+        stats = load_stats(sidecar_path(path))
+    return (record if isinstance(record, Record) else load(record)), stats
 
 
 def build_report(

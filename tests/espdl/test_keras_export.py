@@ -459,3 +459,24 @@ def test_preview_lists_a_folded_zero_padding_as_fused(tmp_path):
     assert [x.fused for x in res.layers if x.name == "c"] == [["pad", "c", "r"]]
     row = next(line for line in format_preview(res).splitlines() if line.startswith("c "))
     assert row.split()[-1] == "pad+r"
+
+
+def test_the_record_calibrate_returns_exports_with_its_sidecar(tmp_path):
+    """calibrate()'s Record (and load()'s) knows its file, so the export finds the sidecar:
+    it stopped on 'no calibrated output range ... pass the sidecar' before."""
+    from amct_bridge.keras import calibrate
+    from amct_bridge.records import load
+
+    L = keras.layers
+    inp = keras.Input((6, 6, 2))
+    model = keras.Model(
+        inp, L.Dense(2, name="fc")(L.Flatten()(L.ReLU(name="r")(L.Conv2D(3, 3, name="c")(inp))))
+    )
+    data = np.random.default_rng(0).uniform(0, 1, (8, 6, 6, 2)).astype("float32")
+    rec = calibrate(model, data, tmp_path / "r.txt", algorithm="minmax")
+    assert rec.source == str(tmp_path / "r.txt")
+    configs = []
+    for i, given in enumerate((rec, load(tmp_path / "r.txt"), tmp_path / "r.txt")):
+        export_espdl(model, given, tmp_path / f"e{i}")
+        configs.append(json.loads((tmp_path / f"e{i}" / "config.json").read_text()))
+    assert configs[0] == configs[1] == configs[2]

@@ -158,7 +158,9 @@ def test_a_sidecar_that_is_not_text_is_named_for_what_it_looks_like(tmp_path):
     path = tmp_path / "r.txt.calib.json"
     np.save(tmp_path / "x.npy", np.zeros(3))
     path.write_bytes((tmp_path / "x.npy").read_bytes())
-    with pytest.raises(RecordError, match=r"not a calibration sidecar: it looks like a NumPy \.npy"):
+    with pytest.raises(
+        RecordError, match=r"not a calibration sidecar: it looks like a NumPy \.npy"
+    ):
         load_stats(path)
     path.write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(RecordError, match="not a calibration sidecar: it looks like"):
