@@ -216,6 +216,11 @@ def evaluate(
     from amct_bridge.espdl.network import load_network
 
     net = load_network(export_dir)
+    if net.input_shape is not None and tuple(x.shape[1:]) != tuple(net.input_shape):
+        raise ExportError(
+            f"{export_dir}: the exported network takes inputs of shape {tuple(net.input_shape)} "
+            f"(HWC), the data has {tuple(x.shape[1:])}: is it the export of this model?"
+        )
     float_scores = _predict(model, x, batch_size)[0]
     fq_acc = None
     if record is not None:

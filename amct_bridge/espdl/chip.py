@@ -302,7 +302,10 @@ def _input(net: Network, x: np.ndarray, exponent: int | None) -> tuple[np.ndarra
     if not batched:
         x = x[None]
     if net.input_shape is not None and tuple(x.shape[1:]) != tuple(net.input_shape):
-        raise ExportError(f"chip input: shape {x.shape[1:]}, the model takes {net.input_shape}")
+        raise ExportError(
+            f"chip input: shape {x.shape[1:]}, but the exported network takes "
+            f"{tuple(net.input_shape)} (HWC)"
+        )
     bits = net.bits
     if np.issubdtype(x.dtype, np.integer):
         lo, hi = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1

@@ -215,6 +215,15 @@ def test_espdl_eval_cli(tmp_path, capsys):
     assert float(rows["c1"][3]) > 40  # int16: SNR far above 40 dB
     assert main([*argv[:-2], "--batch-size", "0"]) == 2
     assert "--batch-size 0" in capsys.readouterr().err
+    # data of another shape than the export's (an export of another model)
+    np.savez(tmp_path / "other.npz", x=np.zeros((4, 5, 5, 1), "float32"), y=np.zeros(4, int))
+    other = [*argv[:8], str(tmp_path / "other.npz")]
+    assert main(other) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"{out}: the exported network takes inputs of shape (6, 6, 1) (HWC), the data has (5, 5, 1)"
+        in err
+    )
 
 
 def test_espdl_eval_dataset_errors(tmp_path):
