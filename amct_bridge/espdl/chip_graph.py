@@ -131,6 +131,8 @@ class _Walk:
         if layer.name in self.skipped:  # fine unless a chip layer reads it (then inputs_of says)
             if layer.attrs.get("model_output"):
                 self.skipped_output(layer)
+            elif layer.attrs.get("host_input"):
+                self.skipped_input(layer)
             return
         if layer.op == "input":
             if self.input:
@@ -151,6 +153,18 @@ class _Walk:
                 raise ExportError(f"layer {layer.describe()}: the model output is its input")
             if out not in self.outputs:
                 self.outputs.append(out)
+
+    def skipped_input(self, layer: SourceLayer) -> None:
+        """Skipped input preprocessing (Rescaling...) reading the model input: the host applies
+        it, the chip's input is its output, with a note. Read from elsewhere, it stays a gap."""
+        if [self.producer.get(s) for s in layer.inputs] != [INPUT]:
+            return
+        self.producer[layer.name] = INPUT
+        self.notes.append(
+            f"input preprocessing {layer.describe()} was skipped "
+            f"({self.skipped[layer.name].reason}): the chip's input is its output; apply it on "
+            "the host before quantizing the input"
+        )
 
     def skipped_output(self, layer: SourceLayer) -> None:
         """A skipped last layer (Softmax...): the chip's output is its input, with a note."""

@@ -72,6 +72,11 @@ HINTS: dict[str, str] = {
     "with the first layer's input_exponent",
 }
 
+#: Input preprocessing that keeps the shape and works per element: skipped (with
+#: skip_unsupported) right after the model input, the host applies it and the chip's input is
+#: its output.
+HOST_INPUT_KINDS = frozenset({"Rescaling", "Normalization"})
+
 #: Keras 3 ``keras.activations.leaky_relu`` default slope (used by ``activation="leaky_relu"``).
 LEAKY_RELU_DEFAULT = 0.2
 
@@ -228,7 +233,8 @@ def _translate(layer: Any, node: Node) -> tuple[str, dict, dict]:
     reason = f"Keras {kind} has no ESP-DL v1 equivalent"
     if kind in HINTS:
         reason += f" ({HINTS[kind]})"
-    return "unsupported", {}, {"reason": reason}
+    # elementwise, shape-keeping input preprocessing: skipped, the host applies it
+    return "unsupported", {}, {"reason": reason, "host_input": kind in HOST_INPUT_KINDS}
 
 
 def _input_name(graph: Graph, tid: str) -> str:

@@ -480,3 +480,28 @@ def test_the_record_calibrate_returns_exports_with_its_sidecar(tmp_path):
         export_espdl(model, given, tmp_path / f"e{i}")
         configs.append(json.loads((tmp_path / f"e{i}" / "config.json").read_text()))
     assert configs[0] == configs[1] == configs[2]
+
+
+def test_skipped_input_rescaling_leaves_a_chip_graph_fed_by_the_host(tmp_path):
+    """Input -> Rescaling -> ...: with skip_unsupported the chip's input is the Rescaling's
+    output (the refusal tells to scale on the host); there was no chip graph, model class or
+    simulator before ("its input 'rescale' was skipped")."""
+    from amct_bridge.espdl import simulate_chip
+    from amct_bridge.keras import calibrate
+
+    keras.utils.set_random_seed(2)
+    L = keras.layers
+    inp = keras.Input((8, 8, 3))
+    x = L.Conv2D(6, 3, activation="relu", name="c")(L.Rescaling(1 / 255.0, name="rescale")(inp))
+    model = keras.Model(inp, L.Dense(4, name="fc")(L.GlobalAveragePooling2D(name="gap")(x)))
+    raw = np.random.default_rng(0).integers(0, 256, (16, 8, 8, 3)).astype("float32")
+    calibrate(model, raw, tmp_path / "r.txt", algorithm="minmax")
+    res = export_espdl(model, tmp_path / "r.txt", tmp_path / "e", skip_unsupported=True, cpp="m")
+    assert [p.layer for p in res.skipped] == ["rescale"] and res.graph is not None
+    assert any(
+        "input preprocessing 'rescale' (Rescaling) was skipped" in n for n in res.graph["notes"]
+    )
+    assert (tmp_path / "e" / "m_model.hpp").is_file()
+    got = simulate_chip(tmp_path / "e", raw / 255.0).output.to_float()  # the host rescales
+    want = model.predict(raw, verbose=0)
+    assert np.abs(got - want).max() < 0.1 * np.abs(want).max()
