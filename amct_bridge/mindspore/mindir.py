@@ -141,9 +141,11 @@ def export_model(net: ms.nn.Cell, tensors: list[ms.Tensor], read: Any = None) ->
                 raise
             except Exception as err:  # compile errors come in many types; name the network
                 first = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
+                shapes = ", ".join(str(tuple(t.shape)) for t in tensors)
                 raise GraphError(
                     f"{type(net).__name__}: MindIR export failed ({type(err).__name__}: "
-                    f"{first}); the network must compile in GRAPH_MODE with the sample input"
+                    f"{first}); the network must compile in GRAPH_MODE with the sample input "
+                    f"of shape {shapes} (NCHW, as the network runs: is that its input shape?)"
                 ) from None
     finally:
         net.set_train(training)
