@@ -139,6 +139,12 @@ def load_checkpoint(net: Any, ckpt: str) -> None:
         if name in saved and tuple(saved[name].shape) != shape
     ]
     problems += [f"{name} is not a parameter of the network" for name in saved if name not in own]
+    if own and saved and not set(own) & set(saved):
+        raise AmctBridgeError(
+            f"{ckpt}: checkpoint does not fit {type(net).__name__}: none of its "
+            f"{len(saved)} parameter names is one of the network's {len(own)} (first: "
+            f"{next(iter(saved))!r} vs {next(iter(own))!r}): a checkpoint of another network?"
+        )
     if problems:
         shown = "; ".join(problems[:8]) + (
             f"; ... {len(problems) - 8} more" if len(problems) > 8 else ""
