@@ -138,7 +138,8 @@ def simple_configs(draw) -> str:
 
 def check_usable(cfg: QuantConfig) -> None:
     """An accepted config must not fail (or hang) later, in calibration."""
-    assert cfg.batch_num >= 1
+    # None: the file leaves batch_num unset and the caller's data decides
+    assert cfg.batch_num is None or cfg.batch_num >= 1
     for layer in [cfg.common, *cfg.by_type.values(), *cfg.by_name.values()]:
         assert isinstance(layer, LayerQuantConfig)
         assert layer.algorithm in ALGORITHMS and layer.act_type in ACT_TYPES
