@@ -142,10 +142,19 @@ def export_model(net: ms.nn.Cell, tensors: list[ms.Tensor], read: Any = None) ->
             except Exception as err:  # compile errors come in many types; name the network
                 first = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
                 shapes = ", ".join(str(tuple(t.shape)) for t in tensors)
+                # MindSpore casts no input: integer data reaches Conv2D as int and fails there
+                kinds = sorted({str(t.dtype) for t in tensors if not t.dtype.is_floating_point})
+                dtype_hint = (
+                    f"; the sample input is {', '.join(kinds)}: MindSpore does not cast network "
+                    "inputs, pass float32 data (x.astype(np.float32))"
+                    if kinds
+                    else ""
+                )
                 raise GraphError(
                     f"{type(net).__name__}: MindIR export failed ({type(err).__name__}: "
                     f"{first}); the network must compile in GRAPH_MODE with the sample input "
                     f"of shape {shapes} (NCHW, as the network runs: is that its input shape?)"
+                    f"{dtype_hint}"
                 ) from None
     finally:
         net.set_train(training)

@@ -96,6 +96,17 @@ def test_zero_batches(tmp_path):
     assert nothing_written(path)
 
 
+def test_integer_data_says_mindspore_does_not_cast(tmp_path):
+    # MindSpore's own error is "For primitive[Conv2D], the input type must be same."
+    path = tmp_path / "r.txt"
+    x = np.round(x_for("sequential_net") * 3).astype(np.int64)
+    with pytest.raises(CalibrationError, match=r"input is Int64: MindSpore does not cast"):
+        calibrate(sequential_net(), x, path)
+    assert nothing_written(path)
+    calibrate(sequential_net(), x.astype(np.float32), path)  # the fix the message gives
+    assert load(path).layers
+
+
 @pytest.mark.parametrize("mode", [ms.GRAPH_MODE, ms.PYNATIVE_MODE])
 def test_nan_names_cell_and_batch(tmp_path, mode):
     """NaN in batch 1 only: the message names the cell, the tensor and the batch; no record;
