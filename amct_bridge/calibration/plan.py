@@ -24,12 +24,15 @@ Example:
 from __future__ import annotations
 
 import difflib
+import logging
 from dataclasses import dataclass, field
 
 from amct_bridge.calibration.layers import LayerDesc, ModelDesc, QuantPart
 from amct_bridge.config import LayerQuantConfig, QuantConfig
 from amct_bridge.errors import CalibrationError
 from amct_bridge.graph.ir import Graph
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -127,6 +130,15 @@ def make_plan(model: ModelDesc, config: QuantConfig) -> Plan:
     order, calls, chains, tensors, runtime, rank = _graph_facts(model)
     check_names(config.skip_layers, by_key, "skip_layers")
     check_names(config.skip_fusion_layers, by_key, "skip_fusion_layers")
+    for name in config.skip_layers:
+        if name in by_key and not by_key[name].parts:  # a name of no part: nothing to skip
+            log.warning(
+                "skip_layers: %r (%s) is not a quantizable layer, so skipping it changes "
+                "nothing (quantizable types: %s)",
+                name,
+                by_key[name].kind,
+                ", ".join(model.quantizable_kinds),
+            )
     targets: list[Target] = []
     for layer_key in order:
         desc = by_key[layer_key]

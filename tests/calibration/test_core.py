@@ -173,6 +173,15 @@ def test_unknown_skip_name_suggests_the_close_one():
         make_plan(model, QuantConfig(skip_fusion_layers=["bn_1"]))
 
 
+def test_skipping_a_layer_that_is_not_quantized_warns(caplog):
+    model = _conv_bn_model(np.zeros((4, 2, 1, 1), "float32"), "OIHW")
+    with caplog.at_level("WARNING", logger="amct_bridge.calibration.plan"):
+        plan = make_plan(model, QuantConfig(skip_layers=["bn1"]))
+    assert [t.key for t in plan.quantized] == ["c1"]  # nothing changed
+    assert "skip_layers: 'bn1' (BatchNorm2d) is not a quantizable layer" in caplog.text
+    assert "quantizable types: Conv2d" in caplog.text
+
+
 def test_nothing_left_to_quantize_names_model_and_kinds():
     model = _conv_bn_model(np.zeros((4, 2, 1, 1), "float32"), "OIHW")
     with pytest.raises(CalibrationError, match=r"'toy' has no quantizable layer left.*Conv2d"):
