@@ -33,7 +33,11 @@ def floor_shift(v: np.ndarray, s: int | np.ndarray, inplace: bool = False) -> np
         [-3.0, 2.0]
     """
     v = np.asarray(v)
-    s = np.asarray(s, dtype=np.int64)
+    # Degenerate exponents (an all-zero kernel, a 1e-9 output range) give shifts such as -128:
+    # 2^128 overflows float32 (0 · inf = NaN) and int64 shifts past 63 are undefined. Every
+    # shift result is saturated to 8/16 bits, so clamping the shift changes no output: a right
+    # shift of 62 already floors every |v| < 2^53 to 0 or -1, a left one of 62 saturates any v != 0.
+    s = np.clip(np.asarray(s, dtype=np.int64), -SHIFT_LIMIT, SHIFT_LIMIT)
     if v.dtype.kind == "f":
         if s.ndim == 0 and int(s) == 0:
             return v
@@ -41,10 +45,18 @@ def floor_shift(v: np.ndarray, s: int | np.ndarray, inplace: bool = False) -> np
         scaled = np.multiply(v, np.exp2(-s).astype(v.dtype), out=out)
         return np.floor(scaled, out=scaled) if (s.ndim or int(s) > 0) else scaled
     v = v.astype(np.int64, copy=False)
+    left = np.maximum(-s, 0)
+    if np.any(left > 0):  # clip first so that v << k cannot wrap: 2^(62-k) << k saturates
+        bound = np.left_shift(np.int64(1), SHIFT_LIMIT - left)
+        v = np.clip(v, -bound, bound)  # bound << k = 2^62 still fits int64
     if s.ndim == 0:
         k = int(s)
         return v >> k if k > 0 else v << -k
-    return (v >> np.maximum(s, 0)) << np.maximum(-s, 0)
+    return (v >> np.maximum(s, 0)) << left
+
+
+#: Largest shift :func:`floor_shift` applies (see the comment there).
+SHIFT_LIMIT = 62
 
 
 def saturate(v: np.ndarray, bits: int, inplace: bool = False) -> np.ndarray:

@@ -3,6 +3,8 @@ Python integers, following the arithmetic written in docs/espdl-export.md ("Chip
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -410,6 +412,24 @@ def test_per_channel_shift_extremes():
     layer.output_exponent = 14  # d = [18, 13, 0]: both > 12 -> 0
     got = run([layer], x, e_in, "s8", per_channel=True)["c"].values.ravel().tolist()
     assert got == [0, 0, sat(t[2], 8)]
+
+
+@pytest.mark.parametrize("ftype", ["s8", "s16"])
+@pytest.mark.parametrize("target", ["esp32", "esp32s3"])
+def test_degenerate_shifts_saturate_instead_of_nan(ftype, target):
+    """Found by `make fuzz`: an all-zero kernel (weight exponent 0) whose output range is
+    1e-9 gave a left shift of 128; 2^128 overflows float32 and 0 * inf made the output NaN,
+    cast to garbage integers. The shift only feeds a saturation, so the loops' Python integers
+    (no overflow) are the reference at any shift."""
+    bits = 8 if ftype == "s8" else 16
+    x = np.array([[[40, -7], [0, 3]]])
+    for w, e_out in (([[[[0], [0]]]], -128), ([[[[1], [-1]]]], -120), ([[[[3], [2]]]], 90)):
+        layer = NetLayer("c", "Conv2D", [INPUT], e_out, filter=IntTensor(np.array(w), 0))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            got = run([layer], x, 0, ftype, target)["c"].values.ravel().tolist()
+        acc = [40 * w[0][0][0][0] - 7 * w[0][0][1][0], 3 * w[0][0][1][0]]
+        assert got == [sat(fshift(a, e_out), bits) for a in acc], (w, e_out)
 
 
 def test_input_exponent_required():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -60,8 +61,12 @@ def check_chip(result, out: Path, x: np.ndarray, target: str) -> None:
     if result.graph is None:
         assert result.graph_error
         return
-    mem, err = attempt("espdl.simulate_chip", simulate_chip, result, x, target, kind="medium")
-    disk, err2 = attempt("espdl.simulate_chip(dir)", simulate_chip, out, x, target, kind="medium")
+    with warnings.catch_warnings():  # numpy's overflow / invalid-cast warnings: garbage integers
+        warnings.simplefilter("error", RuntimeWarning)
+        mem, err = attempt("espdl.simulate_chip", simulate_chip, result, x, target, kind="medium")
+        disk, err2 = attempt(
+            "espdl.simulate_chip(dir)", simulate_chip, out, x, target, kind="medium"
+        )
     assert (err is None) == (err2 is None), (err, err2)
     if err is None:
         assert list(mem.layers) == list(disk.layers)
