@@ -2,15 +2,17 @@
 calibrate it with the QuantCalibration callback, check and convert the AMCT record, measure the
 INT8 accuracy it gives with a per-layer report (HTML with plots), find pruning groups, export
 ESP-DL v1 coefficients with a preview and the C++ files (coefficients, model class, app_main),
-and measure the accuracy of the simulated chip next to float and fake-quant.
+and measure the accuracy of the simulated chip next to float and fake-quant. Then the same chain
+on a MindSpore network (``examples/mindspore_calibrate_export.py``).
 
-Everything runs on the CPU in about a minute; outputs go to ``out/demo/`` (or argv[1]).
+Everything runs on the CPU in well under a minute; outputs go to ``out/demo/`` (or argv[1]).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -136,6 +138,16 @@ def demo(out: Path) -> None:
             f"{ftype + ' ' + gran:<15} float {ev.float_acc:.4f}   fake-quant "
             f"{ev.fake_quant_acc:.4f}   chip {ev.chip_acc:.4f}"
         )
+
+    print(
+        "\n== 8. the same on MindSpore: QuantCalibration in Model.eval, simulate, prune, ESP-DL",
+        flush=True,  # before the child process writes to the same stdout
+    )
+    # its own process: the MindSpore example needs no TensorFlow, and runs as users run it
+    example = ROOT / "examples" / "mindspore_calibrate_export.py"
+    env = {**os.environ, "GLOG_v": os.environ.get("GLOG_v", "3")}  # MindSpore: errors only
+    cmd = [sys.executable, str(example), "--out", str(out / "mindspore")]
+    subprocess.run(cmd, check=True, env=env)
     print(f"\nall outputs in {out}")
 
 

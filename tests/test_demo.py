@@ -46,3 +46,14 @@ def test_demo_runs_end_to_end(tmp_path):
     assert abs(others["per-tensor"] - float_acc) < 0.02  # s16: the chip is nearly float
     page = (out / "report.html").read_text()  # the per-layer report, with its plots
     assert page.count("data:image/png;base64,") == 3 and "skip_layers: &quot;" in page
+    # 8: the MindSpore chain (its example's own checks are in tests/mindspore/test_example.py)
+    ms_record = load(out / "mindspore" / "record.txt", "inner")
+    assert list(ms_record.layers) == ["stem", "block.conv1", "block.conv2", "fc"]
+    assert validate(ms_record) == []
+    assert (out / "mindspore" / "espdl" / "config.json").is_file()
+    ms_start = next(i for i, x in enumerate(lines) if x.startswith("== 8."))
+    ms_figures = {x[:22].strip(): x[22:].strip() for x in lines[ms_start + 1 :]}
+    assert ms_figures["quantized cells"] == "4" and ms_figures["prune groups"] == "2"
+    assert (
+        abs(float(ms_figures["chip (int8) accuracy"]) - float(ms_figures["float accuracy"])) < 0.05
+    )
