@@ -41,8 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     """
     parser = argparse.ArgumentParser(
         prog="amct-bridge",
-        description="Calibrate Keras models into Huawei AMCT record files, check and convert "
-        "records, find pruning groups, and export ESP-DL v1 coefficients.",
+        description="Calibrate Keras models and MindSpore networks into Huawei AMCT record "
+        "files, check and convert records, find pruning groups, and export ESP-DL v1 "
+        "coefficients (C++ files, chip simulation).",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")

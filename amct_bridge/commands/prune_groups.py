@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """
     parser = subparsers.add_parser(
         "prune-groups",
-        help="list channel-pruning groups and refused layers of a Keras model",
+        help="list channel-pruning groups and refused layers of a Keras model or MindSpore net",
         description="Find the groups of layers whose channels must be pruned together "
         "(producers and every consumer with its channel range), each refused layer with a "
         "reason code, and optionally the layers eligible for 2:4 selective pruning.",
