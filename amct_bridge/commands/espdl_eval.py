@@ -5,7 +5,10 @@ Runs a labelled dataset through the float Keras model, the fake-quantized copy
 (:func:`amct_bridge.espdl.chip.simulate_chip` on the export directory), prints the three
 accuracies side by side, then per chip layer the error of its dequantized output against the
 float model's output of the same layer (SNR in dB, max abs error, share of saturated elements):
-the layer whose exponent costs accuracy stands out before anything is flashed.
+the layer whose exponent costs accuracy stands out before anything is flashed. With
+``--mindspore module:factory [--ckpt F]`` instead of ``--model``: the MindSpore network, on NCHW
+data (:func:`amct_bridge.mindspore.evaluate_espdl`); the comparison is in
+:mod:`amct_bridge.espdl.evaluation`.
 
 Example:
     amct-bridge espdl-eval --export model_espdl --model model.keras --record record.txt \\
@@ -15,15 +18,23 @@ Example:
 from __future__ import annotations
 
 import argparse
-import math
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from amct_bridge.commands.common import add_unsafe_load, load_npy
 from amct_bridge.errors import AmctBridgeError, ExportError
+from amct_bridge.espdl.evaluation import (
+    Evaluation,
+    LayerError,
+    chip_network,
+    evaluate_export,
+    format_evaluation,
+    snr_db,
+)
+
+__all__ = ["Evaluation", "LayerError", "evaluate", "format_evaluation", "load_dataset", "snr_db"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -37,12 +48,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "espdl-eval",
         help="accuracy of the simulated ESP-DL v1 chip vs float and fake-quant, per-layer error",
-        description="Run a labelled dataset through the float Keras model, the fake-quantized "
+        description="Run a labelled dataset through the float Keras model (or MindSpore "
+        "network), the fake-quantized "
         "model (with --record) and the bit-exact ESP-DL v1 chip simulator on an export "
         "directory; print the accuracies and each chip layer's error against the float model.",
     )
     parser.add_argument("--export", required=True, help="export directory (export-espdl --out)")
-    parser.add_argument("--model", required=True, help="the Keras model file that was exported")
+    parser.add_argument("--model", help="the Keras model file that was exported")
+    parser.add_argument(
+        "--mindspore",
+        metavar="MODULE:FACTORY",
+        help="instead of --model: the MindSpore network (a callable returning the Cell); "
+        "--data is then NCHW, as the network runs",
+    )
+    parser.add_argument("--ckpt", help="with --mindspore: checkpoint to load into the network")
     parser.add_argument("--record", help="AMCT record: adds the fake-quant accuracy")
     parser.add_argument(
         "--data", required=True, help=".npz with x and y, or x.npy (labels: --labels)"
@@ -85,51 +104,6 @@ def load_dataset(data: str, labels: str | None = None) -> tuple[np.ndarray, np.n
     return np.asarray(x), y.astype(np.int64)
 
 
-def _accuracy(scores: np.ndarray, y: np.ndarray) -> float:
-    return float(np.mean(scores.reshape(len(y), -1).argmax(axis=1) == y))
-
-
-@dataclass
-class LayerError:
-    """A chip layer's output against the float model's output of the same layer."""
-
-    name: str
-    keras_layer: str
-    kind: str
-    exponent: int
-    snr_db: float
-    max_abs: float
-    saturated: float
-    approximate: bool
-
-
-@dataclass
-class Evaluation:
-    """Accuracies (None: not computed) and the per-layer errors."""
-
-    samples: int
-    float_acc: float
-    fake_quant_acc: float | None
-    chip_acc: float
-    target: str
-    layers: list[LayerError] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-
-
-def snr_db(ref: np.ndarray, got: np.ndarray) -> float:
-    """10·log10(Σref² / Σ(ref − got)²); inf when equal.
-
-    Example:
-        >>> round(snr_db(np.array([1.0, -1.0]), np.array([1.1, -1.0])), 1)
-        23.0
-    """
-    noise = float(np.sum((ref.astype(np.float64) - got) ** 2))
-    signal = float(np.sum(ref.astype(np.float64) ** 2))
-    if noise == 0.0:
-        return math.inf
-    return 10.0 * math.log10(signal / noise) if signal > 0 else -math.inf
-
-
 def _predict(model, x: np.ndarray, batch: int) -> list[np.ndarray]:
     """Eager batched calls: ``predict`` on several models retraces and floods stderr."""
     import keras
@@ -156,45 +130,6 @@ def _float_outputs(model, x: np.ndarray, names: list[str], batch: int) -> dict[s
     return dict(zip(found, _predict(probe, x, batch), strict=True))
 
 
-def _layer_errors(net, chip: dict, floats: dict, bits: int) -> list[LayerError]:
-    top, bottom = 2 ** (bits - 1) - 1, -(2 ** (bits - 1))
-    result = []
-    for layer in net.layers:
-        keras_name = layer.fused[-1] if layer.fused else layer.source
-        if keras_name not in floats:
-            continue
-        ref = floats[keras_name]
-        values = chip[layer.name]
-        got = np.ldexp(values.astype(np.float64), chip["exp:" + layer.name])
-        if got.size != ref.size:
-            continue
-        got = got.reshape(ref.shape)
-        result.append(
-            LayerError(
-                layer.name,
-                keras_name,
-                layer.kind,
-                chip["exp:" + layer.name],
-                snr_db(ref, got),
-                float(np.max(np.abs(ref - got))) if ref.size else 0.0,
-                float(np.mean((values == top) | (values == bottom))) if values.size else 0.0,
-                chip["approx:" + layer.name],
-            )
-        )
-    return result
-
-
-def _chip_output(net, model) -> str:
-    """The chip output computing the model's first output: the graph lists its outputs in
-    execution order, which need not be the model's output order."""
-    first = model.outputs[0]._keras_history.operation.name
-    for name in net.outputs:
-        layer = next(x for x in net.layers if x.name == name)
-        if first in (layer.source, *layer.fused):
-            return name
-    return net.outputs[0]  # e.g. a skipped final Softmax: the chip's output is its input
-
-
 def evaluate(
     export_dir: str | Path,
     model,
@@ -206,92 +141,32 @@ def evaluate(
     input_exponent: int | None = None,
     batch_size: int = 64,
 ) -> Evaluation:
-    """Float, fake-quant (if ``record``) and chip accuracy of ``model`` / its export on (x, y).
+    """Float, fake-quant (if ``record``) and chip accuracy of a Keras ``model`` / its export
+    on (x, y); x NHWC, as the model and the chip take it.
 
     Example:
         >>> evaluate.__name__
         'evaluate'
     """
-    from amct_bridge.espdl.chip import simulate_chip
-    from amct_bridge.espdl.network import load_network
-
-    net = load_network(export_dir)
-    if net.input_shape is not None and tuple(x.shape[1:]) != tuple(net.input_shape):
-        raise ExportError(
-            f"{export_dir}: the exported network takes inputs of shape {tuple(net.input_shape)} "
-            f"(HWC), the data has {tuple(x.shape[1:])}: is it the export of this model?"
-        )
+    net = chip_network(export_dir, x)  # before the model meets data of another shape
     float_scores = _predict(model, x, batch_size)[0]
-    fq_acc = None
+    fq_scores = None
     if record is not None:
         from amct_bridge.keras import simulate
 
-        fq_acc = _accuracy(_predict(simulate(model, record), x, batch_size)[0], y)
-    chip: dict = {}
-    warnings: list[str] = []
-    parts: dict[str, list[np.ndarray]] = {layer.name: [] for layer in net.layers}
-    for start in range(0, len(x), batch_size):
-        res = simulate_chip(net, x[start : start + batch_size], target, input_exponent)
-        warnings, simulated = res.warnings, res.target
-        for name, tensor in res.layers.items():
-            parts[name].append(tensor.values)
-            chip["exp:" + name] = tensor.exponent
-            chip["approx:" + name] = tensor.approximate
-    for name, values in parts.items():
-        chip[name] = np.concatenate(values) if values else np.zeros(0)
-    out = _chip_output(net, model)
-    scores = np.ldexp(chip[out].astype(np.float64), chip["exp:" + out])
-    floats = _float_outputs(
-        model,
+        fq_scores = _predict(simulate(model, record), x, batch_size)[0]
+    return evaluate_export(
+        net,
         x,
-        [layer.fused[-1] if layer.fused else layer.source for layer in net.layers],
-        batch_size,
+        y,
+        float_scores=float_scores,
+        fake_quant_scores=fq_scores,
+        floats=lambda names: _float_outputs(model, x, names, batch_size),
+        output=model.outputs[0]._keras_history.operation.name,
+        target=target,
+        input_exponent=input_exponent,
+        batch_size=batch_size,
     )
-    return Evaluation(
-        len(y),
-        _accuracy(np.asarray(float_scores), y),
-        fq_acc,
-        _accuracy(scores, y),
-        simulated if len(x) else (target or net.target or "esp32"),
-        _layer_errors(net, chip, floats, net.bits),
-        warnings,
-    )
-
-
-def format_evaluation(ev: Evaluation) -> str:
-    """The report ``espdl-eval`` prints.
-
-    Example:
-        >>> print(format_evaluation(Evaluation(10, 0.9, None, 0.8, "esp32")))
-        ... # doctest: +NORMALIZE_WHITESPACE
-        samples: 10
-        float accuracy:      0.9000
-        fake-quant accuracy: n/a (no --record)
-        chip accuracy:       0.8000 (esp32, bit-exact simulator)
-    """
-    fq = "n/a (no --record)" if ev.fake_quant_acc is None else f"{ev.fake_quant_acc:.4f}"
-    lines = [
-        f"samples: {ev.samples}",
-        f"float accuracy:      {ev.float_acc:.4f}",
-        f"fake-quant accuracy: {fq}",
-        f"chip accuracy:       {ev.chip_acc:.4f} ({ev.target}, bit-exact simulator)",
-    ]
-    if ev.layers:
-        width = max(len("layer"), *(len(e.name) for e in ev.layers))
-        lines += ["", "per-layer error of the chip against the float model:"]
-        lines.append(
-            f"{'layer':<{width}}  {'class':<19} {'exp':>4} {'SNR dB':>7} {'max abs':>10} "
-            f"{'sat %':>6}  keras layer"
-        )
-        for e in ev.layers:
-            mark = "  (approximate arithmetic)" if e.approximate else ""
-            lines.append(
-                f"{e.name:<{width}}  {e.kind:<19} {e.exponent:>4} {e.snr_db:>7.1f} "
-                f"{e.max_abs:>10.4g} {100 * e.saturated:>6.2f}  {e.keras_layer}{mark}"
-            )
-        worst = min(ev.layers, key=lambda e: e.snr_db)
-        lines.append(f"lowest SNR: {worst.name} ({worst.snr_db:.1f} dB)")
-    return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -305,13 +180,25 @@ def run(args: argparse.Namespace) -> int:
         x, y = x[: args.limit], y[: args.limit]
     if args.batch_size < 1:
         raise AmctBridgeError(f"--batch-size {args.batch_size}: expected >= 1")
-    model = load_keras_model(args.model, unsafe=args.unsafe_load)
+    if (args.model is None) == (args.mindspore is None):
+        raise AmctBridgeError("give either --model (a Keras file) or --mindspore MODULE:FACTORY")
+    if args.ckpt and not args.mindspore:
+        raise AmctBridgeError("--ckpt goes with --mindspore MODULE:FACTORY")
     record = None
     if args.record is not None:
         from amct_bridge.records import load
 
         record = load(args.record)
-    ev = evaluate(
+    if args.mindspore:
+        from amct_bridge.commands.mindspore_net import load_mindspore_net
+        from amct_bridge.mindspore import evaluate_espdl as run_eval
+
+        model = load_mindspore_net(args.mindspore, args.ckpt)
+        if x.dtype != np.float32:
+            x = x.astype(np.float32)  # MindSpore casts no input (as calibrate --mindspore)
+    else:
+        model, run_eval = load_keras_model(args.model, unsafe=args.unsafe_load), evaluate
+    ev = run_eval(
         args.export,
         model,
         x,

@@ -140,7 +140,16 @@ def quantize_input(x: np.ndarray, exponent: int, bits: int) -> np.ndarray:
     return ops.saturate(np.rint(np.ldexp(x, -int(exponent))), bits).astype(np.int64)
 
 
-def _as_network(model: Network | ExportResult | str | os.PathLike) -> Network:
+def as_network(model: Network | ExportResult | str | os.PathLike) -> Network:
+    """The chip graph :func:`simulate_chip` runs for ``model`` (a network, an export directory
+    or an ``ExportResult``).
+
+    Example:
+        >>> as_network("/nonexistent")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        amct_bridge.errors.ExportError: ...
+    """
     if isinstance(model, Network):
         return model
     if isinstance(model, str | os.PathLike):
@@ -343,7 +352,7 @@ def simulate_chip(
     """
     if target is not None and target not in spec.TARGETS:
         raise ExportError(f"target {target!r}: expected one of {', '.join(spec.TARGETS)}")
-    net = _as_network(model)
+    net = as_network(model)
     made_for = getattr(net, "target", None)
     warnings: list[str] = []
     if target is not None and made_for is not None and target != made_for:

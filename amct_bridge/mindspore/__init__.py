@@ -15,7 +15,9 @@ first used.
 - ``simulate(net, record, data, labels=None)``: fake-quantized outputs / accuracy
   (:mod:`amct_bridge.mindspore.simulation`, also the ``simulated`` context manager);
 - ``quant_report(net, record, data, labels=None)``: the per-layer quantization report
-  (:mod:`amct_bridge.mindspore.report`, docs/report.md).
+  (:mod:`amct_bridge.mindspore.report`, docs/report.md);
+- ``evaluate_espdl(export_dir, net, x, y, record=None)``: float, fake-quant and simulated-chip
+  accuracy and per-layer chip error (:mod:`amct_bridge.mindspore.espdl_eval`).
 
 Example:
     >>> import amct_bridge.mindspore as ams
@@ -39,6 +41,7 @@ _LAZY = {
     "calibrate": "amct_bridge.mindspore.calibrate",
     "simulate": "amct_bridge.mindspore.simulation",
     "quant_report": "amct_bridge.mindspore.report",
+    "evaluate_espdl": "amct_bridge.mindspore.espdl_eval",
 }
 
 __all__ = sorted(_LAZY)

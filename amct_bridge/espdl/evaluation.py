@@ -1,0 +1,264 @@
+"""The simulated chip's accuracy next to float and fake-quant, and each chip layer's error.
+
+Framework-free: the adapters run their float and fake-quantized models and hand over the scores
+and the float outputs of the layers the chip layers compute (NHWC, keyed by the framework's own
+layer names); :func:`evaluate_export` runs the bit-exact chip simulator over the same inputs and
+compares. ``amct-bridge espdl-eval`` prints :func:`format_evaluation` of it.
+
+Example:
+    >>> import numpy as np
+    >>> from amct_bridge.espdl import SourceLayer, export
+    >>> from amct_bridge.records import LayerFactors, Record
+    >>> from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange
+    >>> w = np.float32([[1, -1], [1, 1]])
+    >>> layers = [SourceLayer("in", "input"),
+    ...           SourceLayer("fc", "dense", ["in"], weights={"kernel": w})]
+    >>> stats = CalibrationStats(layers={"fc": LayerStats("Dense", output=TensorRange(-2, 2))})
+    >>> res = export(Record({"fc": LayerFactors(scale_d=1 / 255, offset_d=-128)}), layers, None,
+    ...              stats=stats)
+    >>> x = np.float32([[1, 0], [0, 1]]); y = np.array([0, 1])
+    >>> ev = evaluate_export(res, x, y, float_scores=x @ w, floats={"fc": x @ w})
+    >>> ev.float_acc, ev.chip_acc, ev.layers[0].source
+    (0.5, 0.5, 'fc')
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from amct_bridge.errors import ExportError
+
+
+@dataclass
+class LayerError:
+    """A chip layer's output against the float model's output of the same layer.
+
+    Example:
+        >>> LayerError("c", "conv1", "Conv2D", -5, 30.0, 0.05, 0.0, False).source
+        'conv1'
+    """
+
+    name: str
+    source: str  # the framework's layer (Keras layer, MindSpore cell) that computes it
+    kind: str
+    exponent: int
+    snr_db: float
+    max_abs: float
+    saturated: float
+    approximate: bool
+
+
+@dataclass
+class Evaluation:
+    """Accuracies (None: not computed) and the per-layer errors.
+
+    Example:
+        >>> Evaluation(10, 0.9, None, 0.8, "esp32").chip_acc
+        0.8
+    """
+
+    samples: int
+    float_acc: float
+    fake_quant_acc: float | None
+    chip_acc: float
+    target: str
+    layers: list[LayerError] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    source_label: str = "keras layer"  # the last column's header: whose names it lists
+
+
+def snr_db(ref: np.ndarray, got: np.ndarray) -> float:
+    """10·log10(Σref² / Σ(ref − got)²); inf when equal.
+
+    Example:
+        >>> round(snr_db(np.array([1.0, -1.0]), np.array([1.1, -1.0])), 1)
+        23.0
+    """
+    noise = float(np.sum((ref.astype(np.float64) - got) ** 2))
+    signal = float(np.sum(ref.astype(np.float64) ** 2))
+    if noise == 0.0:
+        return math.inf
+    return 10.0 * math.log10(signal / noise) if signal > 0 else -math.inf
+
+
+def accuracy(scores: np.ndarray, y: np.ndarray) -> float:
+    """Top-1 accuracy of ``scores`` (one row per sample) against class indices ``y``.
+
+    Example:
+        >>> accuracy(np.array([[0.1, 0.9], [0.8, 0.2]]), np.array([1, 1]))
+        0.5
+    """
+    return float(np.mean(np.asarray(scores).reshape(len(y), -1).argmax(axis=1) == y))
+
+
+def source_names(net: Any) -> list[str]:
+    """The framework layer each chip layer's output equals (its last fused layer, or itself).
+
+    Example:
+        >>> source_names(type("N", (), {"layers": []})())
+        []
+    """
+    return [layer.fused[-1] if layer.fused else layer.source for layer in net.layers]
+
+
+def evaluate_export(
+    export: str | Path | Any,
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    float_scores: np.ndarray,
+    fake_quant_scores: np.ndarray | None = None,
+    floats: dict[str, np.ndarray] | Callable[[list[str]], dict[str, np.ndarray]] | None = None,
+    output: str | None = None,
+    target: str | None = None,
+    input_exponent: int | None = None,
+    batch_size: int = 64,
+    source_label: str = "keras layer",
+) -> Evaluation:
+    """Run the chip simulator on ``x`` (NHWC, as the chip takes it) and compare.
+
+    Args:
+        export: an export directory, :class:`~amct_bridge.espdl.ExportResult` or network.
+        x, y: the inputs (float, NHWC) and class indices.
+        float_scores, fake_quant_scores: the float and fake-quantized models' first output.
+        floats: the float outputs (NHWC) by framework layer name, or a function of the names
+            wanted (:func:`source_names`) giving them; layers without one get no error row.
+        output: the framework layer of the model's first output (None: the chip's first).
+        target, input_exponent: as :func:`~amct_bridge.espdl.simulate_chip`.
+        batch_size: samples per chip call.
+        source_label: header of the layer-name column.
+
+    Example:
+        >>> # see the module docstring
+    """
+    from amct_bridge.espdl.chip import simulate_chip
+
+    net = chip_network(export, x)
+    chip: dict = {}
+    warnings: list[str] = []
+    simulated = target or net.target or "esp32"
+    parts: dict[str, list[np.ndarray]] = {layer.name: [] for layer in net.layers}
+    for start in range(0, len(x), batch_size):
+        res = simulate_chip(net, x[start : start + batch_size], target, input_exponent)
+        warnings, simulated = res.warnings, res.target
+        for name, tensor in res.layers.items():
+            parts[name].append(tensor.values)
+            chip["exp:" + name] = tensor.exponent
+            chip["approx:" + name] = tensor.approximate
+    for name, values in parts.items():
+        chip[name] = np.concatenate(values) if values else np.zeros(0)
+    out = _chip_output(net, output)
+    scores = np.ldexp(chip[out].astype(np.float64), chip["exp:" + out])
+    refs = floats(source_names(net)) if callable(floats) else (floats or {})
+    return Evaluation(
+        len(y),
+        accuracy(float_scores, y),
+        None if fake_quant_scores is None else accuracy(fake_quant_scores, y),
+        accuracy(scores, y),
+        simulated,
+        _layer_errors(net, chip, refs, net.bits),
+        warnings,
+        source_label,
+    )
+
+
+def chip_network(export: str | Path | Any, x: np.ndarray) -> Any:
+    """The chip graph of ``export`` (directory, ExportResult or network), checked to take
+    ``x`` (NHWC): call it before running a model on data that may be another model's.
+
+    Example:
+        >>> chip_network("/nonexistent", np.zeros((1, 2)))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        amct_bridge.errors.ExportError: ...
+    """
+    from amct_bridge.espdl.chip import as_network
+
+    net = as_network(export)  # the simulator's own reading of it
+    where = str(export) if isinstance(export, (str, os.PathLike)) else "the export"
+    if net.input_shape is not None and tuple(x.shape[1:]) != tuple(net.input_shape):
+        raise ExportError(
+            f"{where}: the exported network takes inputs of shape {tuple(net.input_shape)} "
+            f"(HWC), the data has {tuple(x.shape[1:])}: is it the export of this model?"
+        )
+    return net
+
+
+def _chip_output(net: Any, output: str | None) -> str:
+    """The chip output computing the model's first output: the graph lists its outputs in
+    execution order, which need not be the model's output order."""
+    for name in net.outputs:
+        layer = next(x for x in net.layers if x.name == name)
+        if output in (layer.source, *layer.fused):
+            return name
+    return net.outputs[0]  # e.g. a skipped final Softmax: the chip's output is its input
+
+
+def _layer_errors(net: Any, chip: dict, floats: dict, bits: int) -> list[LayerError]:
+    top, bottom = 2 ** (bits - 1) - 1, -(2 ** (bits - 1))
+    result = []
+    for layer, source in zip(net.layers, source_names(net), strict=True):
+        if source not in floats:
+            continue
+        ref = floats[source]
+        values = chip[layer.name]
+        got = np.ldexp(values.astype(np.float64), chip["exp:" + layer.name])
+        if got.size != ref.size:
+            continue
+        got = got.reshape(ref.shape)
+        result.append(
+            LayerError(
+                layer.name,
+                source,
+                layer.kind,
+                chip["exp:" + layer.name],
+                snr_db(ref, got),
+                float(np.max(np.abs(ref - got))) if ref.size else 0.0,
+                float(np.mean((values == top) | (values == bottom))) if values.size else 0.0,
+                chip["approx:" + layer.name],
+            )
+        )
+    return result
+
+
+def format_evaluation(ev: Evaluation) -> str:
+    """The report ``espdl-eval`` prints.
+
+    Example:
+        >>> print(format_evaluation(Evaluation(10, 0.9, None, 0.8, "esp32")))
+        ... # doctest: +NORMALIZE_WHITESPACE
+        samples: 10
+        float accuracy:      0.9000
+        fake-quant accuracy: n/a (no --record)
+        chip accuracy:       0.8000 (esp32, bit-exact simulator)
+    """
+    fq = "n/a (no --record)" if ev.fake_quant_acc is None else f"{ev.fake_quant_acc:.4f}"
+    lines = [
+        f"samples: {ev.samples}",
+        f"float accuracy:      {ev.float_acc:.4f}",
+        f"fake-quant accuracy: {fq}",
+        f"chip accuracy:       {ev.chip_acc:.4f} ({ev.target}, bit-exact simulator)",
+    ]
+    if ev.layers:
+        width = max(len("layer"), *(len(e.name) for e in ev.layers))
+        lines += ["", "per-layer error of the chip against the float model:"]
+        lines.append(
+            f"{'layer':<{width}}  {'class':<19} {'exp':>4} {'SNR dB':>7} {'max abs':>10} "
+            f"{'sat %':>6}  {ev.source_label}"
+        )
+        for e in ev.layers:
+            mark = "  (approximate arithmetic)" if e.approximate else ""
+            lines.append(
+                f"{e.name:<{width}}  {e.kind:<19} {e.exponent:>4} {e.snr_db:>7.1f} "
+                f"{e.max_abs:>10.4g} {100 * e.saturated:>6.2f}  {e.source}{mark}"
+            )
+        worst = min(ev.layers, key=lambda e: e.snr_db)
+        lines.append(f"lowest SNR: {worst.name} ({worst.snr_db:.1f} dB)")
+    return "\n".join(lines)
