@@ -115,7 +115,7 @@ def _head_problem(layer: SourceLayer) -> str | None:
     if act == "relu6":
         return (
             "activation relu6: ESP-DL v1 has no ReLU6 (no clip): replace it with ReLU and "
-            "fine-tune briefly, amct_bridge.keras.replace_relu6(model)"
+            "fine-tune briefly, replace_relu6() of amct_bridge.keras or amct_bridge.mindspore"
         )
     if act not in (None, *_OWN_ACTIVATIONS):
         return f"activation {act!r}: ESP-DL v1 can fuse only ReLU, LeakyReLU and PReLU"
@@ -202,7 +202,8 @@ def _standalone_problem(layer: SourceLayer, skip_fusion: Callable[[str], bool]) 
     if layer.op == "relu6":
         return (
             "ReLU6: ESP-DL v1 has no ReLU6 (no clip): replace it with ReLU and fine-tune briefly "
-            "(amct_bridge.keras.replace_relu6(model), docs/espdl-export.md), or skip it"
+            "(replace_relu6() of amct_bridge.keras or amct_bridge.mindspore, "
+            "docs/espdl-export.md), or skip it"
         )
     if layer.op == "batch_norm":
         src = layer.inputs[0] if len(layer.inputs) == 1 else None

@@ -17,7 +17,9 @@ first used.
 - ``quant_report(net, record, data, labels=None)``: the per-layer quantization report
   (:mod:`amct_bridge.mindspore.report`, docs/report.md);
 - ``evaluate_espdl(export_dir, net, x, y, record=None)``: float, fake-quant and simulated-chip
-  accuracy and per-layer chip error (:mod:`amct_bridge.mindspore.espdl_eval`).
+  accuracy and per-layer chip error (:mod:`amct_bridge.mindspore.espdl_eval`);
+- ``replace_relu6(net)``: a copy with ReLU6 cells as ReLU, for ESP-DL v1
+  (:mod:`amct_bridge.mindspore.relu6`).
 
 Example:
     >>> import amct_bridge.mindspore as ams
@@ -42,6 +44,7 @@ _LAZY = {
     "simulate": "amct_bridge.mindspore.simulation",
     "quant_report": "amct_bridge.mindspore.report",
     "evaluate_espdl": "amct_bridge.mindspore.espdl_eval",
+    "replace_relu6": "amct_bridge.mindspore.relu6",
 }
 
 __all__ = sorted(_LAZY)

@@ -260,6 +260,8 @@ def _functional(node: Node, graph: Graph) -> Translated:
     shapes = [graph.tensors[t].shape for t in node.inputs]
     if kind == "Relu":
         return "relu", {}, {}
+    if kind == "Relu6":
+        return "relu6", {}, {}  # refused by the plan with the replace_relu6 path
     if kind in _ELEMENTWISE:
         if len(shapes) != 2 or node.params.get("const_operands", 0):
             return _unsupported(f"{prim} with a constant operand: ESP-DL v1 has no such layer")
