@@ -31,7 +31,12 @@ from amct_bridge.calibration import weights as cw
 from amct_bridge.calibration.plan import Plan, Target
 from amct_bridge.calibration.protocol import PartWeights
 from amct_bridge.errors import CalibrationError
-from amct_bridge.quant.factors import activation_factors, bits_of
+from amct_bridge.quant.factors import (
+    FLT_EPSILON,
+    activation_factors,
+    bits_of,
+    raw_activation_scale,
+)
 from amct_bridge.records import LayerFactors, Record, convert, dumps
 from amct_bridge.records.atomic import atomic_write_files
 from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange, sidecar_path
@@ -155,7 +160,8 @@ def _layer_factors(session, source, target: Target, ranges):
     bits, symmetric = bits_of(cfg.act_type), not config.activation_offset
     if index not in ranges:
         raise CalibrationError(f"layer {target.key!r}: its input was never observed")
-    scale_d, offset_d = activation_factors(*ranges[index], bits, symmetric=symmetric)
+    clip = ranges[index]
+    scale_d, offset_d = activation_factors(*clip, bits, symmetric=symmetric)
     factors = LayerFactors(act_type=cfg.act_type if cfg.act_type != "INT8" else None)
     fold = None
     if target.part.has_weights:
@@ -171,6 +177,7 @@ def _layer_factors(session, source, target: Target, ranges):
                 observed.channel_range, kernel, layout, cfg.migration_strength, target.key
             )
             factors.tensor_balance_factor = balance
+            clip = (lo, hi)
             scale_d, offset_d = activation_factors(lo, hi, bits, symmetric=symmetric)
         factors.scale_w, factors.offset_w = cw.weight_factors(
             kernel,
@@ -183,8 +190,24 @@ def _layer_factors(session, source, target: Target, ranges):
             factors.skip_fusion = True
         if config.joint_quant:
             factors.shift_bit = cw.shift_bits(kernel, layout, factors.scale_w, bits, symmetric)
+    _warn_collapsed(target.key, clip, bits, symmetric)
     factors.scale_d, factors.offset_d = float(scale_d), int(offset_d)
     return factors, fold
+
+
+def _warn_collapsed(key: str, clip: tuple[float, float], bits: int, symmetric: bool) -> None:
+    """AMCT turns a scale below FLT_EPSILON into 1.0 (valid, silent): say so for a range that is
+    not all zero, since every value of it then quantizes to one level."""
+    raw = raw_activation_scale(*clip, bits, symmetric, name=key)
+    if 0.0 < raw < FLT_EPSILON:
+        log.warning(
+            "layer %r: its input range [%.3g, %.3g] gives scale_d %.3g, below FLT_EPSILON, "
+            "which AMCT replaces by 1.0: every input value quantizes to one level (the "
+            "activations vanish before this layer: untrained or badly scaled weights?)",
+            key,
+            *clip,
+            raw,
+        )
 
 
 def _range(observed, clip: tuple[float, float]) -> TensorRange:

@@ -106,6 +106,28 @@ def check_finite_range(lo: float, hi: float, name: str = "tensor") -> tuple[floa
     return lo_f, hi_f
 
 
+def raw_activation_scale(
+    lo: float, hi: float, bits: int | str = 8, symmetric: bool = False, *, name: str = "tensor"
+) -> float:
+    """The activation scale of ``[lo, hi]`` before AMCT's ``ProcessScale`` (which turns one
+    below FLT_EPSILON into 1.0: :func:`process_scale`).
+
+    Example:
+        >>> raw_activation_scale(0.0, 2.55e-6) < FLT_EPSILON  # a range that collapses
+        True
+    """
+    b = bits_of(bits)
+    lo_f, hi_f = check_finite_range(lo, hi, name)
+    f32 = np.float32
+    mx, mn = f32(max(hi_f, 0.0)), f32(min(lo_f, 0.0))
+    if symmetric:
+        if abs(mx) > abs(mn):
+            return float(mx) / (2 ** (b - 1) - 1)
+        return float(-mn) / 2 ** (b - 1)
+    # AMCT subtracts in float32, divides, casts to float; offset divides in float32 too.
+    return float(f32(mx - mn)) / (2**b - 1)
+
+
 def activation_factors(
     lo: float,
     hi: float,
@@ -132,18 +154,11 @@ def activation_factors(
         (0.0235294122248888, -128)
     """
     b = bits_of(bits)
-    lo_f, hi_f = check_finite_range(lo, hi, name)
-    f32 = np.float32
-    mx, mn = f32(max(hi_f, 0.0)), f32(min(lo_f, 0.0))
+    scale = process_scale(raw_activation_scale(lo, hi, b, symmetric, name=name), name)
     if symmetric:
-        if abs(mx) > abs(mn):
-            scale = process_scale(float(mx) / (2 ** (b - 1) - 1), name)
-        else:
-            scale = process_scale(float(-mn) / 2 ** (b - 1), name)
         return scale, 0
-    # AMCT subtracts in float32, divides, casts to float; offset divides in float32 too.
-    scale = process_scale(float(f32(mx - mn)) / (2**b - 1), name)
-    ratio = float(f32(mn) / f32(scale))
+    mn = np.float32(min(float(lo), 0.0))
+    ratio = float(np.float32(mn) / np.float32(scale))
     offset = -(2 ** (b - 1)) - int(round_half_away(ratio))
     qmin, qmax = quant_limits(b)
     return scale, int(min(max(offset, qmin), qmax))

@@ -227,3 +227,39 @@ def test_shared_tensor_is_observed_once():
         ("c1", "output"),
         ("r1", "output"),
     ]
+
+
+@pytest.mark.parametrize("offset", [True, False])
+def test_a_range_below_flt_epsilon_warns_that_amct_makes_its_scale_1(caplog, offset):
+    """AMCT's ProcessScale turns a scale below FLT_EPSILON (1.19e-7) into 1.0: valid and
+    AMCT's own rule, but every value then quantizes to one level (found by a new-user trial on
+    an untrained MobileNet whose activations shrink to 1e-6). Worked by hand: inputs within
+    +-1e-6 give a raw scale of 2e-6 / 255 = 7.8e-9 (offset) or 1e-6 / 127 (symmetric)."""
+    oihw = RNG.uniform(-0.5, 0.5, (4, 2, 1, 1)).astype("float32")
+    model = _conv_bn_model(oihw, "OIHW", channel_axis=1)
+    tiny = _batches((2, 3, 3, 2), 1)
+    for b in tiny:
+        b[("c1", "input")] = np.clip(b[("c1", "input")], -1, 1) * 1e-6
+    config = _config()
+    config.activation_offset = offset
+    with caplog.at_level("WARNING", logger="amct_bridge.calibration.records"):
+        record = _built(model, config, tiny)
+    assert record.layers["c1"].scale_d == 1.0  # AMCT's rule, kept
+    assert "layer 'c1': its input range" in caplog.text and "below FLT_EPSILON" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="amct_bridge.calibration.records"):
+        record = _built(model, config, _batches((2, 3, 3, 2), 1))
+    assert record.layers["c1"].scale_d != 1.0 and "FLT_EPSILON" not in caplog.text
+    zeros = _batches((2, 3, 3, 2), 1)
+    for b in zeros:
+        b[("c1", "input")] = np.zeros_like(b[("c1", "input")])
+    with caplog.at_level("WARNING", logger="amct_bridge.calibration.records"):
+        record = _built(model, config, zeros)  # all zero: scale 1.0, nothing to say
+    assert record.layers["c1"].scale_d == 1.0 and "FLT_EPSILON" not in caplog.text
+
+
+def _built(model, config, batches):
+    session = ToySession(model, config)
+    session.run(batches)
+    assert session.settle_for_write(require_batches=True)
+    return build_record(session)[0]
