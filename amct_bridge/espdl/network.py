@@ -378,7 +378,11 @@ def load_network(directory: str | Path, graph: str | Path | dict | None = None) 
         graph = report.get("graph")
         if not graph:
             why = report.get("graph_error", "it was written before the chip graph existed")
-            raise ExportError(f"{where}: no chip graph ({why}); pass one, or export again")
+            raise ExportError(
+                f"{where}: no chip graph, so the chip cannot be simulated ({why}); an export "
+                "that skipped layers the graph needs (skip_unsupported) has none: make every "
+                "layer exportable and export again, or pass a graph (load_network(dir, graph))"
+            )
         target = report.get("target") if report.get("target") in spec.TARGETS else None
     elif not isinstance(graph, dict):
         where = str(graph)

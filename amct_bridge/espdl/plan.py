@@ -212,7 +212,12 @@ def _standalone_problem(layer: SourceLayer, skip_fusion: Callable[[str], bool]) 
             if src and skip_fusion(src)
             else ("it does not directly follow a conv/dense with no activation of its own")
         )
-        return f"BatchNormalization cannot be folded ({why}); ESP-DL v1 has no BatchNorm layer"
+        return (
+            f"BatchNormalization cannot be folded ({why}); ESP-DL v1 has no BatchNorm layer: "
+            "only a BN right after a conv/dense (before any activation) folds into its weights, "
+            "so a model with BN elsewhere (pre-activation blocks: DenseNet, ResNet v2) needs "
+            "that BN moved or removed and a fine-tune before ESP-DL v1 can run it"
+        )
     if layer.op == "prelu":
         return "PReLU that does not follow a conv/dense: convert.py cannot write its alpha"
     if layer.op == "unsupported":

@@ -134,8 +134,11 @@ def test_graph_error_recorded_and_named(tmp_path):
     assert "'up'" in res.graph_error
     report = json.loads((tmp_path / "o" / "export.json").read_text())
     assert report["graph"] is None and "'up'" in report["graph_error"]
-    with pytest.raises(ExportError, match="no chip graph.*'up'"):
+    with pytest.raises(ExportError, match="no chip graph.*'up'") as err:
         load_network(tmp_path / "o")
+    # what to do, not "pass one, or export again" (a new-user trial could not act on it)
+    assert "skipped layers the graph needs (skip_unsupported)" in str(err.value)
+    assert "make every layer exportable and export again" in str(err.value)
     with pytest.raises(ExportError, match="no chip graph"):
         simulate_chip(res, data)
 

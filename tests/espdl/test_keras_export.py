@@ -216,6 +216,7 @@ def test_keras_refusals():
         "'tr' (Conv2DTranspose): Keras Conv2DTranspose has no ESP-DL v1 equivalent",
         "'clip3' (ReLU): ReLU max_value 3.0",
         "'lonely_bn' (BatchNormalization): BatchNormalization cannot be folded",
+        "pre-activation blocks: DenseNet, ResNet v2) needs that BN moved or removed",
         "'sig' (Dense): activation 'sigmoid'",
         "'pp' (PReLU): PReLU alpha varies over positions",
     ]:
