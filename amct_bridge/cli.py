@@ -29,6 +29,7 @@ EXIT_INPUT_ERROR = 2
 EXIT_INTERNAL_ERROR = 70
 EXIT_INTERRUPTED = 130
 
+VERBOSE_HELP = "log progress details"
 DEBUG_HELP = "show the Python traceback of an error (for bug reports)"
 
 
@@ -46,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         "coefficients (C++ files, chip simulation).",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    parser.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
@@ -59,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
         module.register(subparsers)
     for sub in subparsers.choices.values():  # `amct-bridge calibrate ... --debug` works too
         sub.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
+        sub.add_argument(
+            "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=VERBOSE_HELP
+        )
     return parser
 
 

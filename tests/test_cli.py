@@ -107,3 +107,16 @@ def test_top_level_help_and_module_entry():
     assert result.returncode == 0
     for command in ("inspect", "validate", "convert-record"):
         assert command in result.stdout
+
+
+@pytest.mark.parametrize("where", ["before", "after", "none"])
+def test_verbose_works_before_and_after_the_command(where):
+    """`amct-bridge calibrate ... -v` was refused ("unrecognized arguments: -v") though
+    `--debug` worked there (found by a new-user trial)."""
+    from amct_bridge.cli import build_parser
+
+    argv = {"before": ["-v", "validate", "r.txt"], "after": ["validate", "r.txt", "-v"]}
+    args = build_parser().parse_args(argv.get(where, ["validate", "r.txt"]))
+    assert args.verbose is (where != "none")
+    long = build_parser().parse_args(["export-espdl", "--verbose", "--record", "r"])
+    assert long.verbose is True

@@ -72,7 +72,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--target",
         choices=("esp32", "esp32s2", "esp32c3", "esp32s3"),
         default="esp32",
-        help="chip: element order in the preview and the convert.py command in export.json",
+        help="chip: element order in the preview and the convert.py command in export.json "
+        "(default: esp32)",
     )
     parser.add_argument(
         "--skip-unsupported", action="store_true", help="leave out layers ESP-DL v1 cannot take"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import math
+import warnings
 
 #: SNR drawn for an exact layer (infinite SNR), and the floor of the axis.
 SNR_CAP = 100.0
@@ -46,7 +47,9 @@ def _figure(width: float, height: float):
 
 def _png(fig) -> bytes:
     buf = io.BytesIO()
-    fig.tight_layout()
+    with warnings.catch_warnings():  # long layer names on many ticks: drawn untightened
+        warnings.filterwarnings("ignore", message="Tight layout not applied")
+        fig.tight_layout()
     fig.canvas.print_png(buf)
     return buf.getvalue()
 

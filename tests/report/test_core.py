@@ -179,3 +179,25 @@ def test_metrics_hand_worked():
     assert top1_accuracy(np.eye(3), np.eye(3)) == 1.0  # one-hot labels
     with pytest.raises(CalibrationError, match="expected one label per sample"):
         top1_accuracy(np.eye(3), np.array([0, 1]))
+
+
+def test_plots_of_many_long_names_draw_without_a_matplotlib_warning():
+    """A DenseNet report printed matplotlib's "Tight layout not applied" (found by a new-user
+    trial): the PNG is still drawn, untightened, and nothing is printed."""
+    import warnings
+
+    from amct_bridge.report.plots import _figure, _png
+
+    def crowded():
+        fig = _figure(2, 1.5)
+        ax = fig.add_subplot(111)
+        ax.set_xticks(range(60))
+        ax.set_xticklabels([f"very_long_layer_name_{i}/conv" for i in range(60)], rotation=90)
+        return fig
+
+    with pytest.warns(UserWarning, match="Tight layout not applied"):
+        crowded().tight_layout()  # the case is real
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        png = _png(crowded())
+    assert png.startswith(b"\x89PNG")
