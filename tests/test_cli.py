@@ -120,3 +120,31 @@ def test_verbose_works_before_and_after_the_command(where):
     assert args.verbose is (where != "none")
     long = build_parser().parse_args(["export-espdl", "--verbose", "--record", "r"])
     assert long.verbose is True
+
+
+def test_convert_record_copies_the_sidecar(tmp_path, capsys):
+    """The converted record keeps its ranges: `export-espdl` of it failed with "no calibrated
+    output range ... pass the sidecar" (found by a new-user trial)."""
+    from amct_bridge.cli import main
+    from amct_bridge.records.calibration import (
+        CalibrationStats,
+        LayerStats,
+        TensorRange,
+        load_stats,
+        save_stats,
+        sidecar_path,
+    )
+
+    src = tmp_path / "r.txt"
+    src.write_bytes(MOBILENET.read_bytes())
+    stats = CalibrationStats(layers={"relu": LayerStats("ReLU", output=TensorRange(0.0, 6.0))})
+    save_stats(stats, sidecar_path(src))
+    out = tmp_path / "r_tf.txt"
+    assert main(["convert-record", str(src), "--to", "tf", "-o", str(out)]) == 0
+    assert f"and {sidecar_path(out)}" in capsys.readouterr().out
+    assert sidecar_path(out).read_bytes() == sidecar_path(src).read_bytes()
+    assert load_stats(sidecar_path(out)).layers["relu"].output.max == 6.0
+    sidecar_path(src).write_text("{not json")  # damaged: refused, nothing (new) written
+    other = tmp_path / "other.txt"
+    assert main(["convert-record", str(src), "--to", "tf", "-o", str(other)]) == 2
+    assert not other.exists() and not sidecar_path(other).exists()

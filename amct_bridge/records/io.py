@@ -202,6 +202,16 @@ def save(
         >>> p.read_text().splitlines()[1]
         '  key: "a"'
     """
+    atomic_write_bytes(path, record_bytes(record, flavor=flavor, binary=binary))
+
+
+def record_bytes(record: Record, *, flavor: str | None = None, binary: bool = False) -> bytes:
+    """The bytes :func:`save` writes (text, or deterministic binary protobuf).
+
+    Example:
+        >>> from amct_bridge.records.model import LayerFactors
+        >>> record_bytes(Record({"a": LayerFactors(scale_d=0.25, offset_d=1)})).splitlines()[1]
+        b'  key: "a"'
+    """
     message = to_proto(record, flavor)
-    data = message.SerializeToString(deterministic=True) if binary else _to_text(message).encode()
-    atomic_write_bytes(path, data)
+    return message.SerializeToString(deterministic=True) if binary else _to_text(message).encode()
