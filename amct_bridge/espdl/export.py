@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from dataclasses import dataclass, field
@@ -126,6 +127,31 @@ def _not_in_record(chains, record: Record) -> list[str]:
         "float layers, so it is exported quantized too (coefficient exponents from its weights, "
         "feature exponents from the sidecar ranges); check its accuracy with espdl-eval"
         for name in absent
+    ]
+
+
+def _sidecar_strangers(layers: list[SourceLayer], stats: CalibrationStats) -> list[str]:
+    """A note when sidecar entries name no layer: a sidecar of another model gives its ranges
+    to nobody, and the layers it should have covered fall back to bounds (silent before)."""
+    names = {x.name.split("@")[0] for x in layers}  # call sites share their layer's entry
+    strangers = [
+        key
+        for key, entry in stats.layers.items()
+        if key not in names
+        and key.split("/")[0] not in names
+        # a BN folded away (strip_qat): the conv's own entry holds the BN's output range
+        and "BatchNorm" not in (entry.kind or "")
+    ]
+    if not strangers:
+        return []
+    hints = []
+    for key in strangers[:5]:
+        close = difflib.get_close_matches(key, sorted(names), n=1)
+        hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    more = f" and {len(strangers) - 5} more" if len(strangers) > 5 else ""
+    return [
+        f"sidecar entries name no layer of this model: {', '.join(hints)}{more}; their ranges "
+        "are not used (is the sidecar of another model?)"
     ]
 
 
@@ -333,6 +359,8 @@ def export_layers(
     )
     if record is not None:
         result.notes += _not_in_record(chains, record)
+    if stats is not None:
+        result.notes += _sidecar_strangers(layers, stats)
     missing = unaccounted(layers, _report(result))
     if missing:  # a bug guard: the rules above must place every layer somewhere
         raise ExportError(f"layers neither exported, fused, skipped nor refused: {missing}")

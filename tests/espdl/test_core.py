@@ -463,3 +463,26 @@ def test_biases_that_round_to_zero_on_most_channels_are_a_warning(tmp_path):
     assert res.warnings == [want.replace("2 of 4", "3 of 4")]
     report = json.loads((tmp_path / "o2" / "export.json").read_text())
     assert report["warnings"] == res.warnings
+
+
+def test_sidecar_entries_of_another_model_are_named():
+    """A sidecar of another model (its pool was `reducemean_op0`, this one's is `pool`) gave
+    its ranges to nobody and the pool fell back to its input's exponent, silently (found by a
+    new-user trial). Folded BatchNorms (strip_qat) are not strangers."""
+    w = np.ones((4, 2), np.float32)
+    layers = [
+        SourceLayer("in", "input"),
+        SourceLayer("fc", "dense", ["in"], weights={"kernel": w}),
+    ]
+    rec = Record({"fc": LayerFactors(scale_d=1 / 255, offset_d=-128)})
+    own = {"fc": LayerStats("Dense", output=TensorRange(-4.0, 4.0))}
+    folded = {"bn": LayerStats("BatchNormalization", output=TensorRange(-1.0, 1.0))}
+    clean = export(rec, layers, None, stats=CalibrationStats(layers={**own, **folded}))
+    assert not any("sidecar" in w for w in clean.warnings)
+    other = {**own, "fcc": LayerStats("Dense", output=TensorRange(-1.0, 1.0))}
+    res = export(rec, layers, None, stats=CalibrationStats(layers=other))
+    assert res.warnings == [
+        "sidecar entries name no layer of this model: 'fcc' (did you mean 'fc'?); their "
+        "ranges are not used (is the sidecar of another model?)"
+    ]
+    assert res.config == clean.config  # a note only
