@@ -154,7 +154,8 @@ def export_model(net: ms.nn.Cell, tensors: list[ms.Tensor], read: Any = None) ->
                     f"{type(net).__name__}: MindIR export failed ({type(err).__name__}: "
                     f"{first}); the network must compile in GRAPH_MODE with the sample input "
                     f"of shape {shapes} (NCHW, as the network runs: is that its input shape?)"
-                    f"{dtype_hint}"
+                    f"{dtype_hint}. MindSpore's own log above names an analyze_fail.ir in a "
+                    "temporary directory, removed since: this message is the summary"
                 ) from None
     finally:
         net.set_train(training)

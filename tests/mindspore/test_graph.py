@@ -314,8 +314,9 @@ def test_bad_input_is_a_clear_error(tmp_path, monkeypatch):
         extract_graph(Broken(), "1,4")
     with pytest.raises(
         GraphError, match=r"Broken: MindIR export failed.*sample input of shape \(1, 5\)"
-    ):
+    ) as err:
         extract_graph(Broken(), (1, 5))  # Dense(4, 2) cannot take 5 features
+    assert "analyze_fail.ir in a temporary directory, removed since" in str(err.value)
     assert os.listdir(tmp_path) == []  # no rank_0/ left behind
     with pytest.raises(GraphError, match="give sample_input"):
         prune_discovery(Broken())
