@@ -28,8 +28,10 @@ Example:
 from __future__ import annotations
 
 import difflib
+import logging
 import math
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -45,6 +47,8 @@ from amct_bridge.report import metrics
 
 #: Bins of the input histograms drawn for the worst layers.
 HIST_BINS = 100
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -227,12 +231,22 @@ def build_report(
         raise RecordError("the record has no quantized layer (no scale_d/scale_w) to report on")
     keys = [i.key for i in infos]
     quant = Record({k: record.layers[k] for k in keys}, flavor=record.flavor)
+    start = time.perf_counter()
+    # one pass per layer, plus float, all-quantized and kept-float: say so on a large model
+    log.info("report: %d layers, %d passes over the data", len(infos), len(infos) + 3)
     floating = runner.run(None, keys)
     _check_finite(floating, infos)
     full = runner.run(quant, keys)
     acc = _accuracy_fn(labels)
     rows = [_static_row(i, record.layers[i.key], floating, stats) for i in infos]
-    for info, row in zip(infos, rows, strict=True):
+    for n, (info, row) in enumerate(zip(infos, rows, strict=True), 1):
+        log.info(
+            "report: layer %d/%d %r alone (%.1f s so far)",
+            n,
+            len(infos),
+            info.key,
+            time.perf_counter() - start,
+        )
         ref = floating.outputs.get(info.key)
         row.snr_cumulative = _snr(ref, full.outputs.get(info.key))
         alone = runner.run(Record({info.key: record.layers[info.key]}), [info.key])

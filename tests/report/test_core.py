@@ -201,3 +201,18 @@ def test_plots_of_many_long_names_draw_without_a_matplotlib_warning():
         warnings.simplefilter("error")
         png = _png(crowded())
     assert png.startswith(b"\x89PNG")
+
+
+def test_progress_is_logged_per_pass(caplog):
+    """N + 3 passes over the data took minutes on a DenseNet with no sign of life (found by a
+    new-user trial): `-v` (INFO) now shows each layer's pass."""
+    chain = Chain()
+    with caplog.at_level("INFO", logger="amct_bridge.report.table"):
+        build_report(minmax_record(chain), chain, top_k=1)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0] == "report: 3 layers, 6 passes over the data"
+    assert [x.split(" alone")[0] for x in lines[1:]] == [
+        "report: layer 1/3 'a'",
+        "report: layer 2/3 'b/depthwise'",
+        "report: layer 3/3 'c'",
+    ]
