@@ -20,8 +20,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# Two worker processes, one per core (the brief's machine and CI): most tests are
+# single-threaded Python and tracing. The fuzz figures table prints only without -n (make fuzz).
 test: lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2
 
 # Regenerate amct_bridge/records/_pb from proto/*.proto (tests fail when they disagree).
 proto: $(STAMP)

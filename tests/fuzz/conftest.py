@@ -1,8 +1,9 @@
 """Fuzz targets' setup: hypothesis profiles (see fuzz_support) and the end-of-run figures.
 
-``make fuzz`` (``HYPOTHESIS_PROFILE=long``) and ``make test`` (``ci``) both end with a table of
-calls per target and how each ended: ``ok``, a documented error type, or ``UNEXPECTED <type>``
-(a failure; hypothesis shrinks it and pytest reports the failing example).
+``make fuzz`` (``HYPOTHESIS_PROFILE=long``) and ``pytest tests/fuzz`` (``ci``) end with a table
+of calls per target and how each ended: ``ok``, a documented error type, or ``UNEXPECTED <type>``
+(a failure; hypothesis shrinks it and pytest reports the failing example). Not ``make test``:
+its pytest-xdist workers keep their counts.
 """
 
 from __future__ import annotations
