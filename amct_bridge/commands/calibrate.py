@@ -21,7 +21,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from amct_bridge.commands.common import add_unsafe_load, load_keras_model, load_npy
+from amct_bridge.commands.common import (
+    add_mindspore_net,
+    add_unsafe_load,
+    load_keras_model,
+    load_npy,
+)
 from amct_bridge.config import ALGORITHMS
 from amct_bridge.errors import CalibrationError
 from amct_bridge.records.summary import flavor_phrase
@@ -39,12 +44,7 @@ def register(subparsers) -> None:
         "config file, explicit options override it.",
     )
     p.add_argument("model", nargs="?", help="Keras model file (.keras or .h5); or --mindspore")
-    p.add_argument(
-        "--mindspore",
-        metavar="MODULE:FACTORY",
-        help="a MindSpore network instead: a callable returning the nn.Cell",
-    )
-    p.add_argument("--ckpt", help="with --mindspore: checkpoint to load into the network")
+    add_mindspore_net(p)
     p.add_argument("--data", required=True, help="inputs: .npy array or .npz (one array per input)")
     p.add_argument(
         "-o", "--output", "--record", required=True, help="record file to write (atomically)"

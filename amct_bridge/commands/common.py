@@ -87,6 +87,24 @@ def add_unsafe_load(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--unsafe-load", action="store_true", help=UNSAFE_LOAD_HELP)
 
 
+def add_mindspore_net(parser: argparse.ArgumentParser, note: str = "") -> None:
+    """Add ``--mindspore MODULE:FACTORY`` and ``--ckpt FILE`` (read by
+    :func:`amct_bridge.commands.mindspore_net.load_mindspore_net`); ``note`` ends the help.
+
+    Example:
+        >>> p = argparse.ArgumentParser(); add_mindspore_net(p)
+        >>> p.parse_args(["--mindspore", "nets:resnet", "--ckpt", "w.ckpt"]).ckpt
+        'w.ckpt'
+    """
+    parser.add_argument(
+        "--mindspore",
+        metavar="MODULE:FACTORY",
+        help="a MindSpore network instead: module:function or file.py:function returning the "
+        "nn.Cell" + (f" ({note})" if note else ""),
+    )
+    parser.add_argument("--ckpt", help="with --mindspore: checkpoint to load into the network")
+
+
 def load_keras_model(path: str, *, unsafe: bool = False):
     """Load a .keras / .h5 model without compiling it; a bad file is an AmctBridgeError.
 

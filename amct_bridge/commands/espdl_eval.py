@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from amct_bridge.commands.common import add_unsafe_load, load_npy
+from amct_bridge.commands.common import add_mindspore_net, add_unsafe_load, load_npy
 from amct_bridge.errors import AmctBridgeError, ExportError
 from amct_bridge.espdl.evaluation import (
     Evaluation,
@@ -55,13 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--export", required=True, help="export directory (export-espdl --out)")
     parser.add_argument("--model", help="the Keras model file that was exported")
-    parser.add_argument(
-        "--mindspore",
-        metavar="MODULE:FACTORY",
-        help="instead of --model: the MindSpore network (a callable returning the Cell); "
-        "--data is then NCHW, as the network runs",
-    )
-    parser.add_argument("--ckpt", help="with --mindspore: checkpoint to load into the network")
+    add_mindspore_net(parser, "instead of --model; --data is then NCHW, as the network runs")
     parser.add_argument("--record", help="AMCT record: adds the fake-quant accuracy")
     parser.add_argument(
         "--data", required=True, help=".npz with x and y, or x.npy (labels: --labels)"

@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from amct_bridge.commands.common import add_unsafe_load, load_keras_model
+from amct_bridge.commands.common import add_mindspore_net, add_unsafe_load, load_keras_model
 from amct_bridge.errors import ExportError
 
 
@@ -39,13 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--record", help="AMCT record file (its sidecar is read if present)")
     parser.add_argument("--model", help="Keras model file (.keras / .h5)")
     add_unsafe_load(parser)
-    parser.add_argument(
-        "--mindspore",
-        metavar="MODULE:FACTORY",
-        help="a MindSpore network instead: a callable returning the nn.Cell (NCHW; the "
-        "coefficients are written NHWC, the chip's layout)",
-    )
-    parser.add_argument("--ckpt", help="with --mindspore: checkpoint to load into the network")
+    add_mindspore_net(parser, "NCHW; the coefficients are written NHWC, the chip's layout")
     parser.add_argument(
         "--input-shape", help="with --mindspore: the network's input shape, e.g. 1,3,32,32"
     )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from amct_bridge.commands.common import add_unsafe_load, load_keras_model
+from amct_bridge.commands.common import add_mindspore_net, add_unsafe_load, load_keras_model
 from amct_bridge.errors import GraphError
 
 
@@ -32,12 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "reason code, and optionally the layers eligible for 2:4 selective pruning.",
     )
     parser.add_argument("model", nargs="?", help="Keras model file (.keras / .h5)")
-    parser.add_argument(
-        "--mindspore",
-        metavar="MODULE:FACTORY",
-        help="a MindSpore network instead: a callable returning the nn.Cell",
-    )
-    parser.add_argument("--ckpt", help="with --mindspore: checkpoint to load into the network")
+    add_mindspore_net(parser)
     parser.add_argument(
         "--input-shape", help="with --mindspore: input shape for the MindIR export, e.g. 1,3,16,16"
     )

@@ -24,7 +24,12 @@ import json
 import sys
 
 from amct_bridge.commands.calibrate import _load_data, positive_int
-from amct_bridge.commands.common import add_unsafe_load, load_keras_model, load_npy
+from amct_bridge.commands.common import (
+    add_mindspore_net,
+    add_unsafe_load,
+    load_keras_model,
+    load_npy,
+)
 from amct_bridge.errors import CalibrationError
 from amct_bridge.records.atomic import atomic_write_bytes, check_writable
 
@@ -43,12 +48,7 @@ def register(subparsers) -> None:
     )
     p.add_argument("--record", required=True, help="AMCT record (its .calib.json is read too)")
     p.add_argument("--model", help="float Keras model (.keras or .h5); or --mindspore")
-    p.add_argument(
-        "--mindspore",
-        metavar="MODULE:FACTORY",
-        help="a MindSpore network instead: module:function or file.py:function returning the Cell",
-    )
-    p.add_argument("--ckpt", help="with --mindspore: checkpoint to load into the network")
+    add_mindspore_net(p)
     p.add_argument("--data", required=True, help="inputs: .npy array or .npz (one per input)")
     p.add_argument("--labels", help=".npy class labels (index or one-hot): accuracy columns")
     p.add_argument("--html", help="write a self-contained HTML report with plots here")
