@@ -130,6 +130,27 @@ def _not_in_record(chains, record: Record) -> list[str]:
     ]
 
 
+def _check_links(layers: list[SourceLayer]) -> None:
+    """Layers link by name, in topological order: a repeated name or an input naming the layer
+    itself or a later one is a cycle, which the exponent search would follow forever (found by
+    the fuzzer: a runtime layer named like the input it reads)."""
+    index: dict[str, int] = {}
+    for i, layer in enumerate(layers):
+        if layer.name in index:
+            raise ExportError(
+                f"layer {layer.describe()}: the name {layer.name!r} is used twice (layers "
+                f"{index[layer.name]} and {i}); SourceLayer names must be unique"
+            )
+        index[layer.name] = i
+    for i, layer in enumerate(layers):
+        late = [x for x in layer.inputs if index.get(x, -1) >= i]
+        if late:
+            raise ExportError(
+                f"layer {layer.describe()} reads {late[0]!r}, which does not come before it: "
+                "SourceLayers must be in topological order (a cycle?)"
+            )
+
+
 def _sidecar_strangers(layers: list[SourceLayer], stats: CalibrationStats) -> list[str]:
     """A note when sidecar entries name no layer: a sidecar of another model gives its ranges
     to nobody, and the layers it should have covered fall back to bounds (silent before)."""
@@ -315,6 +336,7 @@ def export_layers(
             f"layer {odd[0].describe()}: op {odd[0].op!r} is not a SourceLayer op "
             f"(expected one of {', '.join(OPS)}; adapters map other layers to 'unsupported')"
         )
+    _check_links(layers)
     check_record_keys(record, layers)
 
     def skip_fusion(name: str) -> bool:

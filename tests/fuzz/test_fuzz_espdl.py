@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 from fuzz_checks import check_chip, check_written
 from fuzz_sources import source_models
 from fuzz_support import attempt, fuzz_settings
@@ -73,3 +74,37 @@ def test_unknown_source_op_is_refused_by_name():
     assert isinstance(err, ExportError)
     assert BUG_GUARD not in str(err)
     assert "layer 'in' (InputLayer): op 'bogus' is not a SourceLayer op" in str(err)
+
+
+@pytest.mark.parametrize("case", ["duplicate", "self", "later"])
+def test_cycles_and_repeated_names_are_refused(case):
+    """Found by `make fuzz`: a runtime layer named like the input it reads ('in' reading 'in')
+    made the exponent search follow the link forever (a 30 s hang)."""
+    kernel = {"kernel": np.ones((1, 1, 1, 1), np.float32)}
+    pool = {"keeps_exponent": True, "model_output": True}
+    conv = SourceLayer("c", "conv2d", ["in"], "Conv2D", kernel, {})
+    layers = {
+        "duplicate": [
+            SourceLayer("in", "input", [], "InputLayer", attrs={"shape": (2, 2, 1)}),
+            conv,
+            SourceLayer("in", "runtime", ["in"], "GlobalMaxPooling2D", attrs=pool),
+        ],
+        "self": [
+            SourceLayer("in", "input", [], "InputLayer", attrs={"shape": (2, 2, 1)}),
+            conv,
+            SourceLayer("p", "runtime", ["p"], "GlobalMaxPooling2D", attrs=pool),
+        ],
+        "later": [
+            SourceLayer("in", "input", [], "InputLayer", attrs={"shape": (2, 2, 1)}),
+            SourceLayer("p", "runtime", ["c"], "GlobalMaxPooling2D", attrs=pool),
+            conv,
+        ],
+    }[case]
+    _, err = attempt("espdl.export(regression)", export_layers, layers, None, kind="medium")
+    assert isinstance(err, ExportError) and BUG_GUARD not in str(err)
+    want = {
+        "duplicate": "the name 'in' is used twice (layers 0 and 2)",
+        "self": "reads 'p', which does not come before it",
+        "later": "reads 'c', which does not come before it",
+    }[case]
+    assert want in str(err)
