@@ -22,7 +22,7 @@ from mindspore import Tensor, nn
 
 from amct_bridge.espdl.evaluation import Evaluation, chip_network, evaluate_export
 from amct_bridge.mindspore.cells import leaf_cells
-from amct_bridge.mindspore.report import _first, _pynative
+from amct_bridge.mindspore.hooks import first_tensor, pynative_inference
 from amct_bridge.mindspore.simulation import simulate
 from amct_bridge.records.model import Record
 
@@ -79,17 +79,17 @@ def _float_run(net: nn.Cell, x: np.ndarray, batch: int) -> tuple[dict[str, np.nd
 
     def recorder(key):
         def hook(cell, args, output):
-            value = _first(output).asnumpy()
+            value = first_tensor(output).asnumpy()
             outs[key].append(value.transpose(0, 2, 3, 1) if value.ndim == 4 else value)
 
         return hook
 
     finals = []
-    with _pynative(net):
+    with pynative_inference(net):
         handles = [cell.register_forward_hook(recorder(k)) for k, cell in cells.items()]
         try:
             for start in range(0, len(x), batch):
-                finals.append(_first(net(Tensor(x[start : start + batch]))).asnumpy())
+                finals.append(first_tensor(net(Tensor(x[start : start + batch]))).asnumpy())
         finally:
             for handle in handles:
                 handle.remove()

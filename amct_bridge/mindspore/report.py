@@ -27,11 +27,11 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn
 
 from amct_bridge.errors import CalibrationError, RecordError
+from amct_bridge.mindspore.hooks import first_tensor, pynative_inference
 from amct_bridge.mindspore.simulation import _quantizable, simulated
 from amct_bridge.records.calibration import CalibrationStats
 from amct_bridge.records.model import Record
@@ -77,7 +77,7 @@ class MindSporeReportRunner:
 
             return hook
 
-        with _pynative(net):
+        with pynative_inference(net):
             handles = [c.register_forward_pre_hook(counter(k)) for k, c in self._cells.items()]
             try:
                 net(*[Tensor(a[: self.batch_size]) for a in self.arrays])
@@ -107,14 +107,14 @@ class MindSporeReportRunner:
 
         def recorder(key):
             def hook(cell, args, output):
-                outs[key].append(_first(output).asnumpy())
+                outs[key].append(first_tensor(output).asnumpy())
                 if record is None:
-                    ins[key].append(_first(args).asnumpy())
+                    ins[key].append(first_tensor(args).asnumpy())
 
             return hook
 
         finals: list[np.ndarray] = []
-        with _pynative(self.net), contextlib.ExitStack() as stack:
+        with pynative_inference(self.net), contextlib.ExitStack() as stack:
             if record is not None:
                 sample = [a[:1] for a in self.arrays]
                 stack.enter_context(simulated(self.net, record, sample_input=sample[0]))
@@ -123,7 +123,7 @@ class MindSporeReportRunner:
                 n = len(self.arrays[0])
                 for start in range(0, n, self.batch_size):
                     batch = [Tensor(a[start : start + self.batch_size]) for a in self.arrays]
-                    finals.append(_first(self.net(*batch)).asnumpy())
+                    finals.append(first_tensor(self.net(*batch)).asnumpy())
             finally:
                 for handle in handles:
                     handle.remove()
@@ -166,23 +166,3 @@ def quant_report(
     record, stats = read_record(record, stats)
     runner = MindSporeReportRunner(net, data, batch_size)
     return build_report(record, runner, labels, top_k=top_k, stats=stats)
-
-
-@contextlib.contextmanager
-def _pynative(net: nn.Cell):
-    """PyNative and inference mode for the block (hooks read tensors); both put back."""
-    mode, training = ms.get_context("mode"), net.training
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    net.set_train(False)
-    try:
-        yield
-    finally:
-        net.set_train(training)
-        ms.set_context(mode=mode)
-
-
-def _first(x):
-    """The first tensor of a cell's (possibly nested) inputs or outputs."""
-    while isinstance(x, (list, tuple)):
-        x = x[0]
-    return x

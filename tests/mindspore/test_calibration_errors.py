@@ -230,6 +230,8 @@ def test_calibrate_module_is_callable_too(tmp_path):
         "amct_bridge.mindspore.session",
         "amct_bridge.mindspore.callback",
         "amct_bridge.mindspore.calibrate",
+        "amct_bridge.mindspore.hooks",
+        "amct_bridge.mindspore.relu6",
     ],
 )
 def test_docstring_examples_run(name):
