@@ -22,7 +22,7 @@ from mindspore import Tensor, nn
 
 from amct_bridge.espdl.evaluation import Evaluation, chip_network, evaluate_export
 from amct_bridge.mindspore.cells import leaf_cells
-from amct_bridge.mindspore.hooks import first_tensor, pynative_inference
+from amct_bridge.mindspore.hooks import first_tensor, pynative_inference, recorded
 from amct_bridge.mindspore.simulation import simulate
 from amct_bridge.records.model import Record
 
@@ -75,24 +75,14 @@ def evaluate_espdl(
 def _float_run(net: nn.Cell, x: np.ndarray, batch: int) -> tuple[dict[str, np.ndarray], Any]:
     """The float outputs of every leaf cell (NHWC where 4-D) and of the network."""
     cells = {k: c for k, c in leaf_cells(net).items() if not isinstance(c, nn.Flatten)}
-    outs: dict[str, list[np.ndarray]] = {k: [] for k in cells}
-
-    def recorder(key):
-        def hook(cell, args, output):
-            value = first_tensor(output).asnumpy()
-            outs[key].append(value.transpose(0, 2, 3, 1) if value.ndim == 4 else value)
-
-        return hook
-
     finals = []
-    with pynative_inference(net):
-        handles = [cell.register_forward_hook(recorder(k)) for k, cell in cells.items()]
-        try:
-            for start in range(0, len(x), batch):
-                finals.append(first_tensor(net(Tensor(x[start : start + batch]))).asnumpy())
-        finally:
-            for handle in handles:
-                handle.remove()
-    batches = len(finals)
-    floats = {k: np.concatenate(v) for k, v in outs.items() if v and len(v) == batches}
+    with pynative_inference(net), recorded(cells) as (outs, _):
+        for start in range(0, len(x), batch):
+            finals.append(first_tensor(net(Tensor(x[start : start + batch]))).asnumpy())
+    batches = len(finals)  # a cell called twice per pass recorded more: left out
+    floats = {k: _nhwc(np.concatenate(v)) for k, v in outs.items() if v and len(v) == batches}
     return floats, np.concatenate(finals)
+
+
+def _nhwc(value: np.ndarray) -> np.ndarray:
+    return value.transpose(0, 2, 3, 1) if value.ndim == 4 else value

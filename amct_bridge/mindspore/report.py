@@ -31,7 +31,7 @@ import numpy as np
 from mindspore import Tensor, nn
 
 from amct_bridge.errors import CalibrationError, RecordError
-from amct_bridge.mindspore.hooks import first_tensor, pynative_inference
+from amct_bridge.mindspore.hooks import first_tensor, pynative_inference, recorded
 from amct_bridge.mindspore.simulation import _quantizable, simulated
 from amct_bridge.records.calibration import CalibrationStats
 from amct_bridge.records.model import Record
@@ -102,31 +102,17 @@ class MindSporeReportRunner:
     def run(self, record: Record | None, keys: Sequence[str]) -> RunResult:
         """Forward the data float (``record=None``) or simulated with ``record``."""
         seen = [k for k in keys if self._calls.get(k) == 1]  # a shared cell: no layer columns
-        outs: dict[str, list[np.ndarray]] = {k: [] for k in seen}
-        ins: dict[str, list[np.ndarray]] = {k: [] for k in seen}
-
-        def recorder(key):
-            def hook(cell, args, output):
-                outs[key].append(first_tensor(output).asnumpy())
-                if record is None:
-                    ins[key].append(first_tensor(args).asnumpy())
-
-            return hook
-
         finals: list[np.ndarray] = []
         with pynative_inference(self.net), contextlib.ExitStack() as stack:
             if record is not None:
                 sample = [a[:1] for a in self.arrays]
                 stack.enter_context(simulated(self.net, record, sample_input=sample[0]))
-            handles = [self._cells[k].register_forward_hook(recorder(k)) for k in seen]
-            try:
-                n = len(self.arrays[0])
-                for start in range(0, n, self.batch_size):
-                    batch = [Tensor(a[start : start + self.batch_size]) for a in self.arrays]
-                    finals.append(first_tensor(self.net(*batch)).asnumpy())
-            finally:
-                for handle in handles:
-                    handle.remove()
+            cells = {k: self._cells[k] for k in seen}
+            outs, ins = stack.enter_context(recorded(cells, inputs=record is None))
+            n = len(self.arrays[0])
+            for start in range(0, n, self.batch_size):
+                batch = [Tensor(a[start : start + self.batch_size]) for a in self.arrays]
+                finals.append(first_tensor(self.net(*batch)).asnumpy())
         result = RunResult(final=np.concatenate(finals))
         result.outputs = {k: np.concatenate(v) for k, v in outs.items()}
         if record is None:
