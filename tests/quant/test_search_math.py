@@ -279,3 +279,95 @@ def test_hfmg_search_path_matches_amct_loops_random(n, scale, sparsity, seed):
     counts = rng.integers(0, 10**scale, n, endpoint=True).astype(np.float64)
     counts[rng.random(n) < sparsity] = 0
     assert search_candidates(counts) == amct_search_range(counts)
+
+
+# ---- best_range: the argmin with the blocks that cannot win skipped ---------------------------
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("name", ["spikes", "alternating", "spike_at_zero", "far_outliers", "ones"])
+def test_clip_bounds_never_exceed_the_torch_loss(name, bits):
+    """The bound is the clipping loss alone: at most the whole loss of PyTorch's formula."""
+    rng = np.random.default_rng(3)
+    counts = adversarial_counts(name, 512, rng)
+    ranges = search_candidates(counts)[::7] + [(0, 511), (200, 300), (0, 0), (511, 511)]
+    bounds = hfmg.clip_bounds(counts, ranges, 2**bits)
+    ref = np.array([torch_l2(counts, a, b, 2**bits) for a, b in ranges])
+    assert np.all(bounds <= ref * (1 + 1e-9))
+    # and it is the clipping loss, not a loose constant: equal where nothing is inside
+    assert bounds[-1] > 0.5 * ref[-1] or ref[-1] == 0
+
+
+@pytest.mark.parametrize("dst_bins", [4, 16, 256])
+@pytest.mark.parametrize("kind", ["half_normal", "relu", "relu6", "long_tail"])
+def test_best_range_is_the_argmin_and_skips_blocks(kind, dst_bins, l2_form, monkeypatch):
+    counts = activation_counts(kind, 4096, 1e8, seed=dst_bins)
+    ranges = search_candidates(counts)
+    terms = hfmg._LossTerms(counts, ranges, dst_bins)
+    evaluated = []
+    real = hfmg._LossTerms
+
+    class Counting(real):
+        def __init__(self, *args):
+            super().__init__(*args)
+            inner = self.inner
+            self.inner = lambda sl: evaluated.append(sl) or inner(sl)
+
+    monkeypatch.setattr(hfmg, "_LossTerms", Counting)
+    best = hfmg.best_range(counts, ranges, dst_bins)
+    used = len(evaluated)
+    assert best == int(np.argmin(_l2_losses_reference(counts, ranges, dst_bins)))
+    assert best == int(np.argmin(l2_losses(counts, ranges, dst_bins)))
+    if len(terms.blocks) > 4 and dst_bins == 256:
+        assert used < len(terms.blocks) / 2  # most blocks cannot win
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    n=st.integers(1, 400),
+    scale=st.integers(0, 9),
+    sparsity=st.floats(0.0, 0.95),
+    dst_bins=st.sampled_from([1, 2, 3, 7, 16, 256]),
+    seed=st.integers(0, 2**32 - 1),
+    form=st.sampled_from([True, False]),
+)
+def test_best_range_equals_argmin_on_random_histograms(n, scale, sparsity, dst_bins, seed, form):
+    """Random ranges in random order (the winner anywhere), ties included: the same index as
+    argmin over every loss."""
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(0, 10**scale, n, endpoint=True).astype(np.float64)
+    counts[rng.random(n) < sparsity] = 0
+    pairs = np.sort(rng.integers(0, n, size=(rng.integers(1, 300), 2)), axis=1)
+    ranges = [(int(a), int(b)) for a, b in pairs]
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(hfmg, "_per_bin_is_cheaper", lambda *args: form)
+        assert hfmg.best_range(counts, ranges, dst_bins) == int(
+            np.argmin(l2_losses(counts, ranges, dst_bins))
+        )
+
+
+def test_best_range_refuses_no_ranges():
+    with pytest.raises(hfmg.QuantError, match="at least one range"):
+        hfmg.best_range(np.ones(4), [], 2)
+
+
+def test_best_range_finds_a_winner_behind_a_block_of_near_misses(monkeypatch):
+    """64 ranges 1-10% worse than the winner fill the first block; the winner's loss is mostly
+    clipping (its bound near it), so a bound or a skip test off by 2x would skip it."""
+    monkeypatch.setattr(hfmg, "_per_bin_is_cheaper", lambda *args: True)  # blocks of 64
+    counts = np.zeros(4096)
+    counts[:1000] = 1000.0
+    counts[-1] = 1.0  # one far outlier: clipping it costs ~(3000 bins)**2
+    ranges = [(0, r) for r in range(1000, 4096, 10)]
+    losses = _l2_losses_reference(counts, ranges, 256)
+    winner = ranges[int(np.argmin(losses))]
+    ratio = losses / losses.min()
+    near = [r for r, q in zip(ranges, ratio, strict=True) if 1.0 < q < 1.1]
+    bound = hfmg.clip_bounds(counts, [winner], 256)[0]
+    assert len(near) >= 8 and 0.5 * 1.1 < bound / losses.min() < 1.0  # the setup holds
+    # blocks of 64 (256 destination bins): near misses, then the winner alone, then the rest
+    order = [near[i % len(near)] for i in range(64)] + [winner] * 64 + ranges
+    assert hfmg.best_range(counts, order, 256) == 64
+    # a block is skipped only if every range in it loses: the winner beside hopeless ranges
+    order = [near[i % len(near)] for i in range(64)] + [winner] + [(0, 10)] * 63
+    assert hfmg.best_range(counts, order, 256) == 64
