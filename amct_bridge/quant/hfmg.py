@@ -113,9 +113,9 @@ def l2_losses(counts: np.ndarray, ranges: Ranges, dst_bins: int) -> np.ndarray:
         0.16666666666666666
     """
     terms = _LossTerms(counts, ranges, dst_bins)
-    out = terms.outer.copy()
+    out = np.empty(terms.left.size)
     for sl in terms.blocks:
-        out[sl] += terms.inner(sl)
+        out[sl] = terms.loss(sl)
     return out
 
 
@@ -148,7 +148,7 @@ def best_range(counts: np.ndarray, ranges: Ranges, dst_bins: int) -> int:
         # margins: the bound and the evaluated losses are each within ~1e-9 of exact
         if bound[sl].min() * (1.0 - 1e-6) > best * (1.0 + 1e-6):
             continue
-        losses[sl] = terms.outer[sl] + terms.inner(sl)
+        losses[sl] = terms.loss(sl)
         best = min(best, float(losses[sl].min()))
     return int(np.argmin(losses))
 
@@ -194,23 +194,39 @@ def _pairs(ranges) -> np.ndarray:
 
 
 class _LossTerms:
-    """:func:`l2_losses` in parts: ``outer`` (the cubic tails, every range) plus ``inner(sl)``
-    for each block ``sl`` of ``blocks``. The form (per bin or per edge) and its tables are
-    chosen from all the ranges, so a block's losses do not depend on which others are asked."""
+    """:func:`l2_losses` by blocks of ranges: ``loss(sl)`` for each ``sl`` of ``blocks``. The
+    form (per bin or per edge) and its tables are chosen from all the ranges, and the rest is
+    elementwise, so a block's losses do not depend on which other blocks are asked for."""
 
     def __init__(self, counts: np.ndarray, ranges: Ranges, dst_bins: int) -> None:
         counts = np.asarray(counts, dtype=np.float64)
-        n = counts.size
+        n = self.n = counts.size
         padded = np.concatenate(([0.0], counts, [0.0]))
         w = -np.diff(padded)  # weight of F at edge i
         pos = np.arange(n + 1, dtype=np.float64) - n / 2  # centred edge positions
         powers = (np.ones_like(pos), pos, pos * pos, pos * pos * pos)  # exact: no pow()
-        prefix = [np.concatenate(([0.0], np.cumsum(w * p))) for p in powers]
+        self.prefix = [np.concatenate(([0.0], np.cumsum(w * p))) for p in powers]
         cand = _pairs(ranges)
-        left, right = cand[:, 0], cand[:, 1]
-        span = (right - left + 1).astype(np.float64)
-        dst_w = span / dst_bins
-        half = dst_w / 2
+        self.left, self.right = left, right = cand[:, 0], cand[:, 1]
+        self.half = (right - left + 1).astype(np.float64) / dst_bins / 2
+        self.blocks: list[slice] = []
+        self.inner: Callable[[slice], np.ndarray] = lambda sl: np.zeros(0)
+        if cand.shape[0] == 0:
+            return
+        runs = _run_layout(float(self.half.max() * 2), n)
+        if _per_bin_is_cheaper(cand.shape[0], int(np.count_nonzero(w)), dst_bins, runs):
+            self.blocks, self.inner = _bin_sums(padded, w, left, right, dst_bins, runs)
+        else:
+            self.blocks, self.inner = _edge_sums(w, pos, left, right, dst_bins)
+
+    def loss(self, sl: slice) -> np.ndarray:
+        """The losses of the ranges ``sl``: the cubic tails outside the ranges, plus inside."""
+        return self.outer(sl) + self.inner(sl)
+
+    def outer(self, sl: slice) -> np.ndarray:
+        """The cubic tails: edges left of ``left`` and from ``right + 2`` on."""
+        n, prefix = self.n, self.prefix
+        left, right, half = self.left[sl], self.right[sl], self.half[sl]
 
         def moment_cube(lo_idx, hi_idx, shift):
             """sum over edges lo_idx <= i < hi_idx of w_i * (pos_i - shift)**3."""
@@ -222,16 +238,7 @@ class _LossTerms:
         end = np.minimum(right + 2, n + 1)
         high = moment_cube(end, n + 1, right + 1 - n / 2 - half)
         high += half**3 * prefix[0][end]
-        self.outer = (low + high) / 3.0
-        self.blocks: list[slice] = []
-        self.inner: Callable[[slice], np.ndarray] = lambda sl: np.zeros(0)
-        if cand.shape[0] == 0:
-            return
-        runs = _run_layout(float(dst_w.max()), n)
-        if _per_bin_is_cheaper(cand.shape[0], int(np.count_nonzero(w)), dst_bins, runs):
-            self.blocks, self.inner = _bin_sums(padded, w, left, right, dst_bins, runs)
-        else:
-            self.blocks, self.inner = _edge_sums(w, pos, left, right, dst_bins)
+        return (low + high) / 3.0
 
 
 def _per_bin_is_cheaper(
