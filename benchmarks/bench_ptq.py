@@ -8,9 +8,13 @@ images (same run, back to back, best of ``--repeat``; goals: minmax <= 2x, ifmr/
 as a first call (``keep_step=False``: the observed step is traced and instantiated) and as a
 call again on the same model (the step kept from the call before), and
 TFLite's int8 converter (``TFLiteConverter`` with a representative dataset of the same images) in
-the same units, and a plain ``predict`` whose step is traced anew (``retrace``): calibration
-observes tensors inside the compiled step, so it traces a new step, and that is its floor. Then
-where ``calibrate()``'s time goes, from one profiled run per algorithm:
+the same units, a plain ``predict`` whose step is traced anew (``retrace``), and the bare
+model traced into a ``tf.function`` of its own and run on the same batches (``bare trace``, with
+Grappler off as calibrate() runs its step): calibration observes tensors inside a compiled step,
+so a first call traces a new one, and the bare trace is its floor. Ratios are medians of
+per-run ratios, each run against the warm predict timed just before it: this machine's speed
+drifts by 2x over seconds, and a ratio of two best-of times taken minutes apart drifts with it.
+Then where ``calibrate()``'s time goes, from one profiled run per algorithm:
 
 - ``keras in``: from the call to the first callback hook (the callback, predict's data adapter);
 - ``setup``: the plan and the observers, the instrumentation and tracing calibrate()'s observed
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import sys
 import tempfile
@@ -46,6 +51,10 @@ import tensorflow as tf  # noqa: E402
 from amct_bridge.calibration import records as core_records  # noqa: E402
 from amct_bridge.keras import calibrate  # noqa: E402
 from amct_bridge.keras import session as keras_session  # noqa: E402
+
+# The random-weight MobileNetV2's activations shrink to ~1e-10 by its last blocks, and every run
+# would log the collapsed-scale warning for ~30 layers: only errors are shown here.
+logging.getLogger("amct_bridge").setLevel(logging.ERROR)
 
 # the module (amct_bridge.keras.calibrate is also the name of the function)
 calibrate_module = importlib.import_module("amct_bridge.keras.calibrate")
@@ -73,6 +82,18 @@ def timed_retrace(model, x) -> float:
     that runs its statistics inside the compiled step (the instrumented step is a new graph)."""
     model.make_predict_function(force=True)
     return timed_predict(model, x)
+
+
+def timed_bare_trace(model, x) -> float:
+    """The model alone traced into a new ``tf.function`` and run on the batches of ``x``, with
+    Grappler off (as calibrate() runs its observed step): the floor of a first call."""
+    spec = tf.TensorSpec((None, *x.shape[1:]), x.dtype)
+    start = time.perf_counter()
+    step = tf.function(lambda t: model(t, training=False), input_signature=[spec], autograph=False)
+    with calibrate_module._plain_calls():
+        for i in range(0, len(x), 32):
+            step(tf.constant(x[i : i + 32]))
+    return time.perf_counter() - start
 
 
 def timed_calibrate(model, x, path: str, algo: str, keep: bool) -> float:
@@ -117,6 +138,11 @@ def quiet():
         os.dup2(saved[1], 2)
         for fd in (*saved, null):
             os.close(fd)
+
+
+def ratio(times: list[float], predicts: list[float]) -> float:
+    """Median of ``times[i] / predicts[i]``."""
+    return float(np.median(np.divide(times, predicts)))
 
 
 class Profile:
@@ -198,38 +224,51 @@ def main() -> None:
     model.predict(x[:32], batch_size=32, verbose=0)  # build and trace the plain step
     print(f"MobileNetV2 a0.35 96x96, {args.images} images, batch 32, best of {args.repeat}")
     algorithms = args.algorithms.split(",")
-    results = {}  # name -> (predict, first call, call again)
-    for algo in ("retrace", *algorithms):
+    results = {}  # name -> (predicts, first calls, calls again), one of each per run
+    for algo in ("retrace", "bare trace", *algorithms):
         base, first, again = [], [], []
         for i in range(args.repeat):
-            base.append(timed_predict(model, x))
-            if algo == "retrace":
-                first.append(timed_retrace(model, x))
+            if algo in ("retrace", "bare trace"):
+                base.append(timed_predict(model, x))
+                timer = timed_retrace if algo == "retrace" else timed_bare_trace
+                first.append(timer(model, x))
                 continue
             path = os.path.join(out, f"{algo}{i}.txt")
+            base.append(timed_predict(model, x))
             first.append(timed_calibrate(model, x, path, algo, keep=False))
             timed_calibrate(model, x, path, algo, keep=True)  # traces the step it keeps
+            base.append(timed_predict(model, x))
             again.append(timed_calibrate(model, x, path, algo, keep=True))
             timed_calibrate(model, x, path, algo, keep=False)  # drops it again
-        results[algo] = (min(base), min(first), min(again) if again else None)
+        if again:  # first calls against the even predicts, calls again against the odd ones
+            results[algo] = (base[0::2], first, base[1::2], again)
+        else:
+            results[algo] = (base, first, None, None)
     if not args.no_tflite:
-        results["tflite int8"] = (timed_predict(model, x), timed_tflite(model, x), None)
-    print(f"warm predict: {min(r[0] for r in results.values()):.3f} s")
+        results["tflite int8"] = ([timed_predict(model, x)], [timed_tflite(model, x)], None, None)
+    predicts = [t for r in results.values() for t in (*r[0], *(r[2] or ()))]
+    print(
+        f"warm predict: best {min(predicts):.3f} s, median {np.median(predicts):.3f} s, "
+        f"slowest {max(predicts):.3f} s over {len(predicts)} runs"
+    )
     print(f"{'':<12} {'first s':>8} {'x predict':>9} {'again s':>8} {'x predict':>9} {'goal':>5}")
-    for algo, (b, c, w) in results.items():
+    for algo, (b1, c, b2, w) in results.items():
         goal = GOALS.get(algo)
-        again = "" if w is None else f"{w:>8.3f} {w / b:>9.2f}"
+        first_ratio = ratio(c, b1)
+        again_ratio = None if w is None else ratio(w, b2)
+        again = "" if w is None else f"{min(w):>8.3f} {again_ratio:>9.2f}"
         marks = ""
         if goal is not None:
             marks = " ".join(
-                f"{label} {'ok' if t / b <= goal else 'over'}"
-                for label, t in (("first", c), ("again", w))
+                f"{label} {'ok' if r <= goal else 'over'}"
+                for label, r in (("first", first_ratio), ("again", again_ratio))
             )
-        print(f"{algo:<12} {c:>8.3f} {c / b:>9.2f} {again:>18} {goal or '':>5} {marks}")
+        print(f"{algo:<12} {min(c):>8.3f} {first_ratio:>9.2f} {again:>18} {goal or '':>5} {marks}")
     print(
-        "(first: calibrate() traces and instantiates its observed step; again: the step kept\n"
-        " from the call before, as Keras keeps its predict function; retrace: a plain predict\n"
-        " with its step traced anew, the floor of any first call)"
+        "(seconds: best run; x predict: median of per-run ratios. first: calibrate() traces and\n"
+        " instantiates its observed step; again: the step kept from the call before, as Keras\n"
+        " keeps its predict function; retrace: a plain predict with its step traced anew;\n"
+        " bare trace: the model alone traced and run, the floor of any first call)"
     )
 
     print("\nwhere calibrate() spends its time (one profiled run each, seconds):")
