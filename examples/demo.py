@@ -23,8 +23,12 @@ import numpy as np  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
 
 from amct_bridge.cli import main as cli  # noqa: E402
-from amct_bridge.commands.espdl_eval import evaluate  # noqa: E402
-from amct_bridge.keras import QuantCalibration, export_espdl, simulate  # noqa: E402
+from amct_bridge.keras import (  # noqa: E402
+    QuantCalibration,
+    evaluate_espdl,
+    export_espdl,
+    simulate,
+)
 from amct_bridge.records import load  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -133,7 +137,9 @@ def demo(out: Path) -> None:
         export_espdl(
             model, record_path, other, feature_type=ftype, granularity=gran, target="esp32s3"
         )
-        ev = evaluate(other, model, x_test, y_test, record=load(record_path), target="esp32s3")
+        ev = evaluate_espdl(
+            other, model, x_test, y_test, record=load(record_path), target="esp32s3"
+        )
         print(
             f"{ftype + ' ' + gran:<15} float {ev.float_acc:.4f}   fake-quant "
             f"{ev.fake_quant_acc:.4f}   chip {ev.chip_acc:.4f}"

@@ -2,7 +2,8 @@
 
 Runs a labelled dataset through the float Keras model, the fake-quantized copy
 (:func:`amct_bridge.keras.simulate` with the record) and the bit-exact chip simulator
-(:func:`amct_bridge.espdl.chip.simulate_chip` on the export directory), prints the three
+(:func:`amct_bridge.espdl.chip.simulate_chip` on the export directory), through
+:func:`amct_bridge.keras.evaluate_espdl`, prints the three
 accuracies side by side, then per chip layer the error of its dequantized output against the
 float model's output of the same layer (SNR in dB, max abs error, share of saturated elements):
 the layer whose exponent costs accuracy stands out before anything is flashed. With
@@ -25,16 +26,9 @@ import numpy as np
 
 from amct_bridge.commands.common import add_mindspore_net, add_unsafe_load, load_npy
 from amct_bridge.errors import AmctBridgeError, ExportError
-from amct_bridge.espdl.evaluation import (
-    Evaluation,
-    LayerError,
-    chip_network,
-    evaluate_export,
-    format_evaluation,
-    snr_db,
-)
+from amct_bridge.espdl.evaluation import format_evaluation
 
-__all__ = ["Evaluation", "LayerError", "evaluate", "format_evaluation", "load_dataset", "snr_db"]
+__all__ = ["load_dataset"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -98,71 +92,6 @@ def load_dataset(data: str, labels: str | None = None) -> tuple[np.ndarray, np.n
     return np.asarray(x), y.astype(np.int64)
 
 
-def _predict(model, x: np.ndarray, batch: int) -> list[np.ndarray]:
-    """Eager batched calls: ``predict`` on several models retraces and floods stderr."""
-    import keras
-
-    parts: list[list[np.ndarray]] = []
-    for start in range(0, len(x), batch):
-        outs = model(x[start : start + batch], training=False)
-        outs = outs if isinstance(outs, list | tuple) else [outs]
-        parts.append([np.asarray(keras.ops.convert_to_numpy(o)) for o in outs])
-    return [np.concatenate(col) for col in zip(*parts, strict=True)]
-
-
-def _float_outputs(model, x: np.ndarray, names: list[str], batch: int) -> dict[str, np.ndarray]:
-    import keras
-
-    found = {}
-    for name in names:
-        try:
-            found[name] = model.get_layer(name).output
-        except ValueError:
-            continue  # nested ("outer/inner") or not a layer: no float reference
-    inputs = model.inputs[0] if len(model.inputs) == 1 else model.inputs  # as the model is called
-    probe = keras.Model(inputs, list(found.values()))
-    return dict(zip(found, _predict(probe, x, batch), strict=True))
-
-
-def evaluate(
-    export_dir: str | Path,
-    model,
-    x: np.ndarray,
-    y: np.ndarray,
-    *,
-    record=None,
-    target: str | None = None,
-    input_exponent: int | None = None,
-    batch_size: int = 64,
-) -> Evaluation:
-    """Float, fake-quant (if ``record``) and chip accuracy of a Keras ``model`` / its export
-    on (x, y); x NHWC, as the model and the chip take it.
-
-    Example:
-        >>> evaluate.__name__
-        'evaluate'
-    """
-    net = chip_network(export_dir, x)  # before the model meets data of another shape
-    float_scores = _predict(model, x, batch_size)[0]
-    fq_scores = None
-    if record is not None:
-        from amct_bridge.keras import simulate
-
-        fq_scores = _predict(simulate(model, record), x, batch_size)[0]
-    return evaluate_export(
-        net,
-        x,
-        y,
-        float_scores=float_scores,
-        fake_quant_scores=fq_scores,
-        floats=lambda names: _float_outputs(model, x, names, batch_size),
-        output=model.outputs[0]._keras_history.operation.name,
-        target=target,
-        input_exponent=input_exponent,
-        batch_size=batch_size,
-    )
-
-
 def run(args: argparse.Namespace) -> int:
     """Run the evaluation; returns the exit code."""
     from amct_bridge.commands.common import load_keras_model
@@ -191,7 +120,9 @@ def run(args: argparse.Namespace) -> int:
         if x.dtype != np.float32:
             x = x.astype(np.float32)  # MindSpore casts no input (as calibrate --mindspore)
     else:
-        model, run_eval = load_keras_model(args.model, unsafe=args.unsafe_load), evaluate
+        from amct_bridge.keras.espdl_eval import evaluate_espdl as run_eval
+
+        model = load_keras_model(args.model, unsafe=args.unsafe_load)
     ev = run_eval(
         args.export,
         model,

@@ -11,6 +11,7 @@ Example:
 """
 
 from amct_bridge.keras.calibrate import calibrate
+from amct_bridge.keras.espdl_eval import evaluate_espdl
 from amct_bridge.keras.espdl_weights import export_espdl
 from amct_bridge.keras.freeze import freeze_model
 from amct_bridge.keras.graph import extract_graph
@@ -31,6 +32,7 @@ __all__ = [
     "SelectivePruneCallback",
     "apply_selective_masks",
     "calibrate",
+    "evaluate_espdl",
     "export_espdl",
     "extract_graph",
     "freeze_model",

@@ -19,9 +19,8 @@ import pytest
 from sklearn.datasets import load_digits
 
 from amct_bridge.cli import main
-from amct_bridge.commands.espdl_eval import evaluate
 from amct_bridge.espdl import SourceLayer, export_layers, load_network, simulate_chip
-from amct_bridge.keras import QuantCalibration, export_espdl
+from amct_bridge.keras import QuantCalibration, evaluate_espdl, export_espdl
 from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -137,7 +136,7 @@ def test_done_when_model_exports_compiles_and_simulates(
     assert set(chip.approximate_layers) == {"ap", "gap"}  # the documented approximate pools
 
     # espdl-eval scores the chip output that computes the model's first output
-    ev = evaluate(out, model, x, y, target="esp32s3")
+    ev = evaluate_espdl(out, model, x, y, target="esp32s3")
     assert ev.chip_acc == float(np.mean(chip["logits"].values.argmax(1) == y))
 
 
