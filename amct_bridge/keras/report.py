@@ -2,10 +2,15 @@
 
 :class:`KerasReportRunner` lists a model's quantizable parts by record key and runs the model,
 float or through :func:`amct_bridge.keras.simulate` with a (partial) record, returning the
-outputs of the layers asked for. Layer outputs are read from the top-level functional graph, so
-layers inside a nested model, and shared layers (several outputs), get model-level columns only.
-A SeparableConv2D's pointwise input (the depthwise output) lives inside the layer: its input
-columns stay empty.
+outputs of the layers asked for. The report runs one pass per layer, each with a record of that
+layer alone: instead of a new simulated copy per pass, one copy of the whole record is made whose
+parts can be switched back to float (a 0/1 variable gates each input's fake quantization, and the
+kernel variables are assigned their float or quantized values), and it runs in compiled
+functions traced once. A record that is not part of the first one gets a copy of its own.
+
+Layer outputs are read from the top-level functional graph, so layers inside a nested model, and
+shared layers (several outputs), get model-level columns only. A SeparableConv2D's pointwise
+input (the depthwise output) lives inside the layer: its input columns stay empty.
 
 Example:
     >>> import keras, numpy as np
@@ -26,11 +31,18 @@ from collections.abc import Sequence
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from amct_bridge.keras.fake_quant import layer_spec
 from amct_bridge.keras.layers import class_name
 from amct_bridge.keras.rewrite import quantizable_layers
-from amct_bridge.keras.simulate import _by_keras_keys, simulate
+from amct_bridge.keras.simulate import (
+    SimulatedQuant,
+    _by_keras_keys,
+    _record_parts,
+    simulate,
+    simulated_copy,
+)
 from amct_bridge.records.calibration import CalibrationStats
 from amct_bridge.records.model import Record
 from amct_bridge.report import LayerInfo, Report, RunResult, build_report, read_record
@@ -57,6 +69,8 @@ class KerasReportRunner:
         self.batch_size = int(batch_size)
         self._infos: list[LayerInfo] = []
         self._part: dict[str, int] = {}  # record key -> part index in its layer
+        self._switched: _Switched | None = None  # the first record's switchable copy
+        self._functions: dict = {}  # traced forward functions, by model and tensors
         for key, layer in quantizable_layers(model).items():
             spec = layer_spec(layer)
             first = getattr(layer, "data_format", "channels_last") == "channels_first"
@@ -71,30 +85,93 @@ class KerasReportRunner:
 
     def run(self, record: Record | None, keys: Sequence[str]) -> RunResult:
         """Forward the data through the float model (``record=None``) or its simulated copy."""
-        model = self.model if record is None else simulate(self.model, record)
+        if record is None:
+            return self._compiled(self.model, keys, inputs=True)
+        if self._switched is None:
+            self._switched = _Switched(self.model, record)
+        if self._switched.select(record):
+            return self._compiled(self._switched.model, keys, inputs=False)
+        return self._eager(simulate(self.model, record), keys)
+
+    def _probed(self, model: keras.Model, keys: Sequence[str], inputs: bool):
+        """The tensors of ``keys`` (and float inputs of first parts) in ``model``, and their
+        ``("out" | "in", record key)`` names."""
         layer_of = {i.key: i.layer for i in self._infos}
         tensors: list = []
-        names: list[tuple[str, str]] = []  # ("out" | "in", record key) of each probed tensor
+        names: list[tuple[str, str]] = []
         for key in keys:
             out = _single(model, layer_of[key], "output")
             if out is not None:
                 tensors.append(out)
                 names.append(("out", key))
-            if record is None and self._part[key] == 0:
+            if inputs and self._part[key] == 0:
                 inp = _single(model, layer_of[key], "input")
                 if inp is not None:
                     tensors.append(inp)
                     names.append(("in", key))
+        return tensors, names
+
+    def _eager(self, model: keras.Model, keys: Sequence[str]) -> RunResult:
+        tensors, names = self._probed(model, keys, inputs=False)
         probe = keras.Model(model.inputs, [model.outputs[0], *tensors])
-        values = self._forward(probe)
-        result = RunResult(final=values[0])
-        for (what, key), value in zip(names, values[1:], strict=True):
-            (result.outputs if what == "out" else result.inputs)[key] = value
-        return result
+        return _result(self._forward(probe), names)
+
+    def _compiled(self, model: keras.Model, keys: Sequence[str], inputs: bool) -> RunResult:
+        """One key: the function of every key's output with a switch on which one is returned
+        (traced once for all the per-layer passes); otherwise a function per key set."""
+        if len(keys) == 1 and not inputs:
+            every = [i.key for i in self._infos]
+            fn = self._function(model, every, inputs=False, select=True)
+            tensors, names = fn.probed
+            want = [n for n in names if n[1] == keys[0]]
+            if not want:
+                return self._compiled(model, [], inputs=False)
+            index = names.index(want[0])
+            shape = tuple(tensors[index].shape[1:])
+            if all(isinstance(d, int) for d in shape):  # else: a function of its own below
+                fn.index.assign(index)
+                final, chosen = self._batches(fn)
+                return _result([final, chosen.reshape((len(chosen), *shape))], want)
+        fn = self._function(model, keys, inputs, select=False)
+        return _result(self._batches(fn), fn.probed[1])
+
+    def _function(self, model, keys, inputs: bool, select: bool):
+        cache_key = (id(model), tuple(keys), inputs, select)
+        if cache_key in self._functions:
+            return self._functions[cache_key]
+        tensors, names = self._probed(model, keys, inputs)
+        probe = keras.Model(model.inputs, [model.outputs[0], *tensors])
+        index = tf.Variable(0, trainable=False)
+
+        def step(*batch):
+            outs = probe(list(batch), training=False)
+            outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+            if not select:
+                return outs
+            flat = [tf.reshape(o, [tf.shape(o)[0], -1]) for o in outs[1:]]
+            return outs[0], tf.switch_case(index.read_value(), [lambda f=f: f for f in flat])
+
+        arrays = self._arrays()
+        specs = [tf.TensorSpec((None, *a.shape[1:]), a.dtype) for a in arrays]
+        fn = tf.function(step, input_signature=specs, autograph=False)
+        fn.probed, fn.index = (tensors, names), index
+        self._functions[cache_key] = fn
+        return fn
+
+    def _arrays(self) -> list[np.ndarray]:
+        return list(self.data) if isinstance(self.data, (list, tuple)) else [self.data]
+
+    def _batches(self, fn) -> list[np.ndarray]:
+        arrays = self._arrays()
+        chunks = []
+        for start in range(0, len(arrays[0]), self.batch_size):
+            outs = fn(*(a[start : start + self.batch_size] for a in arrays))
+            chunks.append([np.asarray(o) for o in outs])
+        return [np.concatenate(parts) for parts in zip(*chunks, strict=True)]
 
     def _forward(self, probe: keras.Model) -> list[np.ndarray]:
         """Eager batches (no tf.function trace per probe model: each run builds a new one)."""
-        arrays = self.data if isinstance(self.data, (list, tuple)) else [self.data]
+        arrays = self._arrays()
         n = len(arrays[0])
         chunks: list[list[np.ndarray]] = []
         for start in range(0, n, self.batch_size):
@@ -103,6 +180,86 @@ class KerasReportRunner:
             outs = outs if isinstance(outs, (list, tuple)) else [outs]
             chunks.append([keras.ops.convert_to_numpy(o) for o in outs])
         return [np.concatenate(parts) for parts in zip(*chunks, strict=True)]
+
+
+def _result(values: list[np.ndarray], names: list[tuple[str, str]]) -> RunResult:
+    result = RunResult(final=values[0])
+    for (what, key), value in zip(names, values[1:], strict=True):
+        (result.outputs if what == "out" else result.inputs)[key] = value
+    return result
+
+
+class _SwitchedQuant(SimulatedQuant):
+    """:class:`SimulatedQuant` whose input and depthwise-output quantization each have an on/off
+    variable (1.0 on): switched off, the tensor passes unchanged."""
+
+    def build(self, input_shape=None):
+        super().build(input_shape)
+        self.switches = {
+            name: self.add_weight(
+                name=f"{name}_on",
+                shape=(),
+                initializer="ones",
+                trainable=False,
+                autocast=False,
+            )
+            for name in ("input", "mid")
+        }
+
+    def _quant(self, x, name: str):
+        y = super()._quant(x, name)
+        return x if y is x else keras.ops.where(self.switches[name] > 0.5, y, x)
+
+
+class _Switched:
+    """The simulated copy of a record whose parts switch between quantized and float.
+
+    Per record key: the on/off variable of its input (first part) or depthwise output (second),
+    and its kernel variable with the float and the quantized values. :meth:`select` sets them
+    for a record whose entries are all the first record's.
+    """
+
+    def __init__(self, model: keras.Model, record: Record) -> None:
+        self.full = dict(record.layers)
+        self.model, pairs = simulated_copy(model, record, _SwitchedQuant)
+        parts = _record_parts(model, record)
+        self.parts: dict[str, tuple] = {}  # record key -> (switch or None, [(var, float, quant)])
+        for key, (orig, new) in pairs.items():
+            mine = parts.get(key)
+            if not mine:
+                continue  # not in the record: a plain copy
+            spec = layer_spec(orig)
+            inner = new.layer if isinstance(new, SimulatedQuant) else new
+            attrs = [attr for attr, _ in spec.kernels] or [""]
+            for i, attr in enumerate(attrs):
+                f = mine.get(attr)
+                if f is None:
+                    continue
+                switch = None
+                if isinstance(new, _SwitchedQuant):
+                    switch = new.switches["input" if i == 0 else "mid"]
+                kernels = []
+                if attr and (f.scale_w or f.tensor_balance_factor):
+                    var = getattr(inner, attr)
+                    kernels.append((var, np.asarray(getattr(orig, attr)), np.asarray(var)))
+                self.parts[spec.key(key, i)] = (switch, kernels)
+        self.on = set(self.parts)
+
+    def select(self, record: Record) -> bool:
+        """Switch on exactly ``record``'s parts; False if it has an entry the first lacks."""
+        if any(self.full.get(k) != f for k, f in record.layers.items()):
+            return False
+        want = set(record.layers) & set(self.parts)
+        for key, (switch, kernels) in self.parts.items():
+            on = key in want
+            if on == (key in self.on):
+                continue
+            if switch is not None:
+                switch.assign(1.0 if on else 0.0)
+            for var, float_value, quant_value in kernels:
+                var.assign(quant_value if on else float_value)
+        self.on = want
+        return True
 
 
 def _single(model: keras.Model, name: str, what: str):

@@ -182,6 +182,21 @@ def simulate(model: keras.Model, record: Record | str | os.PathLike) -> keras.Mo
         >>> sim = simulate(model, "record.txt")  # doctest: +SKIP
         >>> sim.compile(metrics=["accuracy"]); sim.evaluate(x, y)  # doctest: +SKIP
     """
+    return simulated_copy(model, record)[0]
+
+
+def simulated_copy(
+    model: keras.Model, record: Record | str | os.PathLike, wrapper: type | None = None
+) -> tuple[keras.Model, dict]:
+    """:func:`simulate`'s copy and its layers, ``key -> (original layer, new layer)``.
+
+    ``wrapper``: the :class:`SimulatedQuant` subclass that wraps each quantized layer (the
+    report's switchable one); default SimulatedQuant.
+
+    Example:
+        >>> sim, pairs = simulated_copy(model, "record.txt")  # doctest: +SKIP
+    """
+    wrapper = wrapper or SimulatedQuant
     if not isinstance(record, Record):
         from amct_bridge.records import load
 
@@ -198,7 +213,7 @@ def simulate(model: keras.Model, record: Record | str | os.PathLike) -> keras.Mo
         attrs = [attr for attr, _ in layer_spec(layer).kernels] or [""]
         first = mine[attrs[0]]
         last = mine[attrs[1]] if len(attrs) > 1 else None  # a separable conv's pointwise part
-        return SimulatedQuant(
+        return wrapper(
             new,
             input_quant=input_quant(first) if first is not None else None,
             mid_quant=input_quant(last) if last is not None else None,
@@ -213,7 +228,7 @@ def simulate(model: keras.Model, record: Record | str | os.PathLike) -> keras.Mo
         copy_weights(orig, inner)
         if key in parts:
             _quantize_kernels(inner, parts[key], fused.get(key), key)
-    return clone
+    return clone, pairs
 
 
 def _record_parts(model: keras.Model, record: Record) -> dict[str, dict[str, LayerFactors | None]]:

@@ -236,3 +236,50 @@ def test_record_keyed_by_tf_ops(case, tmp_path):
     by_layer = quant_report(model, out / "record.txt", x, y, top_k=1)
     assert [r.key for r in by_op.rows] == ["conv1", "conv2", "fc"]
     assert [r.snr_model for r in by_op.rows] == [r.snr_model for r in by_layer.rows]
+
+
+def test_switched_copy_runs_as_a_fresh_simulated_copy(tmp_path):
+    """The runner's one switchable copy, with parts switched on and off in any order (DMQ
+    balance and a folded BN included), gives what simulate() of that part alone gives; a record
+    with other factors gets a copy of its own."""
+    from amct_bridge.keras import simulate
+    from amct_bridge.keras.report import KerasReportRunner
+    from amct_bridge.records import LayerFactors, Record
+
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((8, 8, 3))
+    h = keras.layers.Conv2D(6, 3, name="c1")(inputs)
+    h = keras.layers.BatchNormalization(name="bn")(h)
+    h = keras.layers.ReLU()(h)
+    h = keras.layers.SeparableConv2D(5, 3, activation="relu", name="sep")(h)
+    h = keras.layers.GlobalAveragePooling2D()(h)
+    model = keras.Model(inputs, keras.layers.Dense(3, name="fc")(h))
+    bn = model.get_layer("bn")
+    bn.set_weights([w + np.linspace(0.1, 0.5, w.size).astype("float32") for w in bn.get_weights()])
+    x = images(24)
+    full = calibrate(model, x, tmp_path / "r.txt", algorithm="minmax", migration_strength=0.5)
+    assert full.layers["c1"].tensor_balance_factor  # DMQ: balanced input and kernel
+    runner = KerasReportRunner(model, x, batch_size=8)
+    keys = [i.key for i in runner.layers()]
+    assert keys == ["c1", "sep/depthwise", "sep/pointwise", "fc"]
+    runner.run(full, keys)
+    for key in ["fc", "c1", "sep/pointwise", "c1", "sep/depthwise"]:
+        alone = Record({key: full.layers[key]}, flavor=full.flavor)
+        got = runner.run(alone, [key])
+        want = simulate(model, alone).predict(x, verbose=0)
+        np.testing.assert_allclose(got.final, want, rtol=1e-5, atol=1e-6)
+        layer = runner.model.get_layer(key.split("/")[0])
+        probe = keras.Model(model.inputs, layer.output)  # the float model's layer output
+        float_out = probe.predict(x, verbose=0)
+        assert got.outputs[key].shape == float_out.shape
+        assert not np.allclose(got.outputs[key], float_out)  # this part is quantized
+    # back to float everywhere: the final output is the float model's
+    np.testing.assert_allclose(
+        runner.run(Record({}), []).final, model.predict(x, verbose=0), rtol=1e-6, atol=1e-7
+    )
+    f = full.layers["fc"]
+    other = LayerFactors(scale_d=f.scale_d * 4, offset_d=f.offset_d, scale_w=f.scale_w,
+                         offset_w=f.offset_w)  # fmt: skip
+    got = runner.run(Record({"fc": other}), ["fc"])
+    want = simulate(model, Record({"fc": other})).predict(x, verbose=0)
+    np.testing.assert_allclose(got.final, want, rtol=1e-5, atol=1e-6)
