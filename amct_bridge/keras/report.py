@@ -27,7 +27,8 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import keras
 import numpy as np
@@ -122,7 +123,7 @@ class KerasReportRunner:
         if len(keys) == 1 and not inputs:
             every = [i.key for i in self._infos]
             fn = self._function(model, every, inputs=False, select=True)
-            tensors, names = fn.probed
+            tensors, names = fn.tensors, fn.names
             want = [n for n in names if n[1] == keys[0]]
             if not want:
                 return self._compiled(model, [], inputs=False)
@@ -133,9 +134,9 @@ class KerasReportRunner:
                 final, chosen = self._batches(fn)
                 return _result([final, chosen.reshape((len(chosen), *shape))], want)
         fn = self._function(model, keys, inputs, select=False)
-        return _result(self._batches(fn), fn.probed[1])
+        return _result(self._batches(fn), fn.names)
 
-    def _function(self, model, keys, inputs: bool, select: bool):
+    def _function(self, model, keys, inputs: bool, select: bool) -> _Traced:
         cache_key = (id(model), tuple(keys), inputs, select)
         if cache_key in self._functions:
             return self._functions[cache_key]
@@ -153,8 +154,10 @@ class KerasReportRunner:
 
         arrays = self._arrays()
         specs = [tf.TensorSpec((None, *a.shape[1:]), a.dtype) for a in arrays]
-        fn = tf.function(step, input_signature=specs, autograph=False)
-        fn.probed, fn.index = (tensors, names), index
+        # a concrete function: tf.function's "frequent retracing" warning counts every
+        # function of this code, and a report makes four
+        traced = tf.function(step, input_signature=specs, autograph=False)
+        fn = _Traced(traced.get_concrete_function(), tensors, names, index)
         self._functions[cache_key] = fn
         return fn
 
@@ -165,7 +168,7 @@ class KerasReportRunner:
         arrays = self._arrays()
         chunks = []
         for start in range(0, len(arrays[0]), self.batch_size):
-            outs = fn(*(a[start : start + self.batch_size] for a in arrays))
+            outs = fn.call(*(tf.constant(a[start : start + self.batch_size]) for a in arrays))
             chunks.append([np.asarray(o) for o in outs])
         return [np.concatenate(parts) for parts in zip(*chunks, strict=True)]
 
@@ -180,6 +183,17 @@ class KerasReportRunner:
             outs = outs if isinstance(outs, (list, tuple)) else [outs]
             chunks.append([keras.ops.convert_to_numpy(o) for o in outs])
         return [np.concatenate(parts) for parts in zip(*chunks, strict=True)]
+
+
+@dataclass
+class _Traced:
+    """A traced forward function, the Keras tensors it returns after the model output and
+    their names, and the variable choosing the one a per-layer pass returns."""
+
+    call: Callable
+    tensors: list
+    names: list[tuple[str, str]]
+    index: tf.Variable
 
 
 def _result(values: list[np.ndarray], names: list[tuple[str, str]]) -> RunResult:
