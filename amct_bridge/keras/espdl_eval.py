@@ -18,6 +18,7 @@ import keras
 import numpy as np
 
 from amct_bridge.espdl.evaluation import Evaluation, chip_network, evaluate_export
+from amct_bridge.keras.simulate import forward_batches, simulate
 from amct_bridge.records.model import Record
 
 
@@ -45,12 +46,10 @@ def evaluate_espdl(
         >>> # see the module docstring
     """
     net = chip_network(export_dir, x)  # before the model meets data of another shape
-    float_scores = _predict(model, x, batch_size)[0]
+    float_scores = forward_batches(model, [x], batch_size)[0]
     fq_scores = None
     if record is not None:
-        from amct_bridge.keras.simulate import simulate
-
-        fq_scores = _predict(simulate(model, record), x, batch_size)[0]
+        fq_scores = forward_batches(simulate(model, record), [x], batch_size)[0]
     return evaluate_export(
         net,
         x,
@@ -65,16 +64,6 @@ def evaluate_espdl(
     )
 
 
-def _predict(model, x: np.ndarray, batch: int) -> list[np.ndarray]:
-    """Eager batched calls: ``predict`` on several models retraces and floods stderr."""
-    parts: list[list[np.ndarray]] = []
-    for start in range(0, len(x), batch):
-        outs = model(x[start : start + batch], training=False)
-        outs = outs if isinstance(outs, list | tuple) else [outs]
-        parts.append([np.asarray(keras.ops.convert_to_numpy(o)) for o in outs])
-    return [np.concatenate(col) for col in zip(*parts, strict=True)]
-
-
 def _float_outputs(model, x: np.ndarray, names: list[str], batch: int) -> dict[str, np.ndarray]:
     found = {}
     for name in names:
@@ -84,4 +73,4 @@ def _float_outputs(model, x: np.ndarray, names: list[str], batch: int) -> dict[s
             continue  # nested ("outer/inner") or not a layer: no float reference
     inputs = model.inputs[0] if len(model.inputs) == 1 else model.inputs  # as the model is called
     probe = keras.Model(inputs, list(found.values()))
-    return dict(zip(found, _predict(probe, x, batch), strict=True))
+    return dict(zip(found, forward_batches(probe, [x], batch), strict=True))

@@ -40,7 +40,7 @@ from amct_bridge.keras.rewrite import quantizable_layers
 from amct_bridge.keras.simulate import (
     SimulatedQuant,
     _by_keras_keys,
-    _record_parts,
+    forward_batches,
     simulate,
     simulated_copy,
 )
@@ -114,8 +114,8 @@ class KerasReportRunner:
 
     def _eager(self, model: keras.Model, keys: Sequence[str]) -> RunResult:
         tensors, names = self._probed(model, keys, inputs=False)
-        probe = keras.Model(model.inputs, [model.outputs[0], *tensors])
-        return _result(self._forward(probe), names)
+        probe = _probe(model, tensors)
+        return _result(forward_batches(probe, self._arrays(), self.batch_size), names)
 
     def _compiled(self, model: keras.Model, keys: Sequence[str], inputs: bool) -> RunResult:
         """One key: the function of every key's output with a switch on which one is returned
@@ -141,11 +141,11 @@ class KerasReportRunner:
         if cache_key in self._functions:
             return self._functions[cache_key]
         tensors, names = self._probed(model, keys, inputs)
-        probe = keras.Model(model.inputs, [model.outputs[0], *tensors])
+        probe = _probe(model, tensors)
         index = tf.Variable(0, trainable=False)
 
         def step(*batch):
-            outs = probe(list(batch), training=False)
+            outs = probe(batch[0] if len(batch) == 1 else list(batch), training=False)
             outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
             if not select:
                 return outs
@@ -172,17 +172,12 @@ class KerasReportRunner:
             chunks.append([np.asarray(o) for o in outs])
         return [np.concatenate(parts) for parts in zip(*chunks, strict=True)]
 
-    def _forward(self, probe: keras.Model) -> list[np.ndarray]:
-        """Eager batches (no tf.function trace per probe model: each run builds a new one)."""
-        arrays = self._arrays()
-        n = len(arrays[0])
-        chunks: list[list[np.ndarray]] = []
-        for start in range(0, n, self.batch_size):
-            batch = [a[start : start + self.batch_size] for a in arrays]
-            outs = probe(batch, training=False)
-            outs = outs if isinstance(outs, (list, tuple)) else [outs]
-            chunks.append([keras.ops.convert_to_numpy(o) for o in outs])
-        return [np.concatenate(parts) for parts in zip(*chunks, strict=True)]
+
+def _probe(model: keras.Model, tensors: list) -> keras.Model:
+    """``model``'s output and ``tensors``, from its inputs as one tensor for one input (so it is
+    called with one array, as :func:`forward_batches` calls it)."""
+    inputs = model.inputs[0] if len(model.inputs) == 1 else model.inputs
+    return keras.Model(inputs, [model.outputs[0], *tensors])
 
 
 @dataclass
@@ -235,8 +230,7 @@ class _Switched:
 
     def __init__(self, model: keras.Model, record: Record) -> None:
         self.full = dict(record.layers)
-        self.model, pairs = simulated_copy(model, record, _SwitchedQuant)
-        parts = _record_parts(model, record)
+        self.model, pairs, parts = simulated_copy(model, record, _SwitchedQuant)
         self.parts: dict[str, tuple] = {}  # record key -> (switch or None, [(var, float, quant)])
         for key, (orig, new) in pairs.items():
             mine = parts.get(key)

@@ -187,14 +187,15 @@ def simulate(model: keras.Model, record: Record | str | os.PathLike) -> keras.Mo
 
 def simulated_copy(
     model: keras.Model, record: Record | str | os.PathLike, wrapper: type | None = None
-) -> tuple[keras.Model, dict]:
-    """:func:`simulate`'s copy and its layers, ``key -> (original layer, new layer)``.
+) -> tuple[keras.Model, dict, dict]:
+    """:func:`simulate`'s copy, its layers (``key -> (original layer, new layer)``) and the
+    record's factors per layer and kernel attribute (``key -> {attribute: factors}``).
 
     ``wrapper``: the :class:`SimulatedQuant` subclass that wraps each quantized layer (the
     report's switchable one); default SimulatedQuant.
 
     Example:
-        >>> sim, pairs = simulated_copy(model, "record.txt")  # doctest: +SKIP
+        >>> sim, pairs, parts = simulated_copy(model, "record.txt")  # doctest: +SKIP
     """
     wrapper = wrapper or SimulatedQuant
     if not isinstance(record, Record):
@@ -228,7 +229,28 @@ def simulated_copy(
         copy_weights(orig, inner)
         if key in parts:
             _quantize_kernels(inner, parts[key], fused.get(key), key)
-    return clone, pairs
+    return clone, pairs, parts
+
+
+def forward_batches(model: keras.Model, arrays: list[np.ndarray], batch_size: int) -> list:
+    """``model``'s outputs on ``arrays`` (one per model input), called eagerly batch by batch,
+    as numpy arrays: one per output. Eager, because a copy made for one pass would cost a
+    trace more than its batches.
+
+    Example:
+        >>> m = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, use_bias=False)])
+        >>> m.set_weights([np.float32([[1.0], [2.0]])])
+        >>> forward_batches(m, [np.float32([[1, 1], [0, 1], [1, 0]])], 2)[0].ravel().tolist()
+        [3.0, 2.0, 1.0]
+    """
+    chunks: list[list[np.ndarray]] = []
+    for start in range(0, len(arrays[0]), batch_size):
+        batch = [a[start : start + batch_size] for a in arrays]
+        # one array for a one-input model: Keras warns of a structure mismatch for a list
+        outs = model(batch[0] if len(batch) == 1 else batch, training=False)
+        outs = outs if isinstance(outs, (list, tuple)) else [outs]
+        chunks.append([np.asarray(keras.ops.convert_to_numpy(o)) for o in outs])
+    return [np.concatenate(parts) for parts in zip(*chunks, strict=True)]
 
 
 def _record_parts(model: keras.Model, record: Record) -> dict[str, dict[str, LayerFactors | None]]:
