@@ -16,6 +16,7 @@ import logging
 from mindspore import nn
 
 from amct_bridge.errors import AmctBridgeError
+from amct_bridge.mindspore.instrument_cells import put
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,8 @@ def replace_relu6(net: nn.Cell) -> nn.Cell:
     for name, cell in list(out.cells_and_names()):
         for child, sub in list(cell._cells.items()):
             if isinstance(sub, nn.ReLU6):
-                cell.insert_child_to_cell(child, nn.ReLU())
+                # put() refreshes SequentialCell.cell_list, which its construct runs
+                put(cell, child, nn.ReLU())
                 replaced.append(f"{name}.{child}" if name else child)
     log.info("replace_relu6: %d ReLU6 cell(s) replaced: %s", len(replaced), ", ".join(replaced))
     return out

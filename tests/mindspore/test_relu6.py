@@ -77,3 +77,26 @@ def test_functional_relu6_stays_refused_by_name(tmp_path):
         ams.export_espdl(relu, record, None, sample_input=(1, 1, 4, 4))
     with pytest.raises(Exception, match="expected a mindspore.nn.Cell"):
         ams.replace_relu6("net")
+
+
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+def test_relu6_inside_a_sequential_cell_is_replaced(mode):
+    """SequentialCell runs its cell_list, not _cells: a swap that left cell_list stale still
+    clipped at 6 although cells_and_names() said ReLU (a MobileNetV2 trial)."""
+    import mindspore as ms
+
+    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
+    try:
+        net = nn.SequentialCell([nn.Dense(3, 4), nn.SequentialCell([nn.ReLU6(), nn.Dense(4, 2)])])
+        x = np.random.default_rng(2).normal(0, 30, (6, 3)).astype(np.float32)
+        relu = ams.replace_relu6(net)
+        w1, b1 = net[0].weight.asnumpy(), net[0].bias.asnumpy()
+        w2, b2 = net[1][1].weight.asnumpy(), net[1][1].bias.asnumpy()
+        h = x @ w1.T + b1
+        assert (h > 6).any()  # the clip would matter
+        expected = np.maximum(h, 0) @ w2.T + b2
+        np.testing.assert_allclose(relu(Tensor(x)).asnumpy(), expected, rtol=1e-5, atol=1e-4)
+        clipped = np.clip(h, 0, 6) @ w2.T + b2
+        np.testing.assert_allclose(net(Tensor(x)).asnumpy(), clipped, rtol=1e-5, atol=1e-4)
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
