@@ -18,12 +18,31 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from amct_bridge.errors import AmctBridgeError
+
+log = logging.getLogger(__name__)
+
+#: scalar optimizer and training state that ModelCheckpoint saves beside the network's weights
+TRAINING_STATE = frozenset(
+    (
+        "global_step",
+        "learning_rate",
+        "momentum",
+        "beta1_power",
+        "beta2_power",
+        "epoch_num",
+        "step_num",
+        "loss_scale",
+        "current_iterator_step",
+        "last_overflow_iterator_step",
+    )
+)
 
 
 def parse_input_shape(text: str) -> tuple[int, ...]:
@@ -132,13 +151,25 @@ def load_checkpoint(net: Any, ckpt: str) -> None:
     except Exception as err:  # MindSpore raises ValueError/RuntimeError for a bad file
         raise AmctBridgeError(f"{ckpt}: cannot read checkpoint: {err}") from None
     own = {p.name: tuple(p.shape) for _, p in net.parameters_and_names()}
-    problems = [f"{name} missing from the checkpoint" for name in own if name not in saved]
+    ignored = _training_state(saved, own)
+    if ignored["statistics"]:
+        log.warning(
+            "%s: ignoring %d amct_bridge.* entries (calibration statistics an older amct_bridge "
+            "saved into checkpoints of a calibrated epoch; they are not weights)",
+            ckpt,
+            len(ignored["statistics"]),
+        )
+    if ignored["optimizer"]:
+        log.info("%s: ignoring %d optimizer entries", ckpt, len(ignored["optimizer"]))
+    saved = {k: v for k, v in saved.items() if k not in ignored["all"]}
+    # unexpected names and shape conflicts first: they tell which network a checkpoint is of
+    problems = [f"{name} is not a parameter of the network" for name in saved if name not in own]
     problems += [
         f"{name} {tuple(saved[name].shape)} in the checkpoint, {shape} in the network"
         for name, shape in own.items()
         if name in saved and tuple(saved[name].shape) != shape
     ]
-    problems += [f"{name} is not a parameter of the network" for name in saved if name not in own]
+    problems += [f"{name} missing from the checkpoint" for name in own if name not in saved]
     if own and saved and not set(own) & set(saved):
         raise AmctBridgeError(
             f"{ckpt}: checkpoint does not fit {type(net).__name__}: none of its "
@@ -154,3 +185,15 @@ def load_checkpoint(net: Any, ckpt: str) -> None:
             f"parameter(s)): {shown}"
         )
     ms.load_param_into_net(net, saved, strict_load=True)
+
+
+def _training_state(saved: dict, own: dict) -> dict[str, set[str]]:
+    """Checkpoint entries that are not the network's weights: amct_bridge statistics, and what
+    ModelCheckpoint saves of the optimizer (scalars, and slots named ``<slot>.<parameter>``)."""
+    statistics = {k for k in saved if k.startswith("amct_bridge.") and k not in own}
+    optimizer = {
+        k
+        for k in saved
+        if k not in own and (k in TRAINING_STATE or ("." in k and k.split(".", 1)[1] in own))
+    }
+    return {"statistics": statistics, "optimizer": optimizer, "all": statistics | optimizer}

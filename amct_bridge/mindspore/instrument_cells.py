@@ -120,6 +120,11 @@ def _summarise(x, slot, within, bufs, spec):
         ops.scatter_update(bufs[chan_i], slot, ops.expand_dims(chan, 0))
 
 
+def _unregistered(cell: nn.Cell, name: str, value) -> None:
+    """``cell.name = value`` for a Parameter or ParameterTuple, kept out of ``cell._params``."""
+    object.__setattr__(cell, name, value)
+
+
 class Probe(nn.Cell):
     """The wrapper put in place of an observed cell: summaries around the cell's own call.
 
@@ -148,12 +153,15 @@ class Probe(nn.Cell):
         self.out_specs = tuple(specs[len(inputs) :])
         self.has_inputs, self.has_outputs = bool(inputs), bool(outputs)
         self.has_grid = any(s.bins for s in (*inputs, *outputs))
-        self.bufs = ParameterTuple(params)
         self.slots, self.calls = int(slots), int(calls)
-        self.count = _param(np.zeros((), np.int32), f"{prefix}.count")
         self.one = Tensor(1, ms.int32)
-        self.limit = _param(np.full((), NO_LIMIT, np.int32), f"{prefix}.limit")
         self.last = 0  # host side: counter at the last drain
+        # The statistics are attributes, not registered Parameters: both modes read and assign
+        # them all the same, but parameters_and_names(), and so save_checkpoint and a
+        # ModelCheckpoint during a calibrated epoch, never sees them.
+        _unregistered(self, "bufs", ParameterTuple(params))
+        _unregistered(self, "count", _param(np.zeros((), np.int32), f"{prefix}.count"))
+        _unregistered(self, "limit", _param(np.full((), NO_LIMIT, np.int32), f"{prefix}.limit"))
 
     def construct(self, *inputs):
         """Summarise the input(s), run the cell, summarise its output, count the call."""

@@ -371,3 +371,37 @@ def test_save_every_epoch_and_accumulate(tmp_path):
     model.eval(dataset(big), callbacks=[cb])
     check_record(load(path, flavor="mindspore"), net, cell_inputs(net, [x, big]))
     assert load_stats(sidecar_path(path)).batches == 3
+
+
+def test_checkpoints_of_a_calibrated_epoch_hold_only_the_network(mode, tmp_path, caplog):
+    """ModelCheckpoint during a calibrated Model.train saves what the network has: no
+    amct_bridge.* statistics (they grew LeNet5's checkpoint to 3.3 MB and made export-espdl
+    --ckpt refuse it), and the checkpoint, optimizer state included, loads into a plain net."""
+    from mindspore.train.callback import CheckpointConfig, ModelCheckpoint
+
+    from amct_bridge.commands.mindspore_net import load_checkpoint
+
+    net, x = make_net(), data()
+    model = make_model(net, lr=0.01)
+    saver = ModelCheckpoint(
+        "calib", str(tmp_path / "ckpt"), CheckpointConfig(save_checkpoint_steps=1)
+    )
+    path = tmp_path / "record.txt"
+    model.train(1, dataset(x), callbacks=[QuantCalibration(path, algorithm="minmax"), saver])
+    files = sorted((tmp_path / "ckpt").glob("*.ckpt"))
+    assert len(files) == 3 and path.is_file()
+    for f in files:
+        assert not [k for k in ms.load_checkpoint(str(f)) if k.startswith("amct_bridge")], f
+    plain = make_net()
+    load_checkpoint(plain, str(files[-1]))
+    pairs = zip(net.parameters_and_names(), plain.parameters_and_names(), strict=True)
+    for (name, p), (_, q) in pairs:
+        np.testing.assert_array_equal(p.asnumpy(), q.asnumpy(), err_msg=name)
+
+    # a checkpoint an older amct_bridge wrote, statistics inside: ignored with a note
+    old = [{"name": n, "data": p} for n, p in net.parameters_and_names()]
+    old.append({"name": "amct_bridge.0.0.minmax", "data": Tensor(np.zeros((2, 5)))})
+    ms.save_checkpoint(old, str(tmp_path / "old.ckpt"))
+    with caplog.at_level("WARNING"):
+        load_checkpoint(make_net(), str(tmp_path / "old.ckpt"))
+    assert "ignoring 1 amct_bridge.* entries" in caplog.text
