@@ -120,6 +120,9 @@ class Instrumentation(Protocol):
     def set_limit(self, steps: int | None) -> None:
         """Steps after which no batch bins onto a grid any more (None: never)."""
 
+    # Optional: ``non_finite() -> bool``, True once an observed tensor held a NaN or an Inf,
+    # cheap enough to ask after every step (the session then reads at once and raises).
+
 
 @dataclass
 class PartWeights:

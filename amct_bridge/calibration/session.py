@@ -233,8 +233,12 @@ class CalibrationSession:
         self._pass_batches += max(1, batch - self._begin + 1)
         self._ends += 1
         done = self.batch_num is not None and self._pass_base + self._pass_batches >= self.batch_num
-        # the first read comes early: it gives the histogram points their grids
-        if done or self._ends == 1 or self._ends % self._inst.read_every == 0:
+        # the first read comes early: it gives the histogram points their grids; a non-finite
+        # batch is read at once (instrumentations that can tell cheaply: non_finite()), so the
+        # error names it and the run stops there, not at the next read or the end of the run
+        non_finite = getattr(self._inst, "non_finite", None)
+        bad = non_finite is not None and non_finite()
+        if done or bad or self._ends == 1 or self._ends % self._inst.read_every == 0:
             self._drain()
         if done:
             self.stop_pass(mode)

@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any
 
@@ -138,7 +139,14 @@ class QuantCalibration(Callback):
     # ---- MindSpore hooks: short, the work is in Session ---------------------------------------
 
     def on_train_begin(self, run_context) -> None:
-        """Start a run; the training pass starts with the first step (``on`` auto / train)."""
+        """Start a run; the training pass starts with the first step (``on`` auto / train).
+        ``on="validation"`` in a run without validation data is refused here, before training."""
+        if self.on == "validation" and _without_validation():
+            raise CalibrationError(
+                "QuantCalibration(on='validation'): this run has no validation data; use "
+                "Model.fit(..., valid_dataset=...) (Model.train has no validation passes); "
+                "nothing trained, no record written"
+            )
         self._in_train = True
         self._begin_run(run_context)
         self._pending = "train" if self.on in ("auto", "train") else None
@@ -148,8 +156,9 @@ class QuantCalibration(Callback):
         self._step_begin(run_context, "train")
 
     def on_train_step_end(self, run_context) -> None:
-        """Count the step; read the statistics every few steps."""
-        self._step_end("train")
+        """Count the step; read the statistics every few steps, and at once after a step whose
+        statistics are not finite: the run stops there (``request_stop``, then the error)."""
+        self._step_end(run_context, "train")
 
     def on_train_epoch_end(self, run_context) -> None:
         """With ``save_every_epoch``: write what was gathered so far."""
@@ -186,8 +195,8 @@ class QuantCalibration(Callback):
         self._step_begin(run_context, "eval")
 
     def on_eval_step_end(self, run_context) -> None:
-        """Count the step; read the statistics every few steps."""
-        self._step_end("eval")
+        """Count the step; read the statistics every few steps (at once after a non-finite one)."""
+        self._step_end(run_context, "eval")
 
     def on_eval_end(self, run_context) -> None:
         """End of ``Model.eval``: write. Inside ``fit``: end the validation pass / resume."""
@@ -263,9 +272,13 @@ class QuantCalibration(Callback):
         session.forget_graphs(args.get(f"{mode}_network"))
         session.start_pass(mode)
 
-    def _step_end(self, mode: str) -> None:
+    def _step_end(self, run_context, mode: str) -> None:
         if self._session is not None and self._session.active:
-            self._guard(self._session.batch_end, mode, 0)
+            try:
+                self._guard(self._session.batch_end, mode, 0)
+            except CalibrationError:
+                run_context.request_stop()  # no further step: the optimizer would apply it
+                raise
 
     def _end_run(self, mode: str) -> None:
         session = self._session
@@ -283,3 +296,20 @@ class QuantCalibration(Callback):
         except BaseException:
             self.restore()
             raise
+
+
+def _without_validation() -> bool:
+    """True when the ``Model._train`` running this callback was given no ``valid_dataset``.
+
+    MindSpore passes the validation set to ``_train`` but not to the callbacks' run context, so
+    its frame is the only place to learn it at the start; False when no such frame is found
+    (then the end of the run says it)."""
+    frame = inspect.currentframe()
+    try:
+        while frame is not None:
+            if frame.f_code.co_name == "_train" and "valid_dataset" in frame.f_locals:
+                return frame.f_locals["valid_dataset"] is None
+            frame = frame.f_back
+        return False
+    finally:
+        del frame

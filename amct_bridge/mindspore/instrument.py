@@ -65,7 +65,7 @@ import itertools
 from collections.abc import Iterable
 
 import numpy as np
-from mindspore import Tensor, nn
+from mindspore import Parameter, Tensor, nn
 
 from amct_bridge.calibration.protocol import Point, Row
 from amct_bridge.errors import CalibrationError
@@ -119,6 +119,9 @@ class Instrumentation:
         self._probes: list[Probe] = []
         self._probe_index: dict[int, int] = {}  # point -> its probe
         self._summary: dict[int, Summary] = {}
+        self._health = Parameter(
+            Tensor(np.zeros((), np.float32)), name=f"amct_bridge.{uid}.health", requires_grad=False
+        )
         for k, indices in enumerate(by_cell.values()):
             calls = max(max(1, self.points[i].calls) for i in indices)
             slots = self.steps_per_read * calls
@@ -128,7 +131,9 @@ class Instrumentation:
             ins = [self._summary[i] for i in indices if self.points[i].role == "input"]
             outs = [self._summary[i] for i in indices if self.points[i].role == "output"]
             cell = self.points[indices[0]].layer
-            self._probes.append(Probe(cell, ins, outs, f"amct_bridge.{uid}.c{k}", slots, calls))
+            self._probes.append(
+                Probe(cell, ins, outs, f"amct_bridge.{uid}.c{k}", slots, calls, self._health)
+            )
         self._by_probe = [
             [i for i, k2 in self._probe_index.items() if k2 == k] for k in range(len(self._probes))
         ]
@@ -235,6 +240,11 @@ class Instrumentation:
             if added + 2 * slots * self._largest.get(index, 0) >= _ACC_LIMIT:
                 out.append(index)
         return sorted(out)
+
+    def non_finite(self) -> bool:
+        """True once any observed tensor held a NaN or an infinity (one read of one scalar: the
+        session asks after every step, so a bad batch stops the run where it happened)."""
+        return not np.isfinite(float(self._health.asnumpy()))
 
     def drain(self) -> list[Row]:
         """Every summary written since the last drain, in write order per point."""

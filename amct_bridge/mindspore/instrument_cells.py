@@ -80,7 +80,8 @@ class Summary:
 
 def _summarise(x, slot, within, bufs, spec):
     """Summarise ``x`` into ring row ``slot`` (shape (1,)) of the buffers ``spec`` names in
-    ``bufs``; ``within``: the call is within the limit and may bin onto the grid."""
+    ``bufs``; ``within``: the call is within the limit and may bin onto the grid. Returns the
+    NaN flag (0, or NaN when ``x`` holds a NaN or an infinity)."""
     mm, hist_ring, acc, grid_i, chan_i, bins, axis = spec
     if x.dtype != ms.float32:
         x = ops.cast(x, ms.float32)
@@ -118,6 +119,7 @@ def _summarise(x, slot, within, bufs, spec):
         per = ops.reshape(per, (per.shape[0], -1))
         chan = ops.stack([ops.reduce_min(per, 1), ops.reduce_max(per, 1)])
         ops.scatter_update(bufs[chan_i], slot, ops.expand_dims(chan, 0))
+    return total
 
 
 def _unregistered(cell: nn.Cell, name: str, value) -> None:
@@ -140,7 +142,14 @@ class Probe(nn.Cell):
     """
 
     def __init__(
-        self, cell, inputs: list[Summary], outputs: list[Summary], prefix: str, slots: int, calls
+        self,
+        cell,
+        inputs: list[Summary],
+        outputs: list[Summary],
+        prefix: str,
+        slots: int,
+        calls,
+        health: Parameter | None = None,
     ) -> None:
         super().__init__(auto_prefix=False)
         self.insert_child_to_cell("cell", cell)  # setattr would rename the cell's parameters
@@ -162,6 +171,11 @@ class Probe(nn.Cell):
         _unregistered(self, "bufs", ParameterTuple(params))
         _unregistered(self, "count", _param(np.zeros((), np.int32), f"{prefix}.count"))
         _unregistered(self, "limit", _param(np.full((), NO_LIMIT, np.int32), f"{prefix}.limit"))
+        # one float32 shared by every probe of a network: the sum of the NaN flags, so the host
+        # learns of a non-finite batch from one read per step instead of one per probe
+        if health is None:
+            health = _param(np.zeros((), np.float32), f"{prefix}.health")
+        _unregistered(self, "health", health)
 
     def construct(self, *inputs):
         """Summarise the input(s), run the cell, summarise its output, count the call."""
@@ -170,12 +184,14 @@ class Probe(nn.Cell):
         within = n < self.limit if self.has_grid else n
         if self.has_inputs:
             for spec in self.in_specs:
-                _summarise(inputs[0], slot, within, self.bufs, spec)
+                flag = _summarise(inputs[0], slot, within, self.bufs, spec)
+                ops.assign_add(self.health, flag)
         out = self.cell(*inputs)
         if self.has_outputs:
             first = out[0] if isinstance(out, tuple) else out
             for spec in self.out_specs:
-                _summarise(first, slot, within, self.bufs, spec)
+                flag = _summarise(first, slot, within, self.bufs, spec)
+                ops.assign_add(self.health, flag)
         ops.assign_add(self.count, self.one)
         return out
 

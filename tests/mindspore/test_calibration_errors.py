@@ -285,3 +285,54 @@ def test_a_checkpoint_of_another_network_says_no_name_matches(tmp_path):
         r"\(first: 'head.weight' vs '0.weight'\)",
     ):
         load_checkpoint(net, str(tmp_path / "other.ckpt"))
+
+
+class _Steps(ms.train.Callback):
+    """Counts training steps and keeps a copy of the first conv's weight after each."""
+
+    def __init__(self, net):
+        super().__init__()
+        self.net, self.steps, self.weights = net, 0, []
+
+    def on_train_step_end(self, run_context):
+        self.steps += 1
+        self.weights.append(self.net[0].weight.asnumpy().copy())
+
+
+@pytest.mark.parametrize("mode", [ms.GRAPH_MODE, ms.PYNATIVE_MODE])
+def test_an_inf_training_batch_stops_model_train_there(tmp_path, mode):
+    """Batch 1 of 5 holds an Inf: the run stops after that step (it ran all 5 steps and
+    applied every bad update before the error, since statistics were read every 16 steps)."""
+    before = ms.get_context("mode")
+    ms.set_context(mode=mode)
+    try:
+        net, x = sequential_net(), x_for("sequential_net", n=10)
+        x[2, 0, 1, 1] = np.inf
+        path = tmp_path / "r.txt"
+        data = ds.NumpySlicesDataset((x, np.zeros(10, np.int32)), ["x", "y"], shuffle=False)
+        model = Model(
+            net, nn.SoftmaxCrossEntropyWithLogits(sparse=True), nn.SGD(net.trainable_params())
+        )
+        steps = _Steps(net)
+        with pytest.raises(CalibrationError, match=r"layer '0': input of batch 1 contains NaN"):
+            model.train(1, data.batch(2), callbacks=[QuantCalibration(path), steps])
+        assert steps.steps <= 2  # our callback runs first: the counter may or may not see it
+        assert np.isfinite(steps.weights[0]).all()
+        assert nothing_written(path)
+        assert cells(net) == cells(sequential_net())
+    finally:
+        ms.set_context(mode=before)
+
+
+def test_on_validation_without_validation_data_is_refused_before_training(tmp_path):
+    net = sequential_net()
+    model = Model(
+        net, nn.SoftmaxCrossEntropyWithLogits(sparse=True), nn.SGD(net.trainable_params())
+    )
+    x = x_for("sequential_net")
+    data = ds.NumpySlicesDataset((x, np.zeros(4, np.int32)), ["x", "y"], shuffle=False).batch(2)
+    steps = _Steps(net)
+    path = tmp_path / "r.txt"
+    with pytest.raises(CalibrationError, match=r"nothing trained"):
+        model.train(1, data, callbacks=[QuantCalibration(path, on="validation"), steps])
+    assert steps.steps == 0 and nothing_written(path)
