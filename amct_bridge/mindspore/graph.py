@@ -304,6 +304,10 @@ class _Builder:
         axes = _axes(consts, in_rank) if prim.op.startswith(("Reduce", "Mean")) else None
         kind = prim_kind(prim.op, axes, channel_axis)
         params: dict[str, Any] = {"primitive": prim.op}
+        if prim.op in ("InplaceAddExt", "InplaceSubExt") and any(
+            np.ndim(c) == 0 and c is not None and float(c) != 1.0 for c in consts
+        ):
+            kind = unknown_kind(f"{prim.op}(alpha != 1)")  # x + alpha * y is no plain Add
         if kind.startswith("mindspore:"):
             return kind, "", params  # unknown: stops as UNKNOWN_OP whatever its operands
         params["const_operands"] = sum(

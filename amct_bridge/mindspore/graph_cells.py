@@ -108,8 +108,11 @@ CELL_PRIMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 PRIM_KINDS: dict[str, str] = {
     "Add": "Add",
     "AddExt": "Add",
+    "AddN": "Add",  # ops.AddN()([a, b]); the v1 export takes two operands only
+    "InplaceAddExt": "Add",  # out += y (alpha 1: see graph.prim_node)
     "Sub": "Subtract",
     "SubExt": "Subtract",
+    "InplaceSubExt": "Subtract",  # out -= y
     "Mul": "Multiply",
     "Muls": "Multiply",
     "Div": "Divide",

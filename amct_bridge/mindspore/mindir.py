@@ -10,7 +10,11 @@ call, because a failed compile writes ``rank_0/`` there), reads the graph as a
 hook (before the parameter data is filled in, so the file is never parsed back) and resolves
 the plumbing MindSpore adds:
 
-- ``Load(param, u)`` is the parameter; ``Depend(x, ...)`` is ``x``; ``UpdateState`` is dropped;
+- ``Load(param, u)`` is the parameter; ``Depend(x, ...)`` and ``TensorMove(x)`` (a copy) are
+  ``x``; ``UpdateState`` is dropped, except that it carries in-place updates: after
+  ``out += y`` (``InplaceAddExt(out, y, alpha, u)``) every ``Load(out, u')`` of a later state
+  ``u'`` reads the in-place result, since ``out`` and every name bound to the same tensor
+  changed;
 - ``MakeTuple`` / ``TupleGetItem`` become tuples and indices into a primitive's outputs;
 - ``Constant`` nodes become Python values (int, float, bool, tuples; tensors as arrays).
 
@@ -254,6 +258,10 @@ def parse_graph(graph: Any) -> tuple[list[Prim], list[tuple[int, ...]], list[Val
     for param in graph.parameter:
         values[param.name] = ("param", _short(param.name))
     prims: list[Prim] = []
+    node_inputs: dict[str, list[str]] = {}  # node output -> its input names (MakeTuple's)
+    # state name -> {tensor value: its value after the in-place ops up to that state}
+    states: dict[str, dict[Value, Value]] = {}
+    inplace: dict[str, tuple[Value, Value]] = {}  # in-place node output -> (target, result)
     for node in graph.node:
         op = _op_name(node.op_type)
         ins = [values.get(name, ("const", None)) for name in node.input]
@@ -261,9 +269,17 @@ def parse_graph(graph: Any) -> tuple[list[Prim], list[tuple[int, ...]], list[Val
         if op == "Constant":
             attr = next((a for a in node.attribute if a.name == "value"), None)
             values[out] = ("const", _attr_value(attr) if attr is not None else None)
-        elif op in ("Load", "Depend"):
+        elif op == "Load":
+            state = states.get(node.input[1], {}) if len(node.input) > 1 else {}
+            values[out] = state.get(_key(ins[0]), ins[0])
+        elif op in ("Depend", "TensorMove"):
             values[out] = ins[0]
         elif op == "UpdateState":
+            state = dict(states.get(node.input[0], {})) if node.input else {}
+            for name in node.input[1:]:
+                for target, result in _inplace_of(name, inplace, node_inputs):
+                    state[_key(target)] = result
+            states[out] = state
             values[out] = ("const", None)
         elif op == "MakeTuple":
             values[out] = ("tuple", ins)
@@ -273,10 +289,33 @@ def parse_graph(graph: Any) -> tuple[list[Prim], list[tuple[int, ...]], list[Val
             if op in ("Switch", "SwitchLayer", "Partial"):
                 raise GraphError(f"{node.domain}: control flow ({op}) is not supported")
             scope = node.domain
+            if op.startswith("Inplace") and node.input:
+                # the in-place ops take the state last: keep it out of the tensor inputs
+                ins = [v for v, name in zip(ins, node.input, strict=True) if name not in states]
             prims.append(Prim(len(prims), op, scope, cell_path_of(scope), ins, _shapes(node)))
             values[out] = ("node", len(prims) - 1, 0)
+            if op.startswith("Inplace") and ins:
+                inplace[out] = (ins[0], values[out])
+        node_inputs[out] = list(node.input)
     outputs = [_flat(values.get(o.name, ("const", None))) for o in graph.output]
     return prims, input_shapes, [v for group in outputs for v in group]
+
+
+def _key(value: Value) -> Value:
+    """A hashable form of a resolved value (tuples hold lists)."""
+    if value[0] == "tuple":
+        return ("tuple", tuple(_key(v) for v in value[1]))
+    if value[0] == "const":
+        return ("const", id(value[1]))
+    return value
+
+
+def _inplace_of(name: str, inplace: dict, node_inputs: dict) -> list[tuple[Value, Value]]:
+    """The in-place updates an UpdateState input names: an in-place node, or a MakeTuple of
+    them (one level, as MindSpore attaches several side effects to one state)."""
+    if name in inplace:
+        return [inplace[name]]
+    return [inplace[n] for n in node_inputs.get(name, ()) if n in inplace]
 
 
 def _item(value: Value, index: Value) -> Value:

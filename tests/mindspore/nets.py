@@ -16,21 +16,33 @@ def _seed() -> None:
     np.random.seed(0)
 
 
-class BasicBlock(nn.Cell):
-    """ResNet basic block: conv-bn-relu-conv-bn, + identity or a 1x1 conv-bn downsample."""
+#: How a block adds its shortcut, as users write it (``+`` is the default).
+ADD_SPELLINGS = ("+", "+=", "ops.add", "AddN")
 
-    def __init__(self, cin: int, cout: int, stride: int = 1) -> None:
+
+class BasicBlock(nn.Cell):
+    """ResNet basic block: conv-bn-relu-conv-bn, + identity or a 1x1 conv-bn downsample.
+
+    ``add``: one of ADD_SPELLINGS; ``pad``: ``pad_mode='pad', padding=1`` 3x3 convs (the
+    model-zoo spelling) instead of the default ``pad_mode='same'``."""
+
+    def __init__(
+        self, cin: int, cout: int, stride: int = 1, add: str = "+", pad: bool = False
+    ) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride)
+        padding = {"pad_mode": "pad", "padding": 1} if pad else {}
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, **padding)
         self.bn1 = nn.BatchNorm2d(cout)
         self.relu = nn.ReLU()
-        self.conv2 = nn.Conv2d(cout, cout, 3)
+        self.conv2 = nn.Conv2d(cout, cout, 3, **padding)
         self.bn2 = nn.BatchNorm2d(cout)
         self.down = None
         if stride != 1 or cin != cout:
             self.down = nn.SequentialCell(
                 [nn.Conv2d(cin, cout, 1, stride=stride), nn.BatchNorm2d(cout)]
             )
+        self.add = add
+        self.addn = ops.AddN()
 
     def construct(self, x):
         identity = x
@@ -38,19 +50,32 @@ class BasicBlock(nn.Cell):
         out = self.bn2(self.conv2(out))
         if self.down is not None:
             identity = self.down(x)
-        return self.relu(out + identity)  # self.relu is called twice per block
+        if self.add == "+=":
+            out += identity  # InplaceAddExt in MindIR
+        elif self.add == "ops.add":
+            out = ops.add(out, identity)
+        elif self.add == "AddN":
+            out = self.addn([out, identity])
+        else:
+            out = out + identity
+        return self.relu(out)  # self.relu is called twice per block
 
 
 class ResNetTiny(nn.Cell):
-    """Stem, layer1 (2 identity blocks, 8 ch), layer2 (downsample block to 16 ch + identity)."""
+    """Stem, layer1 (2 identity blocks, 8 ch), layer2 (downsample block to 16 ch + identity).
 
-    def __init__(self, num_classes: int = 3) -> None:
+    ``add`` and ``pad`` go to every :class:`BasicBlock`."""
+
+    def __init__(self, num_classes: int = 3, add: str = "+", pad: bool = False) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(3, 8, 3, has_bias=False)
         self.bn1 = nn.BatchNorm2d(8)
         self.relu = nn.ReLU()
-        self.layer1 = nn.SequentialCell([BasicBlock(8, 8), BasicBlock(8, 8)])
-        self.layer2 = nn.SequentialCell([BasicBlock(8, 16, 2), BasicBlock(16, 16)])
+        block = {"add": add, "pad": pad}
+        self.layer1 = nn.SequentialCell([BasicBlock(8, 8, **block), BasicBlock(8, 8, **block)])
+        self.layer2 = nn.SequentialCell(
+            [BasicBlock(8, 16, 2, **block), BasicBlock(16, 16, **block)]
+        )
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.flatten = nn.Flatten()
         self.fc = nn.Dense(16, num_classes)
@@ -65,6 +90,13 @@ def resnet_tiny() -> nn.Cell:
     """ResNet-style network, input (1, 3, 16, 16)."""
     _seed()
     return ResNetTiny()
+
+
+def resnet_user() -> nn.Cell:
+    """ResNet as users write it: ``out += identity``, ``pad_mode='pad', padding=1``; input
+    (1, 3, 16, 16)."""
+    _seed()
+    return ResNetTiny(add="+=", pad=True)
 
 
 class ConcatNet(nn.Cell):
@@ -222,6 +254,7 @@ def loop_net() -> nn.Cell:
 
 INPUT_SHAPES = {
     "resnet_tiny": (1, 3, 16, 16),
+    "resnet_user": (1, 3, 16, 16),
     "concat_net": (1, 3, 8, 8),
     "depthwise_net": (1, 3, 8, 8),
     "group_conv_net": (1, 3, 8, 8),

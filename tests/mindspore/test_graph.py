@@ -447,3 +447,65 @@ def test_two_instances_of_a_custom_cell_keep_their_own_names():
     ]
     _, refused = summary(discover_groups(graph))
     assert refused == {("a", 0, 4): "UNKNOWN_OP", ("b", 0, 4): "UNKNOWN_OP"}
+
+
+_ADD_NAMES = {"+": "add_op0", "+=": "inplaceaddext_op0", "ops.add": "add_op0", "AddN": "addn_op0"}
+
+
+@pytest.mark.parametrize("spelling", [s for s in nets.ADD_SPELLINGS if s != "+"])
+@pytest.mark.parametrize("pad", [False, True], ids=["same", "pad1"])
+def test_every_add_spelling_gives_the_resnet_groups(spelling, pad):
+    """``out += identity`` compiles to InplaceAddExt (refused as UNKNOWN_OP before), ops.add
+    to Add, ops.AddN to AddN: each is the residual Add, so the groups are those of ``+``
+    (pad_mode='pad' changes no channel), only the add node's name differs."""
+    _, graph = run("resnet_tiny")
+    expected, expected_refused = summary(discover_groups(graph))
+    net = nets.ResNetTiny(add=spelling, pad=pad)
+    groups, refused = summary(discover_groups(extract_graph(net, nets.INPUT_SHAPES["resnet_tiny"])))
+    rename = {"add_op0": _ADD_NAMES[spelling]}
+
+    def renamed(members):
+        return {(".".join(rename.get(p, p) for p in n.split(".")), *rest) for n, *rest in members}
+
+    assert groups == {k: renamed(v) for k, v in expected.items()}
+    assert refused == expected_refused
+    kinds = {n.name: n.kind for n in extract_graph(net, (1, 3, 16, 16)).nodes}
+    assert kinds[f"layer1.0.{_ADD_NAMES[spelling]}"] == "Add"
+
+
+class _Aliased(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(4, 4, 3), nn.Conv2d(4, 4, 3)
+        self.addn = ops.AddN()
+
+    def construct(self, x):
+        a, b = self.c1(x), self.c2(x)
+        out = a
+        out += b  # a is the same tensor: in GRAPH_MODE it changes too
+        y = ops.add(out, a)
+        w = self.addn([y + b, a])
+        return ops.concat((ops.cat((w, a), 1), w), 1)
+
+
+def test_inplace_add_updates_every_name_of_its_tensor():
+    """After ``out = a; out += b``, GRAPH_MODE reads ``a`` as the sum (MindIR: a Load of the
+    updated state); the graph follows it, checked against the network's own outputs."""
+    graph = extract_graph(_Aliased(), (1, 4, 6, 6))
+    got = {n.name: (n.kind, n.inputs) for n in graph.nodes if not n.is_layer}
+    s = "inplaceaddext_op0:0"
+    assert got == {
+        "inplaceaddext_op0": ("Add", ["c1:0", "c2:0"]),
+        "add_op0": ("Add", [s, s]),
+        "add_op1": ("Add", ["add_op0:0", "c2:0"]),
+        "addn_op0": ("Add", ["add_op1:0", s]),
+        "concat_op0": ("Concatenate", ["addn_op0:0", s]),
+        "concat_op1": ("Concatenate", ["concat_op0:0", "addn_op0:0"]),
+    }
+    net = _Aliased()
+    x = ms.Tensor(np.random.default_rng(0).normal(size=(1, 4, 6, 6)).astype(np.float32))
+    a, b = net.c1(x).asnumpy(), net.c2(x).asnumpy()
+    s_ = a + b
+    w = (s_ + s_ + b) + s_  # what the graph above says
+    expected = np.concatenate([np.concatenate([w, s_], 1), w], 1)
+    np.testing.assert_allclose(net(x).asnumpy(), expected, rtol=1e-5, atol=1e-5)
