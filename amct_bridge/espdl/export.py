@@ -154,7 +154,8 @@ def _check_links(layers: list[SourceLayer]) -> None:
 def _sidecar_strangers(layers: list[SourceLayer], stats: CalibrationStats) -> list[str]:
     """A note when sidecar entries name no layer: a sidecar of another model gives its ranges
     to nobody, and the layers it should have covered fall back to bounds (silent before)."""
-    names = {x.name.split("@")[0] for x in layers}  # call sites share their layer's entry
+    # a call site (``relu@1``) has its own entry or shares its layer's (``relu``)
+    names = {x.name for x in layers} | {x.name.split("@")[0] for x in layers}
     strangers = [
         key
         for key, entry in stats.layers.items()

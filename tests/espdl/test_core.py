@@ -486,3 +486,35 @@ def test_sidecar_entries_of_another_model_are_named():
         "ranges are not used (is the sidecar of another model?)"
     ]
     assert res.config == clean.config  # a note only
+
+
+def test_call_site_entries_are_not_strangers():
+    """A cell called twice is exported as ``relu`` and ``relu@1``; an entry of its own for the
+    call site (``relu@1``) is used, not 'of another model' (it was, on every MindSpore ResNet)."""
+    w = np.ones((4, 4), np.float32)
+    layers = [
+        SourceLayer("in", "input"),
+        SourceLayer("fc", "dense", ["in"], weights={"kernel": w}),
+        SourceLayer("relu", "relu", ["fc"]),
+        SourceLayer("fc2", "dense", ["relu"], weights={"kernel": w}),
+        SourceLayer("relu@1", "relu", ["fc2"]),
+    ]
+    rec = Record(
+        {
+            "fc": LayerFactors(scale_d=1 / 255, offset_d=-128),
+            "fc2": LayerFactors(scale_d=4 / 255, offset_d=-128),
+        }
+    )
+    stats = CalibrationStats(
+        layers={
+            "fc": LayerStats("Dense", output=TensorRange(-4.0, 4.0)),
+            "relu": LayerStats("ReLU", output=TensorRange(0.0, 4.0)),
+            "fc2": LayerStats("Dense", output=TensorRange(-8.0, 16.0)),
+            "relu@1": LayerStats("ReLU", output=TensorRange(0.0, 16.0)),
+        }
+    )
+    res = export(rec, layers, None, stats=stats)
+    assert not any("sidecar" in w for w in res.warnings), res.warnings
+    stats.layers["relu@7"] = LayerStats("ReLU", output=TensorRange(0.0, 16.0))  # no such site
+    res = export(rec, layers, None, stats=stats)
+    assert any("'relu@7'" in w for w in res.warnings), res.warnings
