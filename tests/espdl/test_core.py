@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import zlib
 
 import numpy as np
 import pytest
@@ -15,7 +16,11 @@ from amct_bridge.espdl.preview import load_set, preview_set
 from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange
 from amct_bridge.records.model import LayerFactors, Record
 
-RNG = np.random.default_rng(0)
+
+def _rng(*key) -> np.random.Generator:
+    """Weights seeded by the layer they are for, not by a module-wide generator: a test's data
+    must not depend on which tests ran before it in the same worker (pytest-xdist)."""
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
 
 
 def ref_exponent(lo: float, hi: float, bits: int = 8) -> int:
@@ -27,18 +32,20 @@ def ref_exponent(lo: float, hi: float, bits: int = 8) -> int:
 
 
 def conv(name, inputs, cin=3, cout=4, bias=True, **attrs):
-    w = {"kernel": RNG.normal(size=(3, 3, cin, cout)).astype(np.float32)}
+    rng = _rng(name, cin, cout)
+    w = {"kernel": rng.normal(size=(3, 3, cin, cout)).astype(np.float32)}
     if bias:
-        w["bias"] = RNG.normal(size=cout).astype(np.float32)
+        w["bias"] = rng.normal(size=cout).astype(np.float32)
     return SourceLayer(name, "conv2d", inputs, "Conv2D", w, attrs)
 
 
 def bn(name, inputs, c=4):
+    rng = _rng(name, c)
     w = {
-        "gamma": RNG.uniform(0.5, 2, c).astype(np.float32),
-        "beta": RNG.normal(size=c).astype(np.float32),
-        "mean": RNG.normal(size=c).astype(np.float32),
-        "variance": RNG.uniform(0.1, 3, c).astype(np.float32),
+        "gamma": rng.uniform(0.5, 2, c).astype(np.float32),
+        "beta": rng.normal(size=c).astype(np.float32),
+        "mean": rng.normal(size=c).astype(np.float32),
+        "variance": rng.uniform(0.1, 3, c).astype(np.float32),
     }
     return SourceLayer(name, "batch_norm", inputs, "BatchNormalization", w, {"epsilon": 1e-3})
 
