@@ -85,7 +85,12 @@ class _Walk:
         self.runtime = {item.source: item for item in result.runtime}
         self.skipped = {p.layer: p for p in result.skipped}
         # a ZeroPadding2D folded into the conv reading it: that conv reads the padding's input
-        self.folded = {x.fused[0] for x in result.layers if x.pads is not None and x.fused}
+        # (a conv's own explicit pads fold nothing: its fused list starts with itself)
+        self.folded = {
+            x.fused[0]
+            for x in result.layers
+            if x.pads is not None and x.fused and x.fused[0] != x.source
+        }
         self.taken = {x.name for x in result.layers} | {x.name for x in result.runtime} | {INPUT}
         self.producer: dict[str, str] = {}
         self.nodes: list[dict] = []

@@ -56,7 +56,8 @@ class Chain:
 
     ``last`` names the layer whose output is the chain's output (its range sets
     output_exponent); ``activation`` is convert.py's type name or None; ``pad`` a ZeroPadding2D
-    folded into the conv, ``pads`` its ``[top, bottom, left, right]``.
+    folded into the conv, ``pads`` its ``[top, bottom, left, right]``, or the conv's own
+    explicit pads (``attrs["pads"]`` of a "valid" conv).
     """
 
     head: SourceLayer
@@ -128,8 +129,8 @@ def _folded_padding(
     """The ZeroPadding2D that only ``head`` (a "valid" conv) reads, if any: foldable."""
     if head.op not in ("conv2d", "depthwise_conv2d") or len(head.inputs) != 1:
         return None
-    if str(head.attrs.get("padding", "valid")).lower() != "valid":
-        return None  # SAME plus explicit pads needs the input size: left as a Pad layer
+    if str(head.attrs.get("padding", "valid")).lower() != "valid" or head.attrs.get("pads"):
+        return None  # SAME (or own pads) plus explicit pads: left as a Pad layer
     src = by_name.get(head.inputs[0])
     if src is None or src.op != "runtime" or src.kind != "ZeroPadding2D" or len(src.inputs) != 1:
         return None
@@ -146,6 +147,8 @@ def _build_chain(
     pad = _folded_padding(head, by_name or {}, consumers)
     if pad is not None:
         chain.pad, chain.pads = pad, zero_padding(pad)
+    elif head.attrs.get("pads") is not None:  # the conv's own explicit pads (MindSpore "pad")
+        chain.pads = [int(p) for p in head.attrs["pads"]]
     own = head.attrs.get("activation")
     if own is not None:
         chain.activation = _OWN_ACTIVATIONS[own]

@@ -8,8 +8,11 @@ layer *is* for ESP-DL), ``kind`` the framework class for messages:
 op                  weights / attrs
 ==================  ========================================================================
 input               model input (no weights)
-conv2d              ``kernel`` HWIO, optional ``bias``; attrs ``activation``, ``alpha``
-depthwise_conv2d    ``kernel`` H, W, C, multiplier; attrs ``depth_multiplier``, ``activation``
+conv2d              ``kernel`` HWIO, optional ``bias``; attrs ``activation``, ``alpha``,
+                    ``strides``, ``padding`` ("same" / "valid"), ``pads`` (a "valid" conv's own
+                    explicit ``[top, bottom, left, right]``: PADDING_NOT_SET)
+depthwise_conv2d    ``kernel`` H, W, C, multiplier; attrs ``depth_multiplier``, ``activation``,
+                    as conv2d
 dense               ``kernel`` (in, out), optional ``bias``; attrs ``activation``, ``alpha``
 batch_norm          ``gamma``, ``beta``, ``mean``, ``variance``; attrs ``epsilon``
 relu                (no weights)

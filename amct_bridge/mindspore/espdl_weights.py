@@ -90,21 +90,38 @@ def _same_pads(hw: tuple[int, int], kernel: tuple[int, int], strides: tuple[int,
     return pads
 
 
-def _padding(cell: Any, hw: tuple[int, int], kernel: tuple[int, int], strides: tuple) -> str:
-    """``"same"`` / ``"valid"``, or a reason (``pad_mode='pad'`` that is neither)."""
+def effective_pads(
+    hw: tuple[int, int], kernel: tuple[int, int], strides: tuple[int, int], pads: list[int]
+) -> list[int]:
+    """``[top, bottom, left, right]`` that a convolution actually reads: padding past the last
+    window is never read (3x3, stride 2, padding 1 on an even size reads no bottom row).
+
+    Example:
+        >>> effective_pads((16, 16), (3, 3), (2, 2), [1, 1, 1, 1])
+        [1, 0, 1, 0]
+    """
+    out = []
+    for size, k, s, (before, after) in zip(hw, kernel, strides, (pads[:2], pads[2:]), strict=True):
+        windows = (size + before + after - k) // s + 1
+        read = (windows - 1) * s + k  # padded rows the windows cover
+        out += [before, max(0, min(after, read - size - before))]
+    return out
+
+
+def _padding(cell: Any, hw: tuple[int, int], kernel: tuple[int, int], strides: tuple) -> dict:
+    """``{"padding": "same" | "valid"}``, plus ``pads`` for explicit ones (``pad_mode='pad'``:
+    the pads the windows read, PADDING_NOT_SET on the chip)."""
     mode = str(cell.pad_mode).lower()
     if mode in ("same", "valid"):
-        return mode
+        return {"padding": mode}
     pad = getattr(cell, "padding", 0)
     pads = [int(pad)] * 4 if isinstance(pad, int) else [int(p) for p in pad]
+    pads = effective_pads(hw, tuple(kernel), tuple(strides), pads)
     if not any(pads):
-        return "valid"
+        return {"padding": "valid"}
     if pads == _same_pads(hw, kernel, strides):
-        return "same"  # e.g. padding=1 around a 3x3 stride-1 kernel
-    return (
-        f"pad_mode='pad' with padding {tuple(pads)} on a {hw[0]}x{hw[1]} input is neither SAME "
-        "nor VALID: ESP-DL v1 convolutions pad SAME (extra at the end) or not at all"
-    )
+        return {"padding": "same"}  # e.g. padding=1 around a 3x3 stride-1 kernel
+    return {"padding": "valid", "pads": pads}
 
 
 def _conv(cell: Any, node: Node, graph: Graph) -> Translated:
@@ -124,11 +141,9 @@ def _conv(cell: Any, node: Node, graph: Graph) -> Translated:
     kernel = kernel_of(cell, node.layer)
     strides = _pair(cell.stride)
     padding = _padding(cell, tuple(in_shape[-2:]), kernel.shape[-2:], strides)
-    if padding not in ("same", "valid"):
-        problems.append(padding)
     if problems:
         return _unsupported(f"{', '.join(problems)}: not supported by the ESP-DL v1 exporter")
-    attrs: dict = {"activation": None, "strides": strides, "padding": padding}
+    attrs: dict = {"activation": None, "strides": strides, **padding}
     if group == 1:
         op, hwio = "conv2d", kernel.transpose(2, 3, 1, 0)  # OIHW -> HWIO (HWCN)
     else:  # (C*m, 1, kH, kW): output c*m + k reads input c -> (kH, kW, C, m), as Keras
@@ -209,10 +224,8 @@ def _pool(cell: Any, node: Node, graph: Graph) -> Translated:
     pool, strides = _pair(cell.kernel_size), _pair(cell.stride)
     in_shape = graph.tensors[node.inputs[0]].shape
     padding = _padding(cell, tuple(in_shape[-2:]), pool, strides)
-    if padding not in ("same", "valid"):
-        return _unsupported(padding)
     attrs = {"keeps_exponent": RUNTIME_KINDS[kind], "pool_size": pool, "strides": strides}
-    return "runtime", {}, {**attrs, "padding": padding}
+    return "runtime", {}, {**attrs, **padding}
 
 
 def _is_flatten(graph: Graph, node: Node) -> bool:

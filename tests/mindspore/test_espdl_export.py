@@ -495,17 +495,47 @@ def test_unsupported_cells_are_named_with_reasons():
     with pytest.raises(ExportError) as err:
         ams.export_espdl(_Unsupported(), None, None, sample_input=(1, 3, 8, 8))
     lines = str(err.value).splitlines()[1:]
-    assert lines[0].startswith("  layer 'conv' (Conv2d): pad_mode='pad' with padding (0, 1, 0, 1)")
-    assert lines[1] == "  layer 'sig' (Sigmoid): MindSpore nn.Sigmoid has no ESP-DL v1 equivalent"
+    # the conv's explicit padding (0, 1, 0, 1) exports now (PADDING_NOT_SET): not listed
+    assert lines[0] == "  layer 'sig' (Sigmoid): MindSpore nn.Sigmoid has no ESP-DL v1 equivalent"
     assert (
         "layer 'up' (Conv2dTranspose): nn.Conv2dTranspose: ESP-DL v1 has no transposed"
-        in (lines[2])
+        in (lines[1])
     )
-    assert lines[3] == "  layer 'pool' (MaxPool2d): pooling with pad_mode='pad': use " + (
+    assert lines[2] == "  layer 'pool' (MaxPool2d): pooling with pad_mode='pad': use " + (
         "pad_mode='same' or 'valid'"
     )
-    assert "layer 'flatten' (Flatten): Flatten of an NCHW map with H*W > 1" in lines[4]
-    assert len(lines) == 5
+    assert "layer 'flatten' (Flatten): Flatten of an NCHW map with H*W > 1" in lines[3]
+    assert len(lines) == 4
+
+
+class _Padded(nn.Cell):
+    def __init__(self, padding) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, stride=2, pad_mode="pad", padding=padding, has_bias=True)
+        self.relu = nn.ReLU()
+
+    def construct(self, x):
+        return self.relu(self.conv(x))
+
+
+@pytest.mark.parametrize(
+    "padding, pads",
+    # (0, 1, 0, 1) is SAME_END here: no explicit pads
+    [((0, 1, 0, 1), None), (1, [1, 0, 1, 0]), ((2, 0, 1, 1), [2, 0, 1, 0])],
+)
+def test_explicit_conv_padding_exports_the_pads_the_windows_read(padding, pads):
+    """pad_mode='pad' on 8x8 at stride 2: the pads past the last window are never read, so the
+    export writes the ones that are (PADDING_NOT_SET), and the chip matches MindSpore."""
+    net = _randomize(_Padded(padding), 7)
+    data = np.random.default_rng(8).uniform(-1, 1, (3, 3, 8, 8)).astype(np.float32)
+    stats = _hooked_sidecar(net, data)
+    res = ams.export_espdl(net, None, None, sample_input=data[:1], stats=stats, feature_type="s16")
+    assert [x.pads for x in res.layers][:1] == [pads]
+    chip = simulate_chip(res, data.transpose(0, 2, 3, 1))
+    want = ms_forward(net, data).transpose(0, 2, 3, 1)  # the chip's map is NHWC
+    assert chip.output.values.shape == want.shape == (3, 4, 4, 4)
+    err = float(np.abs(chip.output.to_float() - want).max() / np.abs(want).max())
+    assert err < TOLERANCE["s16"], err
 
 
 def test_call_sites_share_the_cells_ranges(tmp_path):
@@ -547,3 +577,46 @@ def test_skipped_cells_still_export_with_their_calibrated_exponents(tmp_path):
     notes = [w for w in part.warnings if "has no record entry" in w]
     assert [n.split("'")[1] for n in notes] == ["layer2.0.down.0", "fc"]
     assert not [w for w in full.warnings if "has no record entry" in w]
+
+
+def test_a_resnet_as_users_write_it_trains_groups_and_runs_on_the_chip(tmp_path):
+    """``out += identity`` (InplaceAddExt) and ``pad_mode='pad', padding=1`` convs at stride 1
+    and 2 (refused before: 'functional InplaceAddExt has no ESP-DL v1 equivalent', 'neither
+    SAME nor VALID'): trained a few steps, it gives the residual prune groups, exports with
+    the stride-2 pads the windows read (1, 0: PADDING_NOT_SET), and the chip's arg max equals
+    the float network's."""
+    from mindspore import dataset as ds
+    from mindspore.train import Model
+    from nets import resnet_user
+
+    from amct_bridge.mindspore import calibrate, prune_discovery
+
+    net = resnet_user()
+    rng = np.random.default_rng(6)
+    x = rng.uniform(0, 1, (12, 3, 16, 16)).astype(np.float32)
+    y = (x[:, 0].mean((1, 2)) > x[:, 1].mean((1, 2))).astype(np.int32)
+    data = ds.NumpySlicesDataset((x, y), ["x", "y"], shuffle=False).batch(4)
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    Model(net, loss, nn.SGD(net.trainable_params(), 0.01)).train(1, data)
+
+    groups = prune_discovery(net, (1, 3, 16, 16)).groups
+    residual = [
+        g for g in groups if any(m.name == "layer1.0.inplaceaddext_op0" for m in g.consumers)
+    ]
+    assert len(residual) == 1
+    assert {m.name for m in residual[0].producers} == {"conv1", "layer1.0.conv2", "layer1.1.conv2"}
+
+    record = tmp_path / "record.txt"
+    calibrate(net, x, record, algorithm="minmax")
+    res = ams.export_espdl(net, record, tmp_path / "espdl", sample_input=x[:1], feature_type="s16")
+    assert res.graph_error is None and res.skipped == []
+    pads = {x.source: x.pads for x in res.layers}
+    assert pads["layer2.0.conv1"] == [1, 0, 1, 0]  # stride 2: the bottom/right pad is not read
+    assert pads["layer1.0.conv1"] is None  # stride 1, padding 1: SAME
+    adds = [r.source for r in res.runtime if r.espdl_class == "Add2D"]
+    assert adds == [f"layer{i}.{j}.inplaceaddext_op0" for i in (1, 2) for j in (0, 1)]
+    chip = simulate_chip(res, x.transpose(0, 2, 3, 1))
+    want = ms_forward(net, x)
+    err = float(np.abs(chip.output.to_float() - want).max() / np.abs(want).max())
+    assert err < TOLERANCE["s16"], err
+    assert (chip.output.to_float().argmax(1) == want.argmax(1)).all()
