@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 import traceback
 
@@ -83,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
             level=logging.INFO if args.verbose else logging.WARNING,
             format="%(levelname)s: %(message)s",
         )
+        if not args.verbose:
+            # MindSpore's C++ log (a failed compile's stack and source dump) comes before our
+            # one-line summary; GLOG_v must be set before MindSpore's import: behind -v
+            os.environ.setdefault("GLOG_v", "4")
         if getattr(args, "model", None):  # commands given a Keras model import TensorFlow
             from amct_bridge.commands.common import quiet_tensorflow
 

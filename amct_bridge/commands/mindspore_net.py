@@ -94,13 +94,14 @@ def _text(err: BaseException) -> str:
     return f"{type(err).__name__}: {' '.join(str(err).split())}"
 
 
-def load_mindspore_net(spec: str, ckpt: str | None = None) -> Any:
+def load_mindspore_net(spec: str, ckpt: str | None = None, *, weights_matter: bool = True) -> Any:
     """Import ``module:factory``, call the factory, load ``ckpt`` into the network.
 
     Args:
         spec: ``package.module:factory`` or ``path/file.py:factory``.
         ckpt: a MindSpore checkpoint (.ckpt) whose parameters must match the network's
-            ``parameters_and_names()`` in names and shapes; None keeps the factory's weights.
+            ``parameters_and_names()`` in names and shapes; None keeps the factory's weights
+            (with a warning, unless ``weights_matter`` is False: prune groups read the graph).
 
     Returns:
         The ``mindspore.nn.Cell``. Errors are AmctBridgeError naming the spec, the file and the
@@ -129,6 +130,15 @@ def load_mindspore_net(spec: str, ckpt: str | None = None) -> Any:
         )
     if ckpt is not None:
         load_checkpoint(net, ckpt)
+    elif weights_matter:
+        # a calibration and export of fresh random weights runs through without a hint
+        # (chip accuracy 0.23 in a trial): say it once, loudly
+        log.warning(
+            "--mindspore %s without --ckpt: the network has the weights %s() gave it (random "
+            "initial weights unless the factory loads trained ones); pass --ckpt FILE.ckpt",
+            spec,
+            factory,
+        )
     return net
 
 

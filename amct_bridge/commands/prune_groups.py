@@ -87,7 +87,7 @@ def _run_mindspore(args: argparse.Namespace) -> int:
         raise GraphError("give either a Keras model file or --mindspore, not both")
     if not args.input_shape:
         raise GraphError("--mindspore needs --input-shape (e.g. 1,3,16,16) for the MindIR export")
-    net = load_mindspore_net(args.mindspore, args.ckpt)
+    net = load_mindspore_net(args.mindspore, args.ckpt, weights_matter=False)
     graph = extract_graph(net, parse_input_shape(args.input_shape))
 
     def record(channel: bool, selective: bool, with_mask: bool):

@@ -158,8 +158,7 @@ def export_model(net: ms.nn.Cell, tensors: list[ms.Tensor], read: Any = None) ->
                     f"{type(net).__name__}: MindIR export failed ({type(err).__name__}: "
                     f"{first}); the network must compile in GRAPH_MODE with the sample input "
                     f"of shape {shapes} (NCHW, as the network runs: is that its input shape?)"
-                    f"{dtype_hint}. MindSpore's own log above names an analyze_fail.ir in a "
-                    "temporary directory, removed since: this message is the summary"
+                    f"{dtype_hint}. {_log_hint()}"
                 ) from None
     finally:
         net.set_train(training)
@@ -333,3 +332,13 @@ def _flat(value: Value) -> list[Value]:
     if value[0] == "tuple":
         return [v for item in value[1] for v in _flat(item)]
     return [value]
+
+
+def _log_hint() -> str:
+    """Where MindSpore's own account of a failed compile is (the CLI hides it without -v)."""
+    if os.environ.get("GLOG_v") == "4":
+        return "MindSpore's own log of the failure is hidden: rerun with -v to see it"
+    return (
+        "MindSpore's own log above names an analyze_fail.ir in a temporary directory, removed "
+        "since: this message is the summary"
+    )

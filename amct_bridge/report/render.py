@@ -56,18 +56,22 @@ def text_table(report) -> str:
     Example:
         >>> # see the module docstring
     """
-    head = " ".join(
-        f"{h:<{w}}" if i in (1, 2) else f"{h:>{w}}" for i, (h, w, _) in enumerate(_COLUMNS)
-    )
-    lines = [f"per-layer quantization report ({report.samples} samples; SNR in dB)", head]
-    for row in report.rows:
-        cells = [f(row) for _, _, f in _COLUMNS]
-        lines.append(
-            " ".join(
-                f"{c:<{w}}" if i in (1, 2) else f"{c:>{w}}"
-                for i, (c, (_, w, _)) in enumerate(zip(cells, _COLUMNS, strict=True))
-            )
+    rows = [[f(row) for _, _, f in _COLUMNS] for row in report.rows]
+    # each column as wide as its longest cell (long MindSpore cell names kept the columns out
+    # of line); the widths above are the minimum
+    widths = [
+        max([w, len(h), *(len(cells[i]) for cells in rows)]) for i, (h, w, _) in enumerate(_COLUMNS)
+    ]
+
+    def line(cells: list[str]) -> str:
+        return " ".join(
+            f"{c:<{w}}" if i in (1, 2) else f"{c:>{w}}"
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
         )
+
+    head = line([h for h, _, _ in _COLUMNS])
+    lines = [f"per-layer quantization report ({report.samples} samples; SNR in dB)", head]
+    lines += [line(cells) for cells in rows]
     lines += [
         "",
         *summary_lines(report),

@@ -216,3 +216,19 @@ def test_progress_is_logged_per_pass(caplog):
         "report: layer 2/3 'b/depthwise'",
         "report: layer 3/3 'c'",
     ]
+
+
+def test_text_table_columns_stay_in_line_with_long_names():
+    """MindSpore cell names (``backbone.layer3.1.downsample.0``) are longer than the layer
+    column: every row's columns must still start where the header's do."""
+    chain = Chain()
+    rep = build_report(minmax_record(chain), chain, top_k=0)
+    long = "backbone.stage3.block12.downsample.conv_0"
+    rep.rows[0].key = long
+    lines = text_table(rep).splitlines()
+    table = lines[1 : 2 + len(rep.rows)]
+    assert long in table[1]
+    kind_at = table[0].index("kind")  # left-aligned: every row's kind starts there
+    assert all(t[kind_at - 1] == " " and t[kind_at] != " " for t in table[1:]), table
+    end = table[0].index("scale_d") + len("scale_d")  # right-aligned: every value ends there
+    assert all(t[end - 1] != " " and (len(t) == end or t[end] == " ") for t in table[1:]), table
