@@ -3,8 +3,8 @@
 The FlatBuffer is built with the ``flatbuffers`` runtime and the generated builders of
 :mod:`amct_bridge.espdl.v3._fb`; tensor bytes go into ``raw_data`` as 16-byte aligned blocks (zero
 padded), a rank-0 tensor is written as ``[1]`` (the loader crashes on empty dims). The file is
-written to a temporary file next to the target, then renamed over it, so a reader never sees half
-a model.
+written to a temporary file next to the target, synced, then renamed over it, so a reader never
+sees half a model.
 
 Example:
     >>> import numpy as np, tempfile, pathlib
@@ -22,14 +22,13 @@ Example:
 
 from __future__ import annotations
 
-import os
 import struct
-import tempfile
 from pathlib import Path
 
 import flatbuffers
 import numpy as np
 
+from amct_bridge.errors import AmctBridgeError
 from amct_bridge.espdl.v3._fb import (
     Attribute,
     AttributeF,
@@ -53,6 +52,7 @@ from amct_bridge.espdl.v3.model import EspdlError, EspdlModel
 from amct_bridge.espdl.v3.model import Node as PyNode
 from amct_bridge.espdl.v3.model import Tensor as PyTensor
 from amct_bridge.espdl.v3.model import ValueInfo as PyValueInfo
+from amct_bridge.records.atomic import atomic_write_bytes
 
 __all__ = ["write_espdl", "espdl_bytes"]
 
@@ -64,20 +64,15 @@ def write_espdl(model: EspdlModel, path: str | Path) -> None:
         >>> write_espdl(EspdlModel([], {}), "/nonexistent/dir/m.espdl")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        amct_bridge.espdl.v3.model.EspdlError: /nonexistent/dir/m.espdl: cannot write: ...
+        amct_bridge.espdl.v3.model.EspdlError: /nonexistent/dir/m.espdl: cannot write...
     """
-    data = espdl_bytes(model)
-    path = Path(path)
-    tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-        os.replace(tmp, path)
-    except OSError as err:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
-        raise EspdlError(f"{path}: cannot write: {err.strerror or err}") from None
+        # temp file + fsync + os.replace, with the mode an ordinary open() would give
+        atomic_write_bytes(path, espdl_bytes(model))
+    except EspdlError:
+        raise
+    except AmctBridgeError as err:
+        raise EspdlError(str(err)) from None
 
 
 def espdl_bytes(model: EspdlModel) -> bytes:
