@@ -16,5 +16,6 @@ COMMAND_MODULES = (
     "amct_bridge.commands.export_espdl",
     "amct_bridge.commands.espdl_convert",
     "amct_bridge.commands.espdl_eval",
+    "amct_bridge.commands.espdl_run",
     "amct_bridge.commands.report",
 )
