@@ -337,6 +337,7 @@ def _bias(ctx: _Context, node: Node, n: int, depthwise: bool) -> np.ndarray | No
 
 
 def _conv_core(ctx: _Context, node: Node, x: np.ndarray, rank: int) -> np.ndarray:
+    act = _activation(ctx, node)
     filt = ctx.initializer(node.inputs[1], node)
     group = int(node.attributes.get("group", 1))
     channels = x.shape[-1]
@@ -381,7 +382,7 @@ def _conv_core(ctx: _Context, node: Node, x: np.ndarray, rank: int) -> np.ndarra
     if bias is not None:
         acc += bias
     shift = ctx.exponent(node.outputs[0], node) - filt.exponent - ctx.exponent(node.inputs[0], node)
-    out = _requant_output(ctx, node, acc, shift, _activation(ctx, node), ctx.out_dtype(node))
+    out = _requant_output(ctx, node, acc, shift, act, ctx.out_dtype(node))
     return out[:, 0] if rank == 1 else out
 
 
@@ -561,8 +562,10 @@ def _slice(ctx: _Context, node: Node) -> list[np.ndarray]:
     index = [slice(None)] * x.ndim
     for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
         dim = x.shape[axis]
-        # ONNX clamps: INT64_MAX ends mean "to the end"
-        index[axis] = slice(*slice(start, end, step).indices(dim))
+        # ONNX clamps as slice.indices does (INT64_MAX: to the end); a stop of -1 there means
+        # "past index 0", which a slice can only say as None
+        first, stop, step = slice(start, end, step).indices(dim)
+        index[axis] = slice(first, stop if stop >= 0 else None, step)
     return [np.ascontiguousarray(x[tuple(index)])]
 
 
