@@ -62,7 +62,7 @@ def test_damaged_files_exit_2_with_the_cause(tmp_path, capsys):
             good[:4] + struct.pack("<I", 1) + good[8:],
             "mode 1 is encrypted (AES-128-CTR), cannot be read without the key",
         ),
-        "cut.espdl": (good[:500], "truncated: header says 1776 bytes of model, only 484 follow"),
+        "cut.espdl": (good[:500], "truncated: header says 1792 bytes of model, only 484 follow"),
     }
     for name, (data, message) in cases.items():
         path = _copy(tmp_path, name, data)
