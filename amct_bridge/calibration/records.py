@@ -254,6 +254,30 @@ def _runtime_stats(session, target: Target, clip: dict, by_tensor: dict[str, int
     return LayerStats(target.kind, input=_union(inputs), output=output)
 
 
+def _site_entries(session, target: Target, entry: LayerStats) -> dict[str, LayerStats]:
+    """A layer called at several sites per step: the first site's ranges under its own key
+    (the graph calls it ``relu``), the others as ``relu@1``, ``relu@2``, as the graph and the
+    exports name the sites. Each is the raw extremes of its site (a clip search runs on the
+    merged tensor only); without sites, ``{key: entry}``."""
+    points = {
+        role: session.observed[session.tensors[(target.layer_key, role)]]
+        for role in ("input", "output")
+        if (target.layer_key, role) in session.tensors
+    }
+    counts = {len(o.sites) for o in points.values() if o.sites is not None}
+    if len(counts) != 1 or any(o.sites is None for o in points.values()):
+        return {target.key: entry}
+    out = {}
+    for k in range(counts.pop()):
+        ranges = {}
+        for role, obs in points.items():
+            lo, hi = obs.sites[k]
+            ranges[role] = TensorRange(lo, hi, lo, hi) if lo <= hi else None
+        site = LayerStats(entry.kind, input=ranges.get("input"), output=ranges.get("output"))
+        out[target.key if k == 0 else f"{target.key}@{k}"] = site
+    return out
+
+
 def _sidecar(session, clip: dict) -> CalibrationStats:
     # runtime layers get minmax points of their own: not an algorithm the user chose
     algorithms = sorted({t.config.algorithm for t in session.plan.targets if not t.runtime})
@@ -262,7 +286,8 @@ def _sidecar(session, clip: dict) -> CalibrationStats:
     for target in session.plan.targets:
         get = session.tensors.get
         if target.runtime:
-            stats.layers[target.key] = _runtime_stats(session, target, clip, by_tensor)
+            entry = _runtime_stats(session, target, clip, by_tensor)
+            stats.layers.update(_site_entries(session, target, entry))
             continue
         if target.desc is not None and len(target.desc.parts) > 1:
             roles = ("input", "inner") if _part_index(target) == 0 else ("inner", "output")
@@ -273,7 +298,11 @@ def _sidecar(session, clip: dict) -> CalibrationStats:
             index = get((target.layer_key, role))
             seen = index is not None and index in clip
             ranges.append(_range(session.observed[index], clip[index]) if seen else None)
-        stats.layers[target.key] = LayerStats(target.kind, input=ranges[0], output=ranges[1])
+        entry = LayerStats(target.kind, input=ranges[0], output=ranges[1])
+        if len(roles) == 2 and roles[0] == "input" and roles[1] == "output":
+            stats.layers.update(_site_entries(session, target, entry))
+        else:
+            stats.layers[target.key] = entry
         if target.bn_key is not None:  # the folded BN's output is the same tensor
             kind = target.bn_desc.kind if target.bn_desc is not None else "BatchNormalization"
             stats.layers[target.bn_key] = LayerStats(kind, output=ranges[1])
@@ -286,7 +315,8 @@ def _in_execution_order(stats: CalibrationStats, plan: Plan) -> CalibrationStats
     end = len(plan.rank)
 
     def rank(key: str) -> int:
-        return plan.rank.get(layer_of.get(key, key), end)
+        base = key.split("@")[0]  # a call site after its layer's first one (stable sort)
+        return plan.rank.get(layer_of.get(key, layer_of.get(base, base)), end)
 
     stats.layers = dict(sorted(stats.layers.items(), key=lambda kv: rank(kv[0])))  # stable
     return stats

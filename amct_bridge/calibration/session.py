@@ -59,6 +59,16 @@ class Observed:
     channel_range: np.ndarray | None = None  # [2, C]
     settings: tuple = ()  # (algorithm, options, act_type): points are shared only if equal
     folded_bn: str | None = None  # output of a layer whose BN is folded: that BN's name
+    #: a layer called at several sites per step: [min, max] seen at each site (the k-th
+    #: summary of a step is site k), for the sidecar's per-site entries (``relu@1``)
+    sites: list[list[float]] | None = None
+
+    def note_site(self, step: int, lo: float, hi: float) -> None:
+        """Widen the range of the site that summary ``step`` of this point came from."""
+        if self.sites is None:
+            return
+        site = self.sites[step % len(self.sites)]
+        site[0], site[1] = min(site[0], lo), max(site[1], hi)
 
 
 class CalibrationSession:
@@ -195,8 +205,11 @@ class CalibrationSession:
         if tid is not None:
             by_tensor[tid] = len(self.observed)
         folded = target.bn_desc.name if role == "output" and target.bn_desc is not None else None
+        sites = [[math.inf, -math.inf] for _ in range(target.calls)] if target.calls > 1 else None
         self.observed.append(
-            Observed(point, observer, settings=observer_settings(cfg), folded_bn=folded)
+            Observed(
+                point, observer, settings=observer_settings(cfg), folded_bn=folded, sites=sites
+            )
         )
 
     # ---- passes -------------------------------------------------------------------------------
@@ -307,6 +320,7 @@ class CalibrationSession:
                     f"{where} of batch {batch} contains NaN or Inf "
                     f"(min {stats.min}, max {stats.max}); no record written"
                 )
+            obs.note_site(row.step, stats.min, stats.max)
             updates.append((obs, stats, row.channel_range))
         self._move_grids(own, rows)
         if updates or grids:

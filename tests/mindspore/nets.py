@@ -263,4 +263,35 @@ INPUT_SHAPES = {
     "called_twice": (1, 3, 8, 8),
     "functional_net": (1, 3, 8, 8),
     "loop_net": (1, 3, 8, 8),
+    "lenet5": (1, 1, 32, 32),
 }
+
+
+class LeNet5(nn.Cell):
+    """The MindSpore tutorial's LeNet5: one ``self.relu`` and one ``self.max_pool2d`` called
+    at four and two sites; input (1, 1, 32, 32)."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 6, 5, pad_mode="valid")
+        self.conv2 = nn.Conv2d(6, 16, 5, pad_mode="valid")
+        self.fc1 = nn.Dense(16 * 5 * 5, 120)
+        self.fc2 = nn.Dense(120, 84)
+        self.fc3 = nn.Dense(84, num_classes)
+        self.relu = nn.ReLU()
+        self.max_pool2d = nn.MaxPool2d(kernel_size=2, stride=2)
+        self.flatten = nn.Flatten()
+
+    def construct(self, x):
+        x = self.max_pool2d(self.relu(self.conv1(x)))
+        x = self.max_pool2d(self.relu(self.conv2(x)))
+        x = self.flatten(x)
+        x = self.relu(self.fc1(x))
+        x = self.relu(self.fc2(x))
+        return self.fc3(x)
+
+
+def lenet5() -> nn.Cell:
+    """LeNet5 (tutorial), input (1, 1, 32, 32)."""
+    _seed()
+    return LeNet5()

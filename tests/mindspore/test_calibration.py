@@ -405,3 +405,56 @@ def test_checkpoints_of_a_calibrated_epoch_hold_only_the_network(mode, tmp_path,
     with caplog.at_level("WARNING"):
         load_checkpoint(make_net(), str(tmp_path / "old.ckpt"))
     assert "ignoring 1 amct_bridge.* entries" in caplog.text
+
+
+def test_a_cell_called_at_four_sites_gets_a_range_per_site(mode, tmp_path):
+    """LeNet5 calls one ``self.relu`` at four sites and ``self.max_pool2d`` at two. The sidecar
+    held one merged range (the largest site's), so every site exported at that exponent;
+    now ``relu`` is the first site and ``relu@1..3`` the others, each its own extremes
+    (reference: the forward written out cell by cell), and the export uses them."""
+    from nets import lenet5
+
+    from amct_bridge.quant.espdl import range_to_exponent
+
+    net = lenet5()
+    for name, p in net.parameters_and_names():
+        if name.startswith("fc2."):
+            p.set_data(p * 8)  # the sites' ranges far apart
+    x = np.random.default_rng(3).normal(0, 3, (8, 1, 32, 32)).astype(np.float32)
+    path = tmp_path / "r.txt"
+    calibrate(net, x, path, algorithm="minmax", batch_size=4)
+    before = ms.get_context("mode")
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    try:
+        t = Tensor(x)
+        a1 = net.relu(net.conv1(t))
+        p1 = net.max_pool2d(a1)
+        a2 = net.relu(net.conv2(p1))
+        p2 = net.max_pool2d(a2)
+        a3 = net.relu(net.fc1(net.flatten(p2)))
+        a4 = net.relu(net.fc2(a3))
+        pre = [net.conv1(t), net.conv2(p1), net.fc1(net.flatten(p2)), net.fc2(a3)]
+    finally:
+        ms.set_context(mode=before)
+    layers = load_stats(sidecar_path(path)).layers
+    sites = {"relu": 0, "relu@1": 1, "relu@2": 2, "relu@3": 3}
+    for key, k in sites.items():
+        got = layers[key]
+        want_in, want_out = pre[k].asnumpy(), (a1, a2, a3, a4)[k].asnumpy()
+        assert (got.input.min, got.input.max) == pytest.approx(
+            (want_in.min(), want_in.max()), rel=1e-6
+        ), key
+        assert got.output.max == pytest.approx(want_out.max(), rel=1e-6), key
+    assert layers["max_pool2d@1"].output.max == pytest.approx(p2.asnumpy().max(), rel=1e-6)
+    assert list(layers).index("relu@1") == list(layers).index("relu") + 1  # execution order
+    maxima = [layers[k].output.max for k in sites]
+    assert max(maxima) > 3 * min(maxima)  # the sites do differ
+
+    import amct_bridge.mindspore as ams
+
+    res = ams.export_espdl(net, path, None, sample_input=x[:1], feature_type="s8")
+    by_source = {layer.source: layer for layer in res.layers}
+    for conv, key in (("conv1", "relu"), ("conv2", "relu@1"), ("fc1", "relu@2")):
+        exported = by_source[conv]
+        assert exported.sources["output_exponent"] == f"sidecar output range of {key!r}"
+        assert exported.entry["output_exponent"] == range_to_exponent(0.0, layers[key].output.max)
