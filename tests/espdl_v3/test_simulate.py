@@ -496,3 +496,109 @@ def test_inputs_are_checked():
         simulate_espdl(model, {"z": np.zeros(2, np.int8)})
     with pytest.raises(EspdlError, match="no inputs given and the file has no test inputs"):
         simulate_espdl(model)
+
+
+# --- float-path activations (no LUT), Clip, MatMul
+
+
+def _ref_float_act(op: str, v: int, e_in: int, e_out: int, half_even: bool, attrs: dict) -> int:
+    """One element as the module's forward_template writes it (dl_module_sigmoid.hpp,
+    _tanh.hpp, _swish.hpp, _hard_sigmoid.hpp, _hard_swish.hpp, _leaky_relu.hpp; dl_math.hpp's
+    sigmoid = 1.0 / (1.0 + expf(-x))), scalar by scalar in float32 / double as the C does."""
+    f32 = np.float32
+    temp = f32(v) * f32(2.0**e_in)
+    out_scale = f32(2.0**-e_out)
+
+    def sigmoid(t):
+        return f32(1.0 / (1.0 + float(np.exp(f32(-t)))))
+
+    if op == "Sigmoid":
+        y = sigmoid(temp) * out_scale
+    elif op == "Tanh":
+        y = (f32(2) * sigmoid(f32(2) * temp) - f32(1)) * out_scale
+    elif op == "Swish":
+        y = (sigmoid(temp) * temp) * out_scale
+    elif op == "HardSwish":
+        y = f32(max(0.0, min(1.0, 0.166667 * float(temp) + 0.5)) * float(temp)) * out_scale
+    elif op == "HardSigmoid":
+        alpha, beta = f32(attrs.get("alpha", 0.2)), f32(attrs.get("beta", 0.5))
+        y = max(f32(0), min(f32(1), alpha * temp + beta)) * out_scale
+    else:  # LeakyRelu
+        y = temp * out_scale if temp >= 0 else temp * out_scale * f32(attrs.get("alpha", 0.01))
+    y = f32(y)
+    r = int(np.rint(y)) if half_even else int(np.floor(f32(float(y) + 0.5)))
+    return min(max(r, -128), 127)
+
+
+@pytest.mark.parametrize(
+    "op", ["Sigmoid", "Tanh", "Swish", "HardSwish", "HardSigmoid", "LeakyRelu"]
+)
+@pytest.mark.parametrize("target", ["esp32s3", "esp32p4"])
+def test_float_activations_without_lut(op, target):
+    attrs = {"quant_type": "S8", **({"alpha": 0.25, "beta": 0.4} if op == "HardSigmoid" else {})}
+    if op == "LeakyRelu":
+        attrs["alpha"] = 0.1
+    x = np.arange(-128, 128, dtype=np.int8)
+    model = _model(
+        [Node("a", op, ["x"], ["y"], attrs)],
+        [],
+        [_vi("x", x, -4)],
+        [_vi("y", x, -6)],
+        target=target,
+    )
+    got = simulate_espdl(model, {"x": x}).outputs["y"].tolist()
+    want = [_ref_float_act(op, int(v), -4, -6, target == "esp32p4", attrs) for v in x]
+    assert got == want
+
+
+def test_float_activations_hand_worked():
+    cases = [
+        ("Sigmoid", 0, -4, -7, {}, 64),  # sigmoid(0) = 0.5 -> 0.5 * 2^7
+        ("HardSigmoid", 16, -4, -7, {}, 90),  # 0.2 * 1.0 + 0.5 = 0.7 -> 89.6
+        ("HardSwish", 48, -4, -4, {}, 48),  # 3.0 * min(1, 3 * 0.166667 + 0.5) = 3.0 -> 48
+        ("LeakyRelu", -100, -4, -4, {"alpha": 0.01}, -1),  # -100 * 0.01 (float: -0.99999998)
+    ]
+    for op, v, e_in, e_out, attrs, want in cases:
+        model = _model(
+            [Node("a", op, ["x"], ["y"], {"quant_type": "S8", **attrs})],
+            [],
+            [_vi("x", [1], e_in)],
+            [_vi("y", [1], e_out)],
+        )
+        assert int(simulate_espdl(model, {"x": np.int8([v])}).outputs["y"][0]) == want, op
+
+
+@pytest.mark.parametrize("target", ["esp32s3", "esp32p4"])
+def test_clip(target):
+    """dl_module_clip.hpp: DL_CLIP on the integers, then round(temp * 2^e_in * 2^-e_out)."""
+    x = np.arange(-40, 80, 3, dtype=np.int8)
+    model = _model(
+        [Node("c", "Clip", ["x", "lo", "hi"], ["y"], {"quant_type": "S8"})],
+        [Tensor("lo", np.int8([-21]), [-4]), Tensor("hi", np.int8([61]), [-4])],
+        [_vi("x", x, -4)],
+        [_vi("y", x, -3)],
+        target=target,
+    )
+    got = simulate_espdl(model, {"x": x}).outputs["y"].tolist()
+    want = [_ref_shift(min(max(int(v), -21), 61), 1, target == "esp32p4") for v in x]
+    assert got == want
+
+
+@pytest.mark.parametrize("target", ["esp32s3", "c"])
+def test_matmul_with_a_constant_matrix(target):
+    """dl_module_matmul.hpp rank <= 2: a 1x1 conv with input 1 as the filter (no bias)."""
+    rng = np.random.default_rng(9)
+    x = rng.integers(-128, 128, (3, 20)).astype(np.int8)
+    b = rng.integers(-128, 128, (20, 18)).astype(np.int8)  # [C, N]
+    stored = encode_filter(b.T.reshape(18, 1, 1, 20), 1, target).reshape(20, 18)
+    model = _model(
+        [Node("mm", "MatMul", ["x", "b"], ["y"], {"quant_type": "S8"})],
+        [Tensor("b", stored, [-7])],
+        [_vi("x", x, -5)],
+        [_vi("y", [3, 18], -4)],
+        target=target,
+    )
+    got = simulate_espdl(model, {"x": x}).outputs["y"]
+    acc = x.astype(np.int64) @ b.astype(np.int64)
+    want = [[min(max(_ref_shift(int(v), 8, False), -128), 127) for v in row] for row in acc]
+    assert got.tolist() == want

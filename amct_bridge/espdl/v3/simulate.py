@@ -438,22 +438,108 @@ def _mul(ctx: _Context, node: Node) -> list[np.ndarray]:
 # --- lookup tables and activations: dl_module_lut.hpp, dl_base_lut.cpp, dl_base_relu.cpp
 
 
-@_op("Sigmoid", "Tanh", "Swish", "HardSigmoid", "HardSwish", "Gelu", "LUT", "Exp", "Elu")
-def _lut(ctx: _Context, node: Node) -> list[np.ndarray]:
-    table_name = node.attributes.get("lut") or (node.inputs[1] if len(node.inputs) > 1 else None)
-    if not table_name or table_name not in ctx.model.initializers:
-        raise ctx.refuse(node, "only the lookup-table form (attribute 'lut') is simulated")
-    table = ctx.model.initializers[table_name].data.reshape(-1)
+def _table_lookup(ctx: _Context, node: Node, table: np.ndarray) -> np.ndarray:
     x = ctx.value(node.inputs[0], node)
     if x.dtype == np.int8 or table.size == 256:
-        return [table[x.astype(np.int64) + 128]]
+        return table[x.astype(np.int64) + 128]
     # int16 table of 65536 / step + 1 entries, index rounded to the nearest step
     step = 65536 // (table.size - 1)
     shift = step.bit_length() - 1
     index = x.astype(np.int64) + 32768
     if shift:
         index = shift_round(index, shift, ctx.half_even)
-    return [table[index]]
+    return table[index]
+
+
+def _sigmoid(t: np.ndarray) -> np.ndarray:
+    # dl_math.hpp: 1.0 / (1.0 + expf(-x)), expf in float, the division in double
+    return (1.0 / (1.0 + np.exp(-t).astype(np.float64))).astype(np.float32)
+
+
+def _hard_swish(t: np.ndarray) -> np.ndarray:
+    # dl_module_hard_swish.hpp: the 0.166667 and 0.5 literals make it a double expression
+    t64 = t.astype(np.float64)
+    return (np.maximum(0.0, np.minimum(1.0, 0.166667 * t64 + 0.5)) * t64).astype(np.float32)
+
+
+def _float_function(ctx: _Context, node: Node) -> Callable[[np.ndarray], np.ndarray] | None:
+    op = node.op_type
+    f32 = np.float32
+    if op == "Sigmoid":
+        return _sigmoid
+    if op == "Tanh":
+        return lambda t: f32(2) * _sigmoid(f32(2) * t) - f32(1)
+    if op == "Swish":
+        return lambda t: _sigmoid(t) * t
+    if op == "HardSwish":
+        return _hard_swish
+    if op == "HardSigmoid":
+        alpha = f32(node.attributes.get("alpha", 0.2))
+        beta = f32(node.attributes.get("beta", 0.5))
+        return lambda t: np.maximum(f32(0), np.minimum(f32(1), alpha * t + beta))
+    return None
+
+
+@_op("Sigmoid", "Tanh", "Swish", "HardSigmoid", "HardSwish", "LeakyRelu", "Gelu", "Elu", "LUT")
+def _activation_op(ctx: _Context, node: Node) -> list[np.ndarray]:
+    # int8 models carry a 256-entry table (attribute 'lut', dl_module_lut.hpp); without one the
+    # module computes in float32: temp = x * 2^e_in, f(temp), round(f * 2^-e_out)
+    table_name = node.attributes.get("lut")
+    if node.op_type == "LUT" and not table_name and len(node.inputs) > 1:
+        table_name = node.inputs[1]
+    if table_name:
+        return [_table_lookup(ctx, node, ctx.initializer(table_name, node).data.reshape(-1))]
+    x = ctx.value(node.inputs[0], node)
+    in_scale = np.float32(2.0 ** ctx.exponent(node.inputs[0], node))
+    out_scale = np.float32(2.0 ** -ctx.exponent(node.outputs[0], node))
+    temp = x.astype(np.float32) * in_scale
+    if node.op_type == "LeakyRelu":
+        # dl_module_leaky_relu.hpp: round(temp * out_scale) or round(temp * out_scale * alpha)
+        alpha = np.float32(node.attributes.get("alpha", 0.01))
+        scaled = temp * out_scale
+        scaled = np.where(temp >= 0, scaled, scaled * alpha)
+    else:
+        fn = _float_function(ctx, node)
+        if fn is None:
+            raise ctx.refuse(node, "only the lookup-table form (attribute 'lut') is simulated")
+        scaled = fn(temp) * out_scale
+    return [_saturate(round_float(scaled, ctx.half_even), ctx.out_dtype(node))]
+
+
+@_op("Clip")
+def _clip(ctx: _Context, node: Node) -> list[np.ndarray]:
+    # dl_module_clip.hpp: clip the integers to min/max (inputs, in the input's quantization),
+    # then round(temp * 2^e_in * 2^-e_out)
+    x = ctx.value(node.inputs[0], node)
+    info = np.iinfo(x.dtype)
+    low = _ints_input(ctx, node, 1)
+    high = _ints_input(ctx, node, 2)
+    temp = np.clip(x, low[0] if low else info.min, high[0] if high else info.max)
+    e_in, e_out = ctx.exponent(node.inputs[0], node), ctx.exponent(node.outputs[0], node)
+    rescale = np.float32(2.0**e_in) * np.float32(2.0**-e_out)
+    out = round_float(temp.astype(np.float32) * rescale, ctx.half_even)
+    return [_saturate(out, ctx.out_dtype(node))]
+
+
+@_op("MatMul")
+def _matmul(ctx: _Context, node: Node) -> list[np.ndarray]:
+    # dl_module_matmul.hpp: with rank <= 2 operands, a 1x1 conv whose filter is input 1 (a
+    # constant that esp-ppq stores in the conv filter layout); no bias
+    if node.inputs[1] not in ctx.model.initializers:
+        raise ctx.refuse(node, "a MatMul of two activations is not simulated (constant B only)")
+    x = ctx.value(node.inputs[0], node)
+    filt = ctx.initializer(node.inputs[1], node)
+    if x.ndim > 2 or len(filt.dims) > 2:
+        raise ctx.refuse(node, "batched MatMul (rank > 2) is not simulated")
+    dims = filt.dims if len(filt.dims) == 2 else [filt.dims[0], 1]
+    shaped = Tensor(filt.name, filt.data.reshape(dims), filt.exponents)
+    w = filter_nhwc(shaped, 1, ctx.target).reshape(dims[1], dims[0]).astype(np.int64)
+    acc = np.atleast_2d(x.astype(np.int64)) @ w.T
+    shift = ctx.exponent(node.outputs[0], node) - filt.exponent - ctx.exponent(node.inputs[0], node)
+    out = _requant_output(ctx, node, acc, shift, _activation(ctx, node), ctx.out_dtype(node))
+    if x.ndim == 1:
+        out = out[0]
+    return [out if len(filt.dims) == 2 else out[..., 0]]
 
 
 @_op("Relu")
