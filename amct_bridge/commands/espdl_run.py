@@ -161,6 +161,9 @@ def _load_inputs(model: EspdlModel, specs: list[str], half_even: bool) -> dict[s
     for info in model.inputs:
         if info.name not in given:
             raise AmctBridgeError(f"{model.source}: no value for input {info.name!r}")
+        if info.elem_type == 1:  # a float input: the model's QuantizeLinear quantizes it
+            out[info.name] = np.asarray(given[info.name], np.float32)
+            continue
         dtype = np.dtype(np.int16 if info.elem_type == 5 else np.int8)
         try:
             out[info.name] = quantize_input(given[info.name], info.exponent, dtype, half_even)

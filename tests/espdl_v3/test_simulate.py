@@ -602,3 +602,26 @@ def test_matmul_with_a_constant_matrix(target):
     acc = x.astype(np.int64) @ b.astype(np.int64)
     want = [[min(max(_ref_shift(int(v), 8, False), -128), 127) for v in row] for row in acc]
     assert got.tolist() == want
+
+
+def test_quantize_and_dequantize_linear():
+    """The runtime maps QuantizeLinear/DequantizeLinear onto RequantizeLinear, whose
+    TensorBase::assign (dl_tensor_base.cpp) quantizes a float input as round(x * 2^-e) and
+    dequantizes to float as x * 2^e."""
+    x = np.float32([0.1, -0.3125, 0.15625, 7.9, -9.0])
+    model = _model(
+        [
+            Node("q", "QuantizeLinear", ["x", "s", "z"], ["xq"], {"quant_type": "S8"}),
+            Node("dq", "DequantizeLinear", ["xq", "s", "z"], ["y"], {"quant_type": "S8"}),
+        ],
+        [],
+        [ValueInfo("x", [5], 1, [])],
+        [ValueInfo("y", [5], 1, [-4])],
+        [_vi("xq", [5], -4)],
+        target="esp32p4",
+    )
+    r = simulate_espdl(model, {"x": x})
+    # x * 16 = 1.6, -5.0, 2.5 (ties to even: 2), 126.4, -144 (saturates)
+    assert r.values["xq"].tolist() == [2, -5, 2, 126, -128]
+    assert r.outputs["y"].dtype == np.float32
+    assert r.outputs["y"].tolist() == [0.125, -0.3125, 0.125, 7.875, -8.0]

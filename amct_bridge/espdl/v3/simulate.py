@@ -181,6 +181,13 @@ class _Context:
             )
         return tensor
 
+    def value_dtype(self, name: str, node: Node) -> np.dtype:
+        """The element type value_info gives ``name`` (float32, int8, int16), else quant_type's."""
+        info = self.infos.get(name)
+        if info is not None and info.elem_type in (1, 3, 5):
+            return np.dtype({1: np.float32, 3: np.int8, 5: np.int16}[info.elem_type])
+        return self.out_dtype(node)
+
     def out_dtype(self, node: Node) -> np.dtype:
         quant = node.attributes.get("quant_type", "S8")
         if quant not in _INT:
@@ -290,7 +297,9 @@ def _named_inputs(model: EspdlModel, inputs) -> dict[str, np.ndarray]:
     out = {}
     for info in model.inputs:
         array = np.asarray(given[info.name])
-        if array.dtype.kind not in "iu":
+        if info.elem_type == 1:  # a float input, quantized by the model's QuantizeLinear
+            array = array.astype(np.float32)
+        elif array.dtype.kind not in "iu":
             raise EspdlError(
                 f"{model.source}: input {info.name!r} must hold integers, got {array.dtype}"
             )
@@ -548,12 +557,22 @@ def _relu(ctx: _Context, node: Node) -> list[np.ndarray]:
     return [np.maximum(x, 0).astype(x.dtype)]
 
 
-@_op("RequantizeLinear")
+@_op("RequantizeLinear", "QuantizeLinear", "DequantizeLinear")
 def _requantize(ctx: _Context, node: Node) -> list[np.ndarray]:
-    # dl_base_requantize_linear.cpp: shift = out_exp - in_exp, rounded; negative shifts scale up
-    x = ctx.value(node.inputs[0], node).astype(np.int64)
-    shift = ctx.exponent(node.outputs[0], node) - ctx.exponent(node.inputs[0], node)
-    return [_saturate(shift_round(x, shift, ctx.half_even), ctx.out_dtype(node))]
+    # dl_module_requantize_linear.hpp (all three ops): output->assign(input), dl_tensor_base.cpp:
+    # float in: round(x * 2^-e_out); float out: x * 2^e_in; one exponent: a saturating copy;
+    # else round(x * 2^(e_in - e_out)), as the ISA's rounding shift (dl_base_requantize_linear)
+    x = ctx.value(node.inputs[0], node)
+    out_type = ctx.value_dtype(node.outputs[0], node)
+    if out_type.kind == "f":
+        e_in = ctx.exponent(node.inputs[0], node)
+        return [(x.astype(np.float32) * np.float32(2.0**e_in)).astype(out_type)]
+    e_out = ctx.exponent(node.outputs[0], node)
+    if x.dtype.kind == "f":
+        scaled = x.astype(np.float32) * np.float32(2.0**-e_out)
+        return [_saturate(round_float(scaled, ctx.half_even), out_type)]
+    shift = e_out - ctx.exponent(node.inputs[0], node)
+    return [_saturate(shift_round(x.astype(np.int64), shift, ctx.half_even), out_type)]
 
 
 # --- pooling: dl_base_avg_pool2d.cpp, dl_base_max_pool2d.cpp, dl_base_pool2d.hpp
