@@ -190,10 +190,12 @@ def plan_chains(
             chain = _build_chain(layer, consumers, skip_fusion, by_name)
             fused.update(chain.fused)
             chains.append(chain)
+    refused = {p.layer for p in problems}
+    refused |= {layer.name for layer in layers if layer.op == "unsupported"}
     for layer in layers:
         if layer.name in fused:
             continue
-        reason = _standalone_problem(layer, skip_fusion)
+        reason = _standalone_problem(layer, skip_fusion, refused)
         if reason:
             problems.append(Problem(layer.name, layer.kind or layer.op, reason))
     order = {layer.name: i for i, layer in enumerate(layers)}
@@ -201,7 +203,9 @@ def plan_chains(
     return chains, problems
 
 
-def _standalone_problem(layer: SourceLayer, skip_fusion: Callable[[str], bool]) -> str | None:
+def _standalone_problem(
+    layer: SourceLayer, skip_fusion: Callable[[str], bool], refused: set[str] = frozenset()
+) -> str | None:
     if layer.op == "relu6":
         return (
             "ReLU6: ESP-DL v1 has no ReLU6 (no clip): replace it with ReLU and fine-tune briefly "
@@ -210,6 +214,11 @@ def _standalone_problem(layer: SourceLayer, skip_fusion: Callable[[str], bool]) 
         )
     if layer.op == "batch_norm":
         src = layer.inputs[0] if len(layer.inputs) == 1 else None
+        if src in refused:  # not a placement problem: it folds once its conv exports
+            return (
+                f"BatchNormalization cannot be folded: the layer before it, {src!r}, is refused "
+                "(its own line says why); the BN folds into it once that layer exports"
+            )
         why = (
             f"record sets skip_fusion for {src!r}"
             if src and skip_fusion(src)

@@ -525,3 +525,18 @@ def test_call_site_entries_are_not_strangers():
     stats.layers["relu@7"] = LayerStats("ReLU", output=TensorRange(0.0, 16.0))  # no such site
     res = export(rec, layers, None, stats=stats)
     assert any("'relu@7'" in w for w in res.warnings), res.warnings
+
+
+def test_a_bn_after_a_refused_conv_says_so():
+    """The BN of a refused conv (here dilated) got the pre-activation (DenseNet, ResNet v2)
+    advice, which sends the user after the wrong cause."""
+    layers = [
+        SourceLayer("in", "input"),
+        SourceLayer("c", "unsupported", ["in"], "Conv2d", attrs={"reason": "dilation (2, 2)"}),
+        bn("b", ["c"]),
+    ]
+    with pytest.raises(ExportError) as err:
+        export_layers(layers, None)
+    text = str(err.value)
+    assert "dilation (2, 2)" in text
+    assert "the layer before it, 'c', is refused" in text and "pre-activation" not in text
