@@ -625,3 +625,75 @@ def test_quantize_and_dequantize_linear():
     assert r.values["xq"].tolist() == [2, -5, 2, 126, -128]
     assert r.outputs["y"].dtype == np.float32
     assert r.outputs["y"].tolist() == [0.125, -0.3125, 0.125, 7.875, -8.0]
+
+
+@pytest.mark.parametrize("target", ["c", "esp32s3"])
+def test_prelu(target):
+    """c: dl_base_prelu.cpp prelu_11c (x >= 0 copied, else DL_RIGHT_SHIFT(x * alpha, shift));
+    esp32s3: dl_tie728_s8_prelu.S (tie728_s8_vector_round_result on both sides, x > 0 rescaled
+    by output_shift/output_scale)."""
+    x = np.int8([[[[-128, -7, -1, 0, 1, 6, 7, 127] * 2]]])  # 16 channels
+    alpha = np.int8(list(range(-8, 8)))
+    model = _model(
+        [Node("p", "PRelu", ["x", "a"], ["y"], {"quant_type": "S8"})],
+        [Tensor("a", alpha, [-5])],
+        [_vi("x", x, -4)],
+        [_vi("y", x, -5)],
+        target=target,
+    )
+    got = simulate_espdl(model, {"x": x}).outputs["y"].reshape(-1).tolist()
+    shift = -5 - -4 - -5  # e_out - e_in - e_alpha = 4
+    want = []
+    for v, a in zip(x.reshape(-1).tolist(), alpha.tolist(), strict=True):
+        if target == "c":
+            r = v if v >= 0 else (v * a) >> shift
+        elif v < 0:
+            r = _ref_shift(v * a, shift, False)
+        else:
+            r = _ref_shift(v, -1, False)  # e_out - e_in = -1: doubled
+        want.append(min(max(r, -128), 127))
+    assert got == want
+    with pytest.raises(EspdlError, match=r"node 'p' \(PRelu\): PRelu on esp32p4"):
+        simulate_espdl(model, {"x": x}, "esp32p4")
+
+
+def test_pad_modes():
+    x = np.arange(6, dtype=np.int8).reshape(1, 2, 3)
+    pads = Tensor("pads", np.array([0, 1, 2, 0, 0, 1], np.int64), [0])
+    for mode, extra, want in (
+        (
+            "constant",
+            [Tensor("v", np.int8([-3]), [0])],
+            np.pad(x, ((0, 0), (1, 0), (2, 1)), constant_values=-3),
+        ),
+        ("edge", [], np.pad(x, ((0, 0), (1, 0), (2, 1)), mode="edge")),
+        ("reflect", [], np.pad(x, ((0, 0), (1, 0), (2, 1)), mode="reflect")),
+    ):
+        inputs = ["x", "pads", "v"] if extra else ["x", "pads"]
+        model = _model(
+            [Node("p", "Pad", inputs, ["y"], {"mode": mode})],
+            [pads, *extra],
+            [_vi("x", x, 0)],
+            [_vi("y", [1], 0)],
+        )
+        assert np.array_equal(simulate_espdl(model, {"x": x}).outputs["y"], want), mode
+    # reflect by hand on the row [0, 1, 2] with 2 before and 1 after: [2, 1, 0, 1, 2, 1]
+    assert np.pad(np.arange(3), (2, 1), mode="reflect").tolist() == [2, 1, 0, 1, 2, 1]
+
+
+def test_reduce_mean():
+    """dl_module_reduce_mean.hpp: round(float(sum) * 2^e_in / count * 2^-e_out)."""
+    x = np.arange(-12, 12, dtype=np.int8).reshape(1, 2, 3, 4)
+    model = _model(
+        [Node("m", "ReduceMean", ["x", "axes"], ["y"], {"keepdims": 0, "quant_type": "S8"})],
+        [Tensor("axes", np.array([1, 2], np.int64), [0])],
+        [_vi("x", x, -3)],
+        [_vi("y", [1, 4], -3)],
+    )
+    got = simulate_espdl(model, {"x": x}).outputs["y"]
+    # channel c: mean of c-12, c-8, c-4, c, c+4, c+8 = c - 2 (exact), same exponent
+    assert got.tolist() == [[-2, -1, 0, 1]]
+    model.nodes[0].attributes["keepdims"] = 1
+    model.outputs[0].exponents = [-2]  # (c - 2) / 2 = -1, -0.5, 0, 0.5: half up
+    got = simulate_espdl(model, {"x": x}).outputs["y"]
+    assert got.shape == (1, 1, 1, 4) and got.reshape(-1).tolist() == [-1, 0, 0, 1]

@@ -515,6 +515,66 @@ def _activation_op(ctx: _Context, node: Node) -> list[np.ndarray]:
     return [_saturate(round_float(scaled, ctx.half_even), ctx.out_dtype(node))]
 
 
+@_op("PRelu")
+def _prelu(ctx: _Context, node: Node) -> list[np.ndarray]:
+    # dl_base.hpp get_activation_args: activation_shift = e_out - e_in - e_alpha;
+    # c (dl_base_prelu.cpp prelu_11c): x >= 0 copied as it is, else (x * alpha) >> shift (floor);
+    # esp32s3 (dl_tie728_s8_prelu.S): both sides rounded half up, x >= 0 rescaled to e_out
+    if ctx.target == "esp32p4":
+        raise ctx.refuse(node, "PRelu on esp32p4 (its esp.vprelu rounding is not known here)")
+    x = ctx.value(node.inputs[0], node).astype(np.int64)
+    alpha_t = ctx.initializer(node.inputs[1], node)
+    alpha = alpha_t.data.reshape(-1).astype(np.int64)
+    if alpha.size not in (1, x.shape[-1]):
+        raise ctx.refuse(node, f"{alpha.size} slopes for {x.shape[-1]} channels")
+    e_in, e_out = ctx.exponent(node.inputs[0], node), ctx.exponent(node.outputs[0], node)
+    shift = e_out - e_in - alpha_t.exponent
+    if ctx.target == "c":
+        product = x * alpha
+        neg = np.where(shift > 0, product >> max(shift, 0), product << max(-shift, 0))
+        out = np.where(x >= 0, x, neg)
+    else:
+        neg = shift_round(x * alpha, shift, False)
+        out = np.where(x < 0, neg, np.where(x > 0, shift_round(x, e_out - e_in, False), 0))
+    return [_saturate(out, ctx.out_dtype(node))]
+
+
+@_op("Pad")
+def _pad(ctx: _Context, node: Node) -> list[np.ndarray]:
+    # dl_module_pad.hpp / dl_base_pad.cpp: ONNX pads [begin..., end...] on the stored tensor;
+    # constant (the quantized constant_value input, default 0), edge or reflect
+    x = ctx.value(node.inputs[0], node)
+    pads = _ints_input(ctx, node, 1)
+    if pads is None or len(pads) != 2 * x.ndim or min(pads) < 0:
+        raise ctx.refuse(node, f"pads {pads} for a tensor of rank {x.ndim} (non-negative)")
+    width = list(zip(pads[: x.ndim], pads[x.ndim :], strict=True))
+    mode = node.attributes.get("mode", "constant")
+    if mode == "constant":
+        value = _ints_input(ctx, node, 2)
+        return [np.pad(x, width, constant_values=value[0] if value else 0)]
+    if mode in ("edge", "reflect"):
+        return [np.pad(x, width, mode=mode)]
+    raise ctx.refuse(node, f"mode {mode!r} (constant, edge, reflect are simulated)")
+
+
+@_op("ReduceMean")
+def _reduce_mean(ctx: _Context, node: Node) -> list[np.ndarray]:
+    # dl_module_reduce_mean.hpp: round(float(sum) * 2^e_in / count * 2^-e_out), float32
+    x = ctx.value(node.inputs[0], node)
+    axes = _ints_input(ctx, node, 1) or node.attributes.get("axes")
+    if not axes:
+        if node.attributes.get("noop_with_empty_axes", 0):
+            return [x.copy()]
+        axes = list(range(x.ndim))
+    axes = tuple(sorted(a % x.ndim for a in axes))
+    keep = bool(node.attributes.get("keepdims", 1))
+    total = x.astype(np.int64).sum(axis=axes, keepdims=keep)
+    count = np.float32(int(np.prod([x.shape[a] for a in axes])))
+    e_in, e_out = ctx.exponent(node.inputs[0], node), ctx.exponent(node.outputs[0], node)
+    scaled = total.astype(np.float32) * np.float32(2.0**e_in) / count * np.float32(2.0**-e_out)
+    return [_saturate(round_float(scaled, ctx.half_even), ctx.out_dtype(node))]
+
+
 @_op("Clip")
 def _clip(ctx: _Context, node: Node) -> list[np.ndarray]:
     # dl_module_clip.hpp: clip the integers to min/max (inputs, in the input's quantization),
