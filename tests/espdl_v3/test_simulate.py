@@ -697,3 +697,22 @@ def test_reduce_mean():
     model.outputs[0].exponents = [-2]  # (c - 2) / 2 = -1, -0.5, 0, 0.5: half up
     got = simulate_espdl(model, {"x": x}).outputs["y"]
     assert got.shape == (1, 1, 1, 4) and got.reshape(-1).tolist() == [-1, 0, 0, 1]
+
+
+def test_softmax_float_output():
+    """dl_module_softmax.hpp forward_lut: float32 exp_table[x + 128] (gen_lut_8bit:
+    expf(2^e * (i - 128))), summed in order along the axis, then divided; no max subtracted."""
+    x = np.int8([[[3, -2, 0], [127, -128, 5]]])  # softmax over axis 1 (length 2)
+    model = _model(
+        [Node("s", "Softmax", ["x"], ["y"], {"axis": 1, "quant_type": "S8"})],
+        [],
+        [_vi("x", x, -3)],
+        [ValueInfo("y", [1, 2, 3], 1, [])],
+    )
+    got = simulate_espdl(model, {"x": x}).outputs["y"]
+    assert got.dtype == np.float32
+    for c in range(3):
+        a, b = (np.exp(np.float32(0.125) * np.float32(int(v))) for v in x[0, :, c])
+        total = np.float32(0) + a + b
+        assert got[0, :, c].tolist() == [a / total, b / total]
+    assert np.allclose(got.sum(axis=1), 1, atol=1e-6)
