@@ -364,7 +364,7 @@ def _conv_core(ctx: _Context, node: Node, x: np.ndarray, rank: int) -> np.ndarra
     if rank == 1:
         strides, dilations = [1, *strides], [1, *dilations]
         pads = [0, pads[0], 0, pads[1]]  # ONNX [begin..., end...] -> [top, left, bottom, right]
-    if list(w.shape[1 : 1 + rank]) != [int(k) for k in kernel][-rank:] and rank == 2:
+    if list(w.shape[1:3]) != [1] * (2 - len(kernel)) + [int(k) for k in kernel]:
         raise ctx.refuse(node, f"kernel_shape {kernel} does not match the filter {filt.dims}")
     if (depthwise and w.shape[0] != channels) or (not depthwise and w.shape[-1] != channels):
         raise ctx.refuse(node, f"filter {filt.dims} does not fit input channels {channels}")
