@@ -716,3 +716,23 @@ def test_softmax_float_output():
         total = np.float32(0) + a + b
         assert got[0, :, c].tolist() == [a / total, b / total]
     assert np.allclose(got.sum(axis=1), 1, atol=1e-6)
+
+
+def test_esp32s3_notes_accumulators_beyond_20_bits():
+    """The TIE728 int8 conv kernels accumulate in 20-bit QACC lanes (dl_tie728_s8_conv2d.S);
+    an exact sum beyond +-2^19 there is reported, not silently trusted."""
+    x = np.full((1, 1, 1, 64), 127, np.int8)
+    w = np.full((16, 1, 1, 64), 127, np.int8)  # 64 * 127 * 127 = 1032256 > 2^19
+    for target, notes in (("esp32s3", 1), ("c", 0)):
+        model = _model(
+            [Node("/big", "Conv", ["x", "w"], ["y"], {"group": 1, "quant_type": "S8"})],
+            [Tensor("w", encode_filter(w, 1, target), [0])],
+            [_vi("x", x, 0)],
+            [_vi("y", [1], 14)],
+            target=target,
+        )
+        r = simulate_espdl(model, {"x": x})
+        assert r.outputs["y"].reshape(-1).tolist() == [63] * 16  # 1032256 / 2^14 = 63.0
+        assert len(r.notes) == notes
+        if notes:
+            assert "an accumulator reaches 1032256, beyond the 20-bit QACC lanes" in r.notes[0]

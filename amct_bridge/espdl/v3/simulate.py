@@ -390,6 +390,16 @@ def _conv_core(ctx: _Context, node: Node, x: np.ndarray, rank: int) -> np.ndarra
     bias = _bias(ctx, node, n, depthwise)
     if bias is not None:
         acc += bias
+    if ctx.target == "esp32s3" and ctx.out_dtype(node) == np.int8:
+        # the TIE728 kernels accumulate the aligned channels in 20-bit QACC lanes; the exact
+        # int64 sums here may then differ from the chip's: say so rather than guess the wrap
+        lanes = acc if depthwise else acc[..., : n // 16 * 16]
+        peak = int(np.abs(lanes).max(initial=0))
+        if peak >= 1 << 19:
+            ctx.notes.append(
+                f"node {node.name!r} ({node.op_type}): an accumulator reaches {peak}, beyond the "
+                "20-bit QACC lanes of esp32s3; the chip's result may differ there"
+            )
     shift = ctx.exponent(node.outputs[0], node) - filt.exponent - ctx.exponent(node.inputs[0], node)
     out = _requant_output(ctx, node, acc, shift, act, ctx.out_dtype(node))
     return out[:, 0] if rank == 1 else out
