@@ -496,6 +496,9 @@ def test_inputs_are_checked():
         simulate_espdl(model, {"z": np.zeros(2, np.int8)})
     with pytest.raises(EspdlError, match="no inputs given and the file has no test inputs"):
         simulate_espdl(model)
+    with pytest.raises(EspdlError, match=r"input 'x' holds -200..0, beyond int8"):
+        simulate_espdl(model, {"x": np.array([-200, 0])})
+    assert simulate_espdl(model, [np.array([-3, 4])]).outputs["y"].dtype == np.int8
 
 
 # --- float-path activations (no LUT), Clip, MatMul

@@ -303,6 +303,15 @@ def _named_inputs(model: EspdlModel, inputs) -> dict[str, np.ndarray]:
             raise EspdlError(
                 f"{model.source}: input {info.name!r} must hold integers, got {array.dtype}"
             )
+        elif info.elem_type in (3, 5):  # held as the model's int8/int16, as on the chip
+            dtype = np.dtype(np.int8 if info.elem_type == 3 else np.int16)
+            bounds = np.iinfo(dtype)
+            if array.size and (array.min() < bounds.min or array.max() > bounds.max):
+                raise EspdlError(
+                    f"{model.source}: input {info.name!r} holds {array.min()}..{array.max()}, "
+                    f"beyond {dtype}"
+                )
+            array = array.astype(dtype)
         shape = info.shape
         if shape and all(isinstance(d, int) for d in shape) and int(np.prod(shape)) == array.size:
             array = array.reshape(shape)
@@ -683,7 +692,7 @@ def _pool_geometry(ctx: _Context, node: Node, x: np.ndarray):
     return x, kernel, strides, pads
 
 
-def _windows(xp: np.ndarray, kernel, strides, fill):
+def _windows(xp: np.ndarray, kernel: list[int], strides: list[int]):
     """Yield the (i, j) kernel-position slices of a padded NHWC tensor."""
     (kh, kw), (sh, sw) = kernel, strides
     ho = (xp.shape[1] - kh) // sh + 1
@@ -698,7 +707,7 @@ def _avgpool(ctx: _Context, node: Node) -> list[np.ndarray]:
     x0 = ctx.value(node.inputs[0], node)
     x, kernel, strides, (top, left, bottom, right) = _pool_geometry(ctx, node, x0)
     xp = np.pad(x.astype(np.int64), ((0, 0), (top, bottom), (left, right), (0, 0)))
-    total = sum(_windows(xp, kernel, strides, 0))
+    total = sum(_windows(xp, kernel, strides))
     # CONFIG_ACCURATE_INFER: avgpool2d_hwc on every target, the whole kernel as the area
     # (padding counts, whatever count_include_pad says), one float32 scale
     area = np.float32(1.0) / np.float32(kernel[0] * kernel[1])
@@ -715,7 +724,7 @@ def _maxpool(ctx: _Context, node: Node) -> list[np.ndarray]:
     x, kernel, strides, (top, left, bottom, right) = _pool_geometry(ctx, node, x0)
     low = np.iinfo(x.dtype).min
     xp = np.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)), constant_values=low)
-    out = np.maximum.reduce(list(_windows(xp, kernel, strides, low)))
+    out = np.maximum.reduce(list(_windows(xp, kernel, strides)))
     return [out[:, 0] if x0.ndim == 3 else out]
 
 
