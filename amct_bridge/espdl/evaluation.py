@@ -72,6 +72,8 @@ class Evaluation:
     layers: list[LayerError] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     source_label: str = "keras layer"  # the last column's header: whose names it lists
+    #: chip layers without a row, each "name (source): why" (nothing is left out silently)
+    not_compared: list[str] = field(default_factory=list)
 
 
 def snr_db(ref: np.ndarray, got: np.ndarray) -> float:
@@ -121,6 +123,7 @@ def evaluate_export(
     input_exponent: int | None = None,
     batch_size: int = 64,
     source_label: str = "keras layer",
+    missing_reasons: dict[str, str] | None = None,
 ) -> Evaluation:
     """Run the chip simulator on ``x`` (NHWC, as the chip takes it) and compare.
 
@@ -129,7 +132,8 @@ def evaluate_export(
         x, y: the inputs (float, NHWC) and class indices.
         float_scores, fake_quant_scores: the float and fake-quantized models' first output.
         floats: the float outputs (NHWC) by framework layer name, or a function of the names
-            wanted (:func:`source_names`) giving them; layers without one get no error row.
+            wanted (:func:`source_names`) giving them; a layer without one gets a "not
+            compared" line instead of a row, with ``missing_reasons[source]`` if given.
         output: the framework layer of the model's first output (None: the chip's first).
         target, input_exponent: as :func:`~amct_bridge.espdl.simulate_chip`.
         batch_size: samples per chip call.
@@ -157,15 +161,17 @@ def evaluate_export(
     out = _chip_output(net, output)
     scores = np.ldexp(chip[out].astype(np.float64), chip["exp:" + out])
     refs = floats(source_names(net)) if callable(floats) else (floats or {})
+    not_compared: list[str] = []
     return Evaluation(
         len(y),
         accuracy(float_scores, y),
         None if fake_quant_scores is None else accuracy(fake_quant_scores, y),
         accuracy(scores, y),
         simulated,
-        _layer_errors(net, chip, refs, net.bits),
+        _layer_errors(net, chip, refs, net.bits, not_compared, missing_reasons),
         warnings,
         source_label,
+        not_compared,
     )
 
 
@@ -201,16 +207,31 @@ def _chip_output(net: Any, output: str | None) -> str:
     return net.outputs[0]  # e.g. a skipped final Softmax: the chip's output is its input
 
 
-def _layer_errors(net: Any, chip: dict, floats: dict, bits: int) -> list[LayerError]:
+def _layer_errors(
+    net: Any,
+    chip: dict,
+    floats: dict,
+    bits: int,
+    missing: list[str] | None = None,
+    reasons: dict[str, str] | None = None,
+) -> list[LayerError]:
+    """A row per chip layer with a float counterpart; the others go to ``missing`` with why."""
     top, bottom = 2 ** (bits - 1) - 1, -(2 ** (bits - 1))
     result = []
+    missing = [] if missing is None else missing
     for layer, source in zip(net.layers, source_names(net), strict=True):
         if source not in floats:
+            why = (reasons or {}).get(source, "no float output of it was recorded")
+            missing.append(f"{layer.name} ({source}): {why}")
             continue
         ref = floats[source]
         values = chip[layer.name]
         got = np.ldexp(values.astype(np.float64), chip["exp:" + layer.name])
         if got.size != ref.size:
+            missing.append(
+                f"{layer.name} ({source}): the chip has {got.size} values, the float model "
+                f"{ref.size}"
+            )
             continue
         got = got.reshape(ref.shape)
         result.append(
@@ -261,4 +282,5 @@ def format_evaluation(ev: Evaluation) -> str:
             )
         worst = min(ev.layers, key=lambda e: e.snr_db)
         lines.append(f"lowest SNR: {worst.name} ({worst.snr_db:.1f} dB)")
+    lines += [f"not compared: {line}" for line in ev.not_compared]
     return "\n".join(lines)

@@ -3,7 +3,10 @@
 The network runs NCHW, the chip NHWC: the inputs are transposed for the chip and every 4-D cell
 output for the per-layer comparison. A Flatten cell's output is left out of that comparison (NCHW
 flattens channel-major, the chip's Flatten pixel-major; the Dense after it is compared, its rows
-being reordered by the export), as are cells called more than once per forward pass.
+being reordered by the export). A cell called at several sites per forward pass is compared per
+site (``relu``, ``relu@1``: its k-th call of a pass is site k, as the graph names them), and a
+functional op (``x + y``, ``ops.relu``) through the input of the cell site that reads its
+output. A chip layer with no float counterpart gets a "not compared" line with the reason.
 
 Example:
     >>> # from amct_bridge.espdl.evaluation import format_evaluation
@@ -53,7 +56,7 @@ def evaluate_espdl(
     x = np.asarray(x, np.float32)
     x_chip = x.transpose(0, 2, 3, 1) if x.ndim == 4 else x  # the chip runs NHWC
     chip = chip_network(export_dir, x_chip)  # before the network meets data of another shape
-    floats, float_scores = _float_run(net, x, batch_size)
+    floats, float_scores, reasons = _float_run(net, x, batch_size)
     fq = None
     if record is not None:
         outputs = simulate(net, record, x, batch_size=batch_size).outputs
@@ -69,19 +72,72 @@ def evaluate_espdl(
         input_exponent=input_exponent,
         batch_size=batch_size,
         source_label="cell",
+        missing_reasons=reasons,
     )
 
 
-def _float_run(net: nn.Cell, x: np.ndarray, batch: int) -> tuple[dict[str, np.ndarray], Any]:
-    """The float outputs of every leaf cell (NHWC where 4-D) and of the network."""
-    cells = {k: c for k, c in leaf_cells(net).items() if not isinstance(c, nn.Flatten)}
+def _float_run(
+    net: nn.Cell, x: np.ndarray, batch: int
+) -> tuple[dict[str, np.ndarray], Any, dict[str, str]]:
+    """The float outputs (NHWC where 4-D) of every leaf cell call site and of the functional
+    ops a cell site reads, the network's output, and why the others have none."""
+    cells = leaf_cells(net)
     finals = []
-    with pynative_inference(net), recorded(cells) as (outs, _):
+    with pynative_inference(net), recorded(cells, inputs=True) as (outs, ins):
         for start in range(0, len(x), batch):
             finals.append(first_tensor(net(Tensor(x[start : start + batch]))).asnumpy())
-    batches = len(finals)  # a cell called twice per pass recorded more: left out
-    floats = {k: _nhwc(np.concatenate(v)) for k, v in outs.items() if v and len(v) == batches}
-    return floats, np.concatenate(finals)
+    batches = len(finals)
+    floats: dict[str, np.ndarray] = {}
+    site_inputs: dict[str, np.ndarray] = {}
+    reasons: dict[str, str] = {}
+    for key, values in outs.items():
+        calls, rest = divmod(len(values), batches) if batches else (0, 0)
+        if not values or rest:
+            continue
+        for site in range(calls):  # per pass: site 0, 1, ... in call order
+            name = key if site == 0 else f"{key}@{site}"
+            inputs = np.concatenate(ins[key][site::calls])
+            site_inputs[name] = _nhwc(inputs)
+            if isinstance(cells[key], nn.Flatten) and inputs.ndim == 4 and inputs[0, 0].size > 1:
+                # NCHW flattens channel-major, the chip pixel-major (the Dense after it, its
+                # rows reordered by the export, is compared)
+                reasons[name] = "a Flatten of an NCHW map (the chip flattens NHWC; the Dense "
+                reasons[name] += "after it is compared)"
+                continue
+            floats[name] = _nhwc(np.concatenate(values[site::calls]))
+    floats.update(_functional_floats(net, x[:1], site_inputs, reasons))
+    return floats, np.concatenate(finals), reasons
+
+
+def _functional_floats(
+    net: nn.Cell, sample: np.ndarray, site_inputs: dict[str, np.ndarray], reasons: dict
+) -> dict[str, np.ndarray]:
+    """A functional op's output is the input of the cell site reading it (``add_op0`` feeds
+    ``relu@1``): the graph says which."""
+    from amct_bridge.mindspore.graph import extract_graph
+
+    try:
+        graph = extract_graph(net, sample)
+    except Exception as err:  # the comparison goes on without these rows, saying why
+        for_ops = f"no graph of the network ({type(err).__name__}): functional ops not compared"
+        reasons.setdefault("*", for_ops)
+        return {}
+    out = {}
+    for node in graph.nodes:
+        if node.is_layer or not node.outputs:
+            continue
+        readers = [
+            c
+            for c in graph.consumers_of(node.outputs[0])
+            if c.is_layer and c.inputs == [node.outputs[0]] and c.name in site_inputs
+        ]
+        if readers:
+            out[node.name] = site_inputs[readers[0].name]
+        else:
+            reasons[node.name] = (
+                "a functional op whose output no cell reads alone (so no hook sees it)"
+            )
+    return out
 
 
 def _nhwc(value: np.ndarray) -> np.ndarray:

@@ -11,6 +11,7 @@ from pathlib import Path
 import mindspore as ms
 import numpy as np
 import pytest
+from isolate import in_fresh_process
 from mindspore import Tensor
 from nets import flatten_dense
 
@@ -53,8 +54,14 @@ def test_cli_figures_match_independent_runs(tmp_path, capsys):
     assert figures["chip accuracy"] == float(np.mean(chip.argmax(axis=1) == y))
     header = next(ln for ln in lines if ln.startswith("layer "))
     assert header.split()[-1] == "cell"  # MindSpore's names, under their own heading
-    rows = {ln.split()[0]: ln.split() for ln in lines[lines.index(header) + 1 : -1]}
-    assert set(rows) == {"conv", "pool", "fc1", "fc2"}  # flatten: NCHW order, not compared
+    end = next(i for i, ln in enumerate(lines) if ln.startswith("lowest SNR"))
+    rows = {ln.split()[0]: ln.split() for ln in lines[lines.index(header) + 1 : end]}
+    assert set(rows) == {"conv", "pool", "fc1", "fc2"}
+    # flatten: NCHW order, not compared, and said so
+    assert lines[end + 1 :] == [
+        "not compared: flatten (flatten): a Flatten of an NCHW map (the chip flattens NHWC; the "
+        "Dense after it is compared)"
+    ]
     assert rows["fc1"][-1] == "fc1" and rows["fc2"][1] == "FullyConnected"
 
 
@@ -81,3 +88,42 @@ def test_cli_needs_exactly_one_model(tmp_path, capsys):
     assert "give either --model (a Keras file) or --mindspore" in capsys.readouterr().err
     assert main([*base, "--model", "m.keras", "--ckpt", "w.ckpt"]) == 2
     assert "--ckpt goes with --mindspore" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("factory", ["lenet5", "resnet_user"])
+def test_every_chip_layer_of_shared_cells_and_adds_gets_a_row(factory, tmp_path, request):
+    """LeNet5 (one relu at four sites) compared 1 of its 5 chip layers and a ResNet 13 of 32:
+    chains ending in a shared ReLU and every Add2D were left out without a word. Each site is
+    compared now, an Add through the input of the ReLU site reading it; the rows' SNRs are
+    recomputed here from the chip simulator and the network's own cells."""
+    if factory == "resnet_user" and in_fresh_process(request):  # out += y: see isolate.py
+        return
+    import nets
+
+    from amct_bridge.espdl.evaluation import format_evaluation
+    from amct_bridge.mindspore import calibrate
+
+    net = getattr(nets, factory)()
+    shape = nets.INPUT_SHAPES[factory][1:]
+    x = np.random.default_rng(4).normal(0, 1, (6, *shape)).astype(np.float32)
+    y = np.zeros(6, np.int64)
+    record = tmp_path / "r.txt"
+    calibrate(net, x, record, algorithm="minmax")
+    res = ams.export_espdl(net, record, tmp_path / "e", sample_input=x[:1], feature_type="s16")
+    ev = ams.evaluate_espdl(tmp_path / "e", net, x, y)
+    chip_layers = simulate_chip(tmp_path / "e", x.transpose(0, 2, 3, 1)).layers
+    assert {e.name for e in ev.layers} | {n.split()[0] for n in ev.not_compared} == set(chip_layers)
+    compared = {e.source: e for e in ev.layers}
+    if factory == "lenet5":
+        assert [n.split(":")[0] for n in ev.not_compared] == ["flatten (flatten)"]
+        assert {"relu", "relu@1", "relu@2", "relu@3"} <= set(compared)
+        t = Tensor(x)
+        a2 = net.relu(net.conv2(net.max_pool2d(net.relu(net.conv1(t)))))  # site 1
+        row = compared["relu@1"]
+        got = chip_layers[row.name].to_float()
+        assert row.snr_db == snr_db(a2.asnumpy().transpose(0, 2, 3, 1), got)
+    else:
+        adds = [e for e in ev.layers if e.kind == "Add2D"]
+        assert len(adds) == 4 and all(e.snr_db > 30 for e in adds), format_evaluation(ev)
+        assert not ev.not_compared, ev.not_compared
+    assert len(res.layers) + len(res.runtime) >= len(chip_layers) - 1

@@ -11,6 +11,7 @@ import mindspore as ms
 import nets
 import numpy as np
 import pytest
+from isolate import in_fresh_process
 from mindspore import nn, ops
 
 from amct_bridge.errors import GraphError
@@ -460,10 +461,12 @@ _ADD_NAMES = {"+": "add_op0", "+=": "inplaceaddext_op0", "ops.add": "add_op0", "
 
 @pytest.mark.parametrize("spelling", [s for s in nets.ADD_SPELLINGS if s != "+"])
 @pytest.mark.parametrize("pad", [False, True], ids=["same", "pad1"])
-def test_every_add_spelling_gives_the_resnet_groups(spelling, pad):
+def test_every_add_spelling_gives_the_resnet_groups(spelling, pad, request):
     """``out += identity`` compiles to InplaceAddExt (refused as UNKNOWN_OP before), ops.add
     to Add, ops.AddN to AddN: each is the residual Add, so the groups are those of ``+``
     (pad_mode='pad' changes no channel), only the add node's name differs."""
+    if spelling == "+=" and in_fresh_process(request):  # out += y: see isolate.py
+        return
     _, graph = run("resnet_tiny")
     expected, expected_refused = summary(discover_groups(graph))
     net = nets.ResNetTiny(add=spelling, pad=pad)
@@ -494,9 +497,11 @@ class _Aliased(nn.Cell):
         return ops.concat((ops.cat((w, a), 1), w), 1)
 
 
-def test_inplace_add_updates_every_name_of_its_tensor():
+def test_inplace_add_updates_every_name_of_its_tensor(request):
     """After ``out = a; out += b``, GRAPH_MODE reads ``a`` as the sum (MindIR: a Load of the
     updated state); the graph follows it, checked against the network's own outputs."""
+    if in_fresh_process(request):  # out += y: see isolate.py
+        return
     graph = extract_graph(_Aliased(), (1, 4, 6, 6))
     got = {n.name: (n.kind, n.inputs) for n in graph.nodes if not n.is_layer}
     s = "inplaceaddext_op0:0"
