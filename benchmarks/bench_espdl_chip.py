@@ -21,9 +21,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from amct_bridge.espdl.chip import simulate_chip  # noqa: E402
-from amct_bridge.espdl.export import export_layers  # noqa: E402
-from amct_bridge.espdl.network import network_from_result  # noqa: E402
+from amct_bridge.espdl.v1.chip import simulate_chip  # noqa: E402
+from amct_bridge.espdl.v1.export import export_layers  # noqa: E402
+from amct_bridge.espdl.v1.network import network_from_result  # noqa: E402
 from amct_bridge.keras.espdl_weights import source_layers  # noqa: E402
 from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange  # noqa: E402
 

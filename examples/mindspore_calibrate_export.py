@@ -22,7 +22,7 @@ from mindspore import dataset as ds
 from mindspore import nn, ops
 from mindspore.train import Model
 
-from amct_bridge.espdl.chip import simulate_chip
+from amct_bridge.espdl.v1.chip import simulate_chip
 from amct_bridge.mindspore import (
     QuantCalibration,
     export_espdl,

@@ -21,7 +21,7 @@ import pytest
 
 from amct_bridge.calibration.records import Built
 from amct_bridge.calibration.records import write_outputs as write_calibration
-from amct_bridge.espdl.cpp_coefficients import write_files
+from amct_bridge.espdl.v1.cpp_coefficients import write_files
 from amct_bridge.espdl.writer import write_directory
 from amct_bridge.keras import QuantCalibration, export_espdl, freeze_model
 from amct_bridge.keras.qat import quantize_aware, save_qat_record

@@ -19,7 +19,7 @@ import argparse
 import sys
 
 from amct_bridge.errors import ExportError
-from amct_bridge.espdl.spec import TARGETS
+from amct_bridge.espdl.v1.spec import TARGETS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -68,8 +68,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Convert; returns the exit code. Everything is computed before anything is written."""
-    from amct_bridge.espdl.cpp_app import set_model_files
-    from amct_bridge.espdl.cpp_coefficients import set_files, write_files
+    from amct_bridge.espdl.v1.cpp_app import set_model_files
+    from amct_bridge.espdl.v1.cpp_coefficients import set_files, write_files
 
     if args.graph is not None and not args.model_class:
         raise ExportError("--graph is read with --model-class")

@@ -2,7 +2,7 @@
 
 Runs a labelled dataset through the float Keras model, the fake-quantized copy
 (:func:`amct_bridge.keras.simulate` with the record) and the bit-exact chip simulator
-(:func:`amct_bridge.espdl.chip.simulate_chip` on the export directory), through
+(:func:`amct_bridge.espdl.v1.chip.simulate_chip` on the export directory), through
 :func:`amct_bridge.keras.evaluate_espdl`, prints the three
 accuracies side by side, then per chip layer the error of its dequantized output against the
 float model's output of the same layer (SNR in dB, max abs error, share of saturated elements):

@@ -105,8 +105,8 @@ def _run_set(args: argparse.Namespace) -> int:
     granularity = _granularity(args)
     if args.cpp:
         return _set_cpp(args, granularity)
-    from amct_bridge.espdl.preview import load_set, preview_set
-    from amct_bridge.espdl.report import format_set_preview
+    from amct_bridge.espdl.v1.preview import load_set, preview_set
+    from amct_bridge.espdl.v1.report import format_set_preview
 
     config, arrays = load_set(args.input_set)
     per_channel = granularity == "per-channel"
@@ -119,8 +119,8 @@ def _set_cpp(args: argparse.Namespace, granularity: str) -> int:
     """convert.py's NAME.cpp/.hpp of the set (any convert.py input directory), plus the model
     class and app_main.cpp when the set is an export of this package with a chip graph."""
     from amct_bridge.errors import AmctBridgeError
-    from amct_bridge.espdl.cpp_app import set_model_files
-    from amct_bridge.espdl.cpp_coefficients import set_files, write_files
+    from amct_bridge.espdl.v1.cpp_app import set_model_files
+    from amct_bridge.espdl.v1.cpp_coefficients import set_files, write_files
 
     if args.cpp == "app_main":
         raise ExportError("--cpp app_main would overwrite app_main.cpp: choose another name")
@@ -204,7 +204,7 @@ def _exporter(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     """Run the export; returns the exit code."""
-    from amct_bridge.espdl.report import format_preview
+    from amct_bridge.espdl.v1.report import format_preview
 
     if args.input_set is not None:
         return _run_set(args)

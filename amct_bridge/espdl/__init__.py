@@ -1,9 +1,19 @@
-"""ESP-DL v1 exporter: record + weights -> config.json + coefficient .npy, and an exact preview.
+"""ESP-DL export: record + weights -> an ESP-DL model, with an exact preview and a chip simulator.
+
+Layout: this package holds what every ESP-DL format shares: the framework-free model
+(:mod:`~amct_bridge.espdl.source`), the plan of conv/dense chains (:mod:`~amct_bridge.espdl.plan`),
+exponents from the record and the calibration sidecar (:mod:`~amct_bridge.espdl.exponents`,
+:mod:`~amct_bridge.espdl.exponent_groups`), the checks (:mod:`~amct_bridge.espdl.checks`,
+:mod:`~amct_bridge.espdl.consistency`), C identifiers (:mod:`~amct_bridge.espdl.naming`), the
+all-at-once directory writer (:mod:`~amct_bridge.espdl.writer`) and the accuracy comparison
+(:mod:`~amct_bridge.espdl.evaluation`). :mod:`amct_bridge.espdl.v1` is ESP-DL v1 (convert.py
+input, C++ files, chip simulator); :mod:`amct_bridge.espdl.v3` reads and writes ESP-DL v3's
+``.espdl`` models and simulates them. The names below are v1's, re-exported (``__all__``).
 
 Framework-free: :func:`export` takes the model as a list of
 :class:`~amct_bridge.espdl.source.SourceLayer` only. Adapters translate their models and offer
 their own entry (``amct_bridge.keras.export_espdl(model, record, out_dir, ...)``); the core never
-imports them. :mod:`amct_bridge.espdl.preview` predicts convert.py's integers,
+imports them. :mod:`amct_bridge.espdl.v1.preview` predicts convert.py's integers,
 :func:`convert_set` writes convert.py's C++ coefficient files from any convert.py input set, and
 :func:`simulate_chip` runs an export (directory, :class:`ExportResult` or :func:`load_network`)
 as the ESP-DL v1 chip computes it, bit for bit (docs/espdl-export.md, "Chip simulator").
@@ -32,18 +42,23 @@ import os
 from pathlib import Path
 
 from amct_bridge.errors import ExportError
-from amct_bridge.espdl.chip import ChipResult, ChipTensor, simulate_chip
-from amct_bridge.espdl.cpp_coefficients import convert_set
-from amct_bridge.espdl.export import ExportedLayer, ExportResult, export_layers
-from amct_bridge.espdl.network import Network, load_network
-from amct_bridge.espdl.preview import (
+from amct_bridge.espdl.source import SourceLayer
+from amct_bridge.espdl.v1 import (
+    ChipResult,
+    ChipTensor,
+    ExportedLayer,
+    ExportResult,
     LayerPreview,
+    Network,
+    convert_set,
+    export_layers,
+    load_network,
     load_set,
     preview_layer,
     preview_set,
+    simulate_chip,
     tool_output,
 )
-from amct_bridge.espdl.source import SourceLayer
 from amct_bridge.records.calibration import CalibrationStats, load_stats, sidecar_path
 from amct_bridge.records.model import Record
 
@@ -124,7 +139,7 @@ def export(
         stats: calibration sidecar (object or path). Default: ``<record>.calib.json`` when
             ``record`` is a path, or a Record read from one, and that file exists.
         feature_type, granularity, target, skip_unsupported, overwrite, cpp: see
-            :func:`amct_bridge.espdl.export.export_layers` (``cpp="NAME"`` also writes the C++
+            :func:`amct_bridge.espdl.v1.export.export_layers` (``cpp="NAME"`` also writes the C++
             coefficient files, model class and app_main.cpp).
 
     Example:

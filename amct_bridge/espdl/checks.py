@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from amct_bridge.errors import ExportError
-from amct_bridge.espdl.runtime import RuntimeLayer, concat_resolved
 from amct_bridge.espdl.source import PASS_THROUGH, SourceLayer
+from amct_bridge.espdl.v1.runtime import RuntimeLayer, concat_resolved
 
 if TYPE_CHECKING:
-    from amct_bridge.espdl.preview import LayerPreview
+    from amct_bridge.espdl.v1.preview import LayerPreview
     from amct_bridge.records.model import Record
 
 
@@ -132,7 +132,7 @@ def saturation_warnings(name: str, preview: LayerPreview) -> list[str]:
     biases round to 0 (the preview's ``bias0`` column above 50 %).
 
     Example:
-        >>> from amct_bridge.espdl.preview import preview_layer
+        >>> from amct_bridge.espdl.v1.preview import preview_layer
         >>> p = preview_layer("c", {"operation": "conv2d", "feature_type": "s8"},
         ...                   {"c_filter": np.ones((1, 1, 1, 1), np.float32)})
         >>> saturation_warnings("c", p)

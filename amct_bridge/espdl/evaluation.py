@@ -142,7 +142,7 @@ def evaluate_export(
     Example:
         >>> # see the module docstring
     """
-    from amct_bridge.espdl.chip import simulate_chip
+    from amct_bridge.espdl.v1.chip import simulate_chip
 
     net = chip_network(export, x)
     chip: dict = {}
@@ -185,7 +185,7 @@ def chip_network(export: str | Path | Any, x: np.ndarray) -> Any:
         ...
         amct_bridge.errors.ExportError: ...
     """
-    from amct_bridge.espdl.chip import as_network
+    from amct_bridge.espdl.v1.chip import as_network
 
     net = as_network(export)  # the simulator's own reading of it
     where = str(export) if isinstance(export, (str, os.PathLike)) else "the export"

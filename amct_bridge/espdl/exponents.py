@@ -15,7 +15,7 @@ output_exponent of a chain (range of the chain's last layer, after the fused act
   a range of exactly [0, 0] takes the chain's input exponent (with a warning).
 input_exponent of a chain:
   1. the output exponent of the exported chain feeding it (through exponent-keeping layers), or
-     of an Add2D / average pool (:mod:`amct_bridge.espdl.runtime` adds those to
+     of an Add2D / average pool (:mod:`amct_bridge.espdl.v1.runtime` adds those to
      ``chain_outputs``): the runtime has exactly that tensor, anything else mis-scales the bias;
   2. sidecar ``input`` range of the layer; 3. the record's ``scale_d``/``offset_d`` of the layer.
 

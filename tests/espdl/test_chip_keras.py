@@ -12,9 +12,9 @@ from espdl_stats import layer_activations, sidecar_from
 
 from amct_bridge.cli import main
 from amct_bridge.errors import ExportError
-from amct_bridge.espdl.chip import simulate_chip
-from amct_bridge.espdl.export import export_layers
-from amct_bridge.espdl.network import load_network, network_from_result
+from amct_bridge.espdl.v1.chip import simulate_chip
+from amct_bridge.espdl.v1.export import export_layers
+from amct_bridge.espdl.v1.network import load_network, network_from_result
 from amct_bridge.keras.espdl_weights import source_layers
 
 #: chip output vs float model, max abs error / max |float output|: int16 keeps ~15 bits per

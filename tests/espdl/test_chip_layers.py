@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from amct_bridge.errors import ExportError
-from amct_bridge.espdl.chip import quantize_input, simulate_chip
-from amct_bridge.espdl.chip_ops import exact_matmul
-from amct_bridge.espdl.network import INPUT, IntTensor, NetLayer, Network
+from amct_bridge.espdl.v1.chip import quantize_input, simulate_chip
+from amct_bridge.espdl.v1.chip_ops import exact_matmul
+from amct_bridge.espdl.v1.network import INPUT, IntTensor, NetLayer, Network
 
 RNG = np.random.default_rng(7)
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from amct_bridge.espdl import chip_ops, layout
-from amct_bridge.espdl.chip import simulate_chip
-from amct_bridge.espdl.network import IntTensor, graph_from_json, load_network
+from amct_bridge.espdl.v1 import chip_ops, layout
+from amct_bridge.espdl.v1.chip import simulate_chip
+from amct_bridge.espdl.v1.network import IntTensor, graph_from_json, load_network
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 APP = DATA / "espdl_v1_tutorial_app"

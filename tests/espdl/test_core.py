@@ -11,8 +11,8 @@ import pytest
 
 from amct_bridge.errors import ExportError
 from amct_bridge.espdl import SourceLayer, export
-from amct_bridge.espdl.export import export_layers
-from amct_bridge.espdl.preview import load_set, preview_set
+from amct_bridge.espdl.v1.export import export_layers
+from amct_bridge.espdl.v1.preview import load_set, preview_set
 from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange
 from amct_bridge.records.model import LayerFactors, Record
 

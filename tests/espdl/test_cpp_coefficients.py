@@ -12,8 +12,8 @@ import pytest
 
 from amct_bridge.cli import main
 from amct_bridge.errors import ExportError
-from amct_bridge.espdl.cpp_coefficients import coefficient_files, convert_set
-from amct_bridge.espdl.preview import load_set, preview_set
+from amct_bridge.espdl.v1.cpp_coefficients import coefficient_files, convert_set
+from amct_bridge.espdl.v1.preview import load_set, preview_set
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 GOLDEN = DATA / "espdl_v1_golden"

@@ -11,7 +11,7 @@ import pytest
 from espdl_stats import layer_activations, sidecar_from
 
 from amct_bridge.errors import ExportError
-from amct_bridge.espdl.preview import load_set, preview_set
+from amct_bridge.espdl.v1.preview import load_set, preview_set
 from amct_bridge.keras import export_espdl
 from amct_bridge.keras.espdl_weights import source_layers
 
@@ -447,7 +447,7 @@ def test_a_tf_op_keyed_record_exports_like_the_keras_keyed_one(tmp_path):
 def test_preview_lists_a_folded_zero_padding_as_fused(tmp_path):
     """The preview's fused column dropped the first fused layer (a ZeroPadding2D folded into
     the next conv comes before the conv itself in ``fused``)."""
-    from amct_bridge.espdl.report import format_preview
+    from amct_bridge.espdl.v1.report import format_preview
     from amct_bridge.keras import calibrate
 
     L = keras.layers

@@ -20,8 +20,8 @@ import pytest
 from espdl_stats import layer_activations, sidecar_from
 
 from amct_bridge.errors import ExportError
-from amct_bridge.espdl.cpp_coefficients import convert_set
-from amct_bridge.espdl.cpp_model import model_names
+from amct_bridge.espdl.v1.cpp_coefficients import convert_set
+from amct_bridge.espdl.v1.cpp_model import model_names
 from amct_bridge.keras import export_espdl
 from amct_bridge.quant.espdl import quantize_pow2
 
@@ -273,7 +273,7 @@ def test_app_quantizes_the_input_like_the_documented_rule(all_kinds, tmp_path, f
     model, stats = all_kinds
     result = export_espdl(model, None, None, stats=stats, feature_type=feature_type, cpp="n")
     assert result.out_dir is None
-    from amct_bridge.espdl.cpp_app import cpp_outputs
+    from amct_bridge.espdl.v1.cpp_app import cpp_outputs
 
     files, notes = cpp_outputs(result, "n")
     assert notes == []
@@ -308,7 +308,7 @@ def test_app_quantizes_the_input_like_the_documented_rule(all_kinds, tmp_path, f
 
 
 def test_example_input_is_written_exactly(all_kinds):
-    from amct_bridge.espdl.cpp_app import cpp_outputs
+    from amct_bridge.espdl.v1.cpp_app import cpp_outputs
 
     model, stats = all_kinds
     result = export_espdl(model, None, None, stats=stats)

@@ -12,17 +12,17 @@ import pytest
 from espdl_stats import layer_activations, sidecar_from
 
 from amct_bridge.errors import ExportError
-from amct_bridge.espdl.chip import simulate_chip
-from amct_bridge.espdl.export import export_layers
-from amct_bridge.espdl.network import (
+from amct_bridge.espdl.source import SourceLayer
+from amct_bridge.espdl.v1.chip import simulate_chip
+from amct_bridge.espdl.v1.export import export_layers
+from amct_bridge.espdl.v1.network import (
     GRAPH_FORMAT,
     _hwcn,
     load_network,
     network_from_parts,
     network_from_result,
 )
-from amct_bridge.espdl.preview import load_set, preview_layer
-from amct_bridge.espdl.source import SourceLayer
+from amct_bridge.espdl.v1.preview import load_set, preview_layer
 from amct_bridge.keras.espdl_weights import source_layers
 from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange
 

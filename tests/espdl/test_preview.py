@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from amct_bridge.errors import ExportError
-from amct_bridge.espdl.layout import element_order
-from amct_bridge.espdl.preview import load_set, preview_layer, preview_set, tool_output
+from amct_bridge.espdl.v1.layout import element_order
+from amct_bridge.espdl.v1.preview import load_set, preview_layer, preview_set, tool_output
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 GOLDEN = DATA / "espdl_v1_golden"

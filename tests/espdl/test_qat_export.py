@@ -15,9 +15,9 @@ import pytest
 from sklearn.datasets import load_digits
 
 from amct_bridge.cli import main
-from amct_bridge.espdl.chip import simulate_chip
 from amct_bridge.espdl.exponents import ExponentFinder
-from amct_bridge.espdl.preview import load_set, preview_set
+from amct_bridge.espdl.v1.chip import simulate_chip
+from amct_bridge.espdl.v1.preview import load_set, preview_set
 from amct_bridge.keras import export_espdl
 from amct_bridge.keras.qat import quantize_aware, save_qat_record, strip_qat
 from amct_bridge.records import load, validate

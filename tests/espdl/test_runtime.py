@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
-from amct_bridge.espdl.export import export_layers
 from amct_bridge.espdl.source import SourceLayer
+from amct_bridge.espdl.v1.export import export_layers
 from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange
 
 RNG = np.random.default_rng(5)

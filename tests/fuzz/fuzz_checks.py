@@ -17,8 +17,8 @@ import numpy as np
 from fuzz_support import attempt
 
 from amct_bridge.espdl import load_set, preview_set, tool_output
-from amct_bridge.espdl.chip import simulate_chip
-from amct_bridge.espdl.cpp_coefficients import convert_set
+from amct_bridge.espdl.v1.chip import simulate_chip
+from amct_bridge.espdl.v1.cpp_coefficients import convert_set
 
 
 def check_written(result, out: Path, options: dict) -> None:

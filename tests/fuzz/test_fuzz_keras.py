@@ -205,7 +205,7 @@ def test_random_keras_graphs_discover_calibrate_and_export(spec, algorithm, skip
 def test_layer_reading_one_tensor_twice_keeps_both_inputs(tmp_path):
     """Regression (found by this fuzzer): Add([c, c]) and Concatenate([c, c]) read ``c`` twice;
     the exported chip graph must too (2c, and twice the channels), as Keras computes."""
-    from amct_bridge.espdl.chip import simulate_chip
+    from amct_bridge.espdl.v1.chip import simulate_chip
     from amct_bridge.keras.espdl_weights import source_layers
 
     data = np.random.default_rng(0).uniform(0, 1, (8, 2, 2, 1)).astype(np.float32)

@@ -15,7 +15,7 @@ import pytest
 
 from amct_bridge.cli import main
 from amct_bridge.config import QuantConfig
-from amct_bridge.espdl.report import format_preview
+from amct_bridge.espdl.v1.report import format_preview
 from amct_bridge.keras import export_espdl
 from amct_bridge.keras.calibrate import calibrate
 from amct_bridge.keras.session import Session

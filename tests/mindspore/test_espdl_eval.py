@@ -18,8 +18,8 @@ from nets import flatten_dense
 import amct_bridge.mindspore as ams
 from amct_bridge.cli import main
 from amct_bridge.errors import ExportError
-from amct_bridge.espdl.chip import simulate_chip
 from amct_bridge.espdl.evaluation import snr_db
+from amct_bridge.espdl.v1.chip import simulate_chip
 
 NETS = Path(__file__).with_name("nets.py")
 

@@ -26,7 +26,7 @@ import amct_bridge.keras as akeras
 import amct_bridge.mindspore as ams
 from amct_bridge.cli import main
 from amct_bridge.errors import ExportError
-from amct_bridge.espdl.chip import simulate_chip
+from amct_bridge.espdl.v1.chip import simulate_chip
 from amct_bridge.mindspore.espdl_weights import source_layers
 from amct_bridge.records import LayerFactors, Record, load, save
 from amct_bridge.records.calibration import (

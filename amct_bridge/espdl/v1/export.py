@@ -4,7 +4,7 @@ One config.json entry per exported chain (conv/depthwise/dense + folded BN + fus
 see :mod:`amct_bridge.espdl.plan`), in execution order, named by a unique C identifier. Next to
 them: ``names.json`` (C identifier -> model layer name) and ``export.json`` (fused layers,
 exponents and where each came from, skipped layers, the convert.py command line). Every entry
-is run through :func:`amct_bridge.espdl.preview.preview_layer` before anything is written, so
+is run through :func:`amct_bridge.espdl.v1.preview.preview_layer` before anything is written, so
 an entry convert.py would reject never reaches the disk.
 
 Example:
@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from amct_bridge.errors import ExportError
-from amct_bridge.espdl import spec
 from amct_bridge.espdl.checks import (
     check_record_keys,
     passthrough,
@@ -39,18 +38,19 @@ from amct_bridge.espdl.checks import (
     unaccounted,
     unresolved_concats,
 )
-from amct_bridge.espdl.chip_graph import chip_graph
-from amct_bridge.espdl.coefficients import Coefficients, chain_coefficients
 from amct_bridge.espdl.consistency import check_scale_w
-from amct_bridge.espdl.cpp import constructor
-from amct_bridge.espdl.cpp_app import cpp_outputs
+from amct_bridge.espdl.exponent_groups import shared_exponent_groups
 from amct_bridge.espdl.exponents import ExponentFinder
 from amct_bridge.espdl.naming import c_identifiers
 from amct_bridge.espdl.plan import Chain, Problem, plan_chains
-from amct_bridge.espdl.preview import LayerPreview, preview_layer
-from amct_bridge.espdl.runtime import RuntimeLayer, runtime_class, runtime_layers
-from amct_bridge.espdl.shared import shared_exponent_groups
 from amct_bridge.espdl.source import OPS, WEIGHT_OPS, SourceLayer
+from amct_bridge.espdl.v1 import spec
+from amct_bridge.espdl.v1.chip_graph import chip_graph
+from amct_bridge.espdl.v1.coefficients import Coefficients, chain_coefficients
+from amct_bridge.espdl.v1.cpp import constructor
+from amct_bridge.espdl.v1.cpp_app import cpp_outputs
+from amct_bridge.espdl.v1.preview import LayerPreview, preview_layer
+from amct_bridge.espdl.v1.runtime import RuntimeLayer, runtime_class, runtime_layers
 from amct_bridge.espdl.writer import npy_bytes, write_directory
 from amct_bridge.quant.espdl import auto_exponent
 from amct_bridge.records.calibration import CalibrationStats
@@ -90,7 +90,7 @@ class ExportResult:
     skipped: list[Problem]
     notes: list[str] = field(default_factory=list)
     runtime: list[RuntimeLayer] = field(default_factory=list)
-    graph: dict | None = None  # the chip graph (amct_bridge.espdl.network), None if unavailable
+    graph: dict | None = None  # the chip graph (amct_bridge.espdl.v1.network), None if unavailable
     graph_error: str | None = None
     passthrough: list[dict] = field(default_factory=list)  # Dropout & co.: compute nothing
     inputs: list[str] = field(default_factory=list)  # the model's input layers
@@ -320,7 +320,7 @@ def export_layers(
         skip_unsupported: leave refused layers out (listed in export.json) instead of failing.
         overwrite: replace an existing non-empty ``out_dir``.
         cpp: also write convert.py's ``<cpp>.cpp``/``.hpp``, the model class and an
-            ``app_main.cpp`` (:func:`amct_bridge.espdl.cpp_app.cpp_outputs`).
+            ``app_main.cpp`` (:func:`amct_bridge.espdl.v1.cpp_app.cpp_outputs`).
 
     Example:
         >>> lstm = SourceLayer("x", "unsupported", kind="LSTM", attrs={"reason": "RNN"})

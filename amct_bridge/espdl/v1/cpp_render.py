@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from amct_bridge.espdl import spec
+from amct_bridge.espdl.v1 import spec
 
 if TYPE_CHECKING:
-    from amct_bridge.espdl.cpp_model import ChipLayer, ModelClass
+    from amct_bridge.espdl.v1.cpp_model import ChipLayer, ModelClass
 
 INPUT = "input"
 _I = "    "
@@ -100,7 +100,7 @@ def _header_comment(model: ModelClass) -> list[str]:
 
 
 def _includes(model: ModelClass) -> list[str]:
-    from amct_bridge.espdl.cpp_model import HEADERS
+    from amct_bridge.espdl.v1.cpp_model import HEADERS
 
     used = dict.fromkeys(HEADERS[node.espdl_class] for node in model.layers)
     return [
@@ -139,7 +139,7 @@ def render_model(model: ModelClass) -> str:
     """The whole ``<model>_model.hpp``.
 
     Example:
-        >>> from amct_bridge.espdl.cpp_model import model_names
+        >>> from amct_bridge.espdl.v1.cpp_model import model_names
         >>> model_names("x_coefficient")[0]
         'x_model.hpp'
     """

@@ -1,4 +1,4 @@
-"""The chip graph (``export.json["graph"]``, :mod:`amct_bridge.espdl.network`) of an export.
+"""The chip graph (``export.json["graph"]``, :mod:`amct_bridge.espdl.v1.network`) of an export.
 
 Walks the model's :class:`~amct_bridge.espdl.source.SourceLayer` list in execution order and
 emits one chip layer per ``dl::layer`` member the C++ model class needs:
@@ -17,7 +17,7 @@ the reason in ``export.json["graph_error"]``).
 
 Example:
     >>> import numpy as np
-    >>> from amct_bridge.espdl.export import export_layers
+    >>> from amct_bridge.espdl.v1.export import export_layers
     >>> from amct_bridge.espdl.source import SourceLayer
     >>> from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange
     >>> layers = [SourceLayer("in", "input", attrs={"shape": (4,)}),
@@ -37,14 +37,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from amct_bridge.errors import ExportError
-from amct_bridge.espdl import spec
 from amct_bridge.espdl.naming import c_identifier
-from amct_bridge.espdl.network import GRAPH_FORMAT, INPUT, WEIGHTED
-from amct_bridge.espdl.runtime import keeping_attrs, leaky_ints
 from amct_bridge.espdl.source import PASS_THROUGH, SourceLayer
+from amct_bridge.espdl.v1 import spec
+from amct_bridge.espdl.v1.network import GRAPH_FORMAT, INPUT, WEIGHTED
+from amct_bridge.espdl.v1.runtime import keeping_attrs, leaky_ints
 
 if TYPE_CHECKING:
-    from amct_bridge.espdl.export import ExportResult
+    from amct_bridge.espdl.v1.export import ExportResult
 
 _CLASS_OF_OP = {v: k for k, v in WEIGHTED.items()}
 _PADDING = {"valid": "VALID", "same": "SAME_END"}

@@ -9,7 +9,7 @@ constructs (Add2D, pools, Concat): its input / output exponents and output use o
 
 Example:
     >>> import numpy as np
-    >>> from amct_bridge.espdl.export import export_layers
+    >>> from amct_bridge.espdl.v1.export import export_layers
     >>> from amct_bridge.espdl.source import SourceLayer
     >>> from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange
     >>> w = {"kernel": np.ones((2, 2), np.float32)}
@@ -26,9 +26,9 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from amct_bridge.espdl import spec
-from amct_bridge.espdl.export import ExportedLayer, ExportResult
-from amct_bridge.espdl.preview import LayerPreview, QuantizedTensor
+from amct_bridge.espdl.v1 import spec
+from amct_bridge.espdl.v1.export import ExportedLayer, ExportResult
+from amct_bridge.espdl.v1.preview import LayerPreview, QuantizedTensor
 
 _COLUMNS = (
     "layer",
@@ -141,7 +141,7 @@ def format_preview(result: ExportResult) -> str:
     """A text table of every exported layer, then warnings and the skipped layers.
 
     Example:
-        >>> from amct_bridge.espdl.export import ExportResult
+        >>> from amct_bridge.espdl.v1.export import ExportResult
         >>> format_preview(ExportResult(None, "s8", "per-tensor", "esp32", [], []))[:9]
         'layer  op'
     """

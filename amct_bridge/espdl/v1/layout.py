@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from amct_bridge.espdl import spec
+from amct_bridge.espdl.v1 import spec
 
 
 def element_order(q: np.ndarray, operation: str, target: str, feature_type: str) -> np.ndarray:

@@ -23,7 +23,7 @@ constructor call to paste, in execution order, after the chains' output exponent
   ``Activation*``, applied after saturation: the same integers as a separate layer). The item
   lists both layers in ``fused``; its exponent comes from the ReLU's range (negative sums become
   0 either way), a LeakyReLU's from the sum's. The model class declares the ``Activation``
-  constant (:mod:`amct_bridge.espdl.cpp_model`); ``cpp_constant`` gives it for hand-written code.
+  constant (:mod:`amct_bridge.espdl.v1.cpp_model`); ``cpp_constant`` gives it for hand-written code.
 
 A model input's exponent is the input exponent of the first conv/dense reading it (the export
 tells the user to quantize the input with it).
@@ -79,7 +79,7 @@ def leaky_ints(alpha: float, bits: int) -> dict:
 
 
 def keeping_attrs(layer: SourceLayer, bits: int) -> dict:
-    """Chip-graph attrs (:mod:`amct_bridge.espdl.network`) of an exponent-keeping runtime layer.
+    """Chip-graph attrs (:mod:`amct_bridge.espdl.v1.network`) of an exponent-keeping runtime layer.
 
     Example:
         >>> keeping_attrs(SourceLayer("p", "runtime", ["a"], "ZeroPadding2D",

@@ -2,7 +2,7 @@
 
 ESP-DL v1 users write a ``dl::layer::Model<feature_t>`` subclass by hand and copy every layer's
 output exponent into it (espdl-v1-runtime.md, section 2). This module writes it from the chip
-graph of :mod:`amct_bridge.espdl.network` (the export's ``export.json["graph"]``, the same graph
+graph of :mod:`amct_bridge.espdl.v1.network` (the export's ``export.json["graph"]``, the same graph
 the chip simulator runs):
 
 - one member per chip layer, in the graph's execution order: Conv2D / DepthwiseConv2D /
@@ -16,14 +16,14 @@ the chip simulator runs):
   before the class (``<Class>_<member>_activation``; convert.py writes such constants for conv
   layers only);
 - int8 per-channel layers with a bias are ``<int8_t, int16_t>`` (convert.py's ``Bias<int16_t>``);
-- the text (:mod:`amct_bridge.espdl.cpp_render`): ``build()`` / ``call()`` in execution order,
+- the text (:mod:`amct_bridge.espdl.v1.cpp_render`): ``build()`` / ``call()`` in execution order,
   ``free_element()`` after each tensor's last reader, outputs public, the input exponent.
 
 A layer the class cannot construct (a standalone PReLU, Squeeze...) raises
 :class:`~amct_bridge.errors.ExportError` naming it.
 
 Example:
-    >>> from amct_bridge.espdl.network import NetLayer, Network
+    >>> from amct_bridge.espdl.v1.network import NetLayer, Network
     >>> net = Network("s8", False, [NetLayer("mp", "MaxPool2D", ["input"], attrs={
     ...     "pool": [2, 2], "padding": "VALID", "strides": [2, 2]})], input_exponent=-7,
     ...     outputs=["mp"])
@@ -39,9 +39,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from amct_bridge.errors import ExportError
-from amct_bridge.espdl import spec
-from amct_bridge.espdl.cpp_render import render_model
-from amct_bridge.espdl.network import INPUT, WEIGHTED, NetLayer, Network
+from amct_bridge.espdl.v1 import spec
+from amct_bridge.espdl.v1.cpp_render import render_model
+from amct_bridge.espdl.v1.network import INPUT, WEIGHTED, NetLayer, Network
 
 #: C++ class (release/v1.1 spelling) -> the header that declares it (include/layer/).
 HEADERS: dict[str, str] = {
@@ -235,7 +235,7 @@ def model_class(net: Network, coefficient_name: str) -> ModelClass:
     ``coefficient_name`` (convert.py's ``-n``), with its header text.
 
     Example:
-        >>> from amct_bridge.espdl.network import NetLayer, Network
+        >>> from amct_bridge.espdl.v1.network import NetLayer, Network
         >>> net = Network("s16", False, [NetLayer("r", "ReLU", ["input"])], input_exponent=0)
         >>> print(model_class(net, "n").layers[0].args)
         "r"

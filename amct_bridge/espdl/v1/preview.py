@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from amct_bridge.errors import ExportError
-from amct_bridge.espdl import layout, spec
+from amct_bridge.espdl.v1 import layout, spec
 from amct_bridge.quant.espdl import auto_exponent, channel_exponents, quantize_pow2
 
 

@@ -1,10 +1,10 @@
 """The chip's view of an ESP-DL v1 model: an ordered list of chip layers with integer coefficients.
 
-A :class:`Network` is what the C++ model class constructs and what :mod:`amct_bridge.espdl.chip`
+A :class:`Network` is what the C++ model class constructs and what :mod:`amct_bridge.espdl.v1.chip`
 simulates: one :class:`NetLayer` per ``dl::layer`` member, in execution (topological) order, each
 naming the layers it reads (``"input"`` = the model input, :data:`INPUT`), its ESP-DL class
 (:data:`CLASSES`), its output exponent and, for Conv2D / DepthwiseConv2D / FullyConnected, the
-integers convert.py writes (via :func:`amct_bridge.espdl.preview.preview_layer`, so they are the
+integers convert.py writes (via :func:`amct_bridge.espdl.v1.preview.preview_layer`, so they are the
 tool's integers exactly, put back from the chip element order into HWCN).
 
 Serialised form (``export.json["graph"]``, also a stand-alone JSON file, see
@@ -37,8 +37,8 @@ Transpose              ``perm`` (of the HWC axes)
 
 Loaders: :func:`load_network` (an export directory: config.json + npy + export.json, or any
 convert.py input set plus a graph JSON), :func:`network_from_result` (an in-memory
-:class:`~amct_bridge.espdl.export.ExportResult`). Building the graph from a model's layers:
-:func:`amct_bridge.espdl.chip_graph.chip_graph`.
+:class:`~amct_bridge.espdl.v1.export.ExportResult`). Building the graph from a model's layers:
+:func:`amct_bridge.espdl.v1.chip_graph.chip_graph`.
 
 Example:
     >>> import numpy as np
@@ -62,11 +62,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from amct_bridge.errors import ExportError
-from amct_bridge.espdl import layout, spec
-from amct_bridge.espdl.preview import LayerPreview, QuantizedTensor, load_set, preview_layer
+from amct_bridge.espdl.v1 import layout, spec
+from amct_bridge.espdl.v1.preview import LayerPreview, QuantizedTensor, load_set, preview_layer
 
 if TYPE_CHECKING:
-    from amct_bridge.espdl.export import ExportResult
+    from amct_bridge.espdl.v1.export import ExportResult
 
 GRAPH_FORMAT = "amct_bridge.espdl_graph/1"
 INPUT = "input"
@@ -291,7 +291,7 @@ def network_from_parts(
 ) -> Network:
     """Build a :class:`Network` from a graph dict, a config.json dict and its npy arrays.
 
-    Coefficients are quantized by :func:`~amct_bridge.espdl.preview.preview_layer` (the tool's
+    Coefficients are quantized by :func:`~amct_bridge.espdl.v1.preview.preview_layer` (the tool's
     rules); ``per_channel`` defaults to the graph's ``granularity``.
 
     Example:
@@ -396,7 +396,7 @@ def network_from_result(result: ExportResult) -> Network:
     """The chip graph of an in-memory export (``result.graph``, coefficients from its previews).
 
     Example:
-        >>> from amct_bridge.espdl.export import export_layers
+        >>> from amct_bridge.espdl.v1.export import export_layers
         >>> from amct_bridge.espdl.source import SourceLayer
         >>> from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange
         >>> layers = [SourceLayer("in", "input", attrs={"shape": (4,)}),

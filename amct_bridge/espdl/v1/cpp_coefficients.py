@@ -1,7 +1,7 @@
 """Write ``NAME.cpp`` + ``NAME.hpp`` exactly as ESP-DL v1.1.0's convert.py does, from any Python.
 
 convert.py is a closed binary for CPython 3.6-3.9. Its integers are predicted by
-:mod:`amct_bridge.espdl.preview`; this module renders them in the tool's text, byte for byte
+:mod:`amct_bridge.espdl.v1.preview`; this module renders them in the tool's text, byte for byte
 (checked against every real output in ``tests/data/espdl_v1_golden/text``):
 
 - ``NAME.hpp``: ``#pragma once``, ``<stdint.h>``, ``"dl_constant.hpp"``, then in
@@ -17,7 +17,7 @@ Names are pasted into C++ and file names, so NAME and every layer name must be C
 
 Example:
     >>> import numpy as np
-    >>> from amct_bridge.espdl.preview import preview_layer
+    >>> from amct_bridge.espdl.v1.preview import preview_layer
     >>> p = preview_layer("fc", {"operation": "fully_connected", "feature_type": "s8"},
     ...                   {"fc_filter": np.full((1, 1, 1, 2), 0.5, np.float32)})
     >>> print(coefficient_text([p], "m_coefficient")[1])  # doctest: +NORMALIZE_WHITESPACE
@@ -39,9 +39,9 @@ from pathlib import Path
 import numpy as np
 
 from amct_bridge.errors import ExportError
-from amct_bridge.espdl import spec
 from amct_bridge.espdl.naming import _KEYWORDS
-from amct_bridge.espdl.preview import LayerPreview, QuantizedTensor, load_set, preview_set
+from amct_bridge.espdl.v1 import spec
+from amct_bridge.espdl.v1.preview import LayerPreview, QuantizedTensor, load_set, preview_set
 from amct_bridge.records.atomic import atomic_write_files
 
 #: Values per line in the tool's element arrays.
@@ -134,7 +134,7 @@ def coefficient_text(previews: list[LayerPreview], name: str) -> tuple[str, str]
     """The ``(NAME.cpp, NAME.hpp)`` texts convert.py writes for ``previews`` (config order).
 
     Example:
-        >>> from amct_bridge.espdl.preview import preview_layer
+        >>> from amct_bridge.espdl.v1.preview import preview_layer
         >>> p = preview_layer("c", {"operation": "conv2d", "feature_type": "s16"},
         ...                   {"c_filter": np.ones((1, 1, 1, 1), np.float32)})
         >>> [line for line in coefficient_text([p], "m")[0].splitlines() if "Filter" in line][0]
@@ -163,7 +163,7 @@ def coefficient_files(previews: list[LayerPreview], name: str) -> dict[str, byte
     """``{"NAME.cpp": ..., "NAME.hpp": ...}`` as bytes (ASCII, ``\\n`` line ends, as the tool).
 
     Example:
-        >>> from amct_bridge.espdl.preview import preview_layer
+        >>> from amct_bridge.espdl.v1.preview import preview_layer
         >>> p = preview_layer("c", {"operation": "conv2d", "feature_type": "s8"},
         ...                   {"c_filter": np.ones((1, 1, 1, 1), np.float32)})
         >>> sorted(coefficient_files([p], "m"))

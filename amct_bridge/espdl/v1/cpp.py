@@ -17,7 +17,7 @@ Example:
 
 from __future__ import annotations
 
-from amct_bridge.espdl import spec
+from amct_bridge.espdl.v1 import spec
 
 _CLASSES = {
     "conv2d": "Conv2D",

@@ -1,7 +1,7 @@
 """Bit-exact simulator of the ESP-DL v1 runtime: what the chip computes, layer by layer, in numpy.
 
-:func:`simulate_chip` runs a :class:`~amct_bridge.espdl.network.Network` (or an export
-directory / :class:`~amct_bridge.espdl.export.ExportResult`) on integer inputs and returns every
+:func:`simulate_chip` runs a :class:`~amct_bridge.espdl.v1.network.Network` (or an export
+directory / :class:`~amct_bridge.espdl.v1.export.ExportResult`) on integer inputs and returns every
 layer's integer output and exponent. The arithmetic (docs/espdl-export.md, "Chip simulator"):
 
 - Conv2D / DepthwiseConv2D / FullyConnected: exact ``acc = Σ x·w``; esp32s3 clips ``acc`` to its
@@ -24,7 +24,7 @@ tutorials truncate toward zero; pass integers to reproduce them.)
 
 Example:
     >>> import numpy as np
-    >>> from amct_bridge.espdl.network import Network, NetLayer, IntTensor, INPUT
+    >>> from amct_bridge.espdl.v1.network import Network, NetLayer, IntTensor, INPUT
     >>> fc = NetLayer("fc", "FullyConnected", [INPUT], -1,
     ...               filter=IntTensor(np.array([[[[64], [-64]]]]), -7))
     >>> net = Network("s8", False, [fc], input_exponent=0, outputs=["fc"])
@@ -42,13 +42,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from amct_bridge.errors import ExportError
-from amct_bridge.espdl import chip_ops as ops
-from amct_bridge.espdl import spec
-from amct_bridge.espdl.network import INPUT, Network, load_network, network_from_result
+from amct_bridge.espdl.v1 import chip_ops as ops
+from amct_bridge.espdl.v1 import spec
+from amct_bridge.espdl.v1.network import INPUT, Network, load_network, network_from_result
 
 if TYPE_CHECKING:
-    from amct_bridge.espdl.export import ExportResult
-    from amct_bridge.espdl.network import NetLayer
+    from amct_bridge.espdl.v1.export import ExportResult
+    from amct_bridge.espdl.v1.network import NetLayer
 
 #: esp32s3 accumulator lanes (QACC): int16 40-bit, int8 20-bit.
 S3_ACC_BITS = {16: 40, 8: 20}
@@ -345,7 +345,7 @@ def simulate_chip(
         :class:`ChipResult`: every layer's integers (batch axis kept only if ``x`` had one).
 
     Example:
-        >>> from amct_bridge.espdl.network import Network, NetLayer
+        >>> from amct_bridge.espdl.v1.network import Network, NetLayer
         >>> net = Network("s16", False, [NetLayer("r", "ReLU", [INPUT])])
         >>> simulate_chip(net, np.array([-3, 4]), input_exponent=-2)["r"].values.tolist()
         [0, 4]

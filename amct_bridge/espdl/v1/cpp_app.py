@@ -9,7 +9,7 @@ coefficient files are still written and a note says why.
 
 Example:
     >>> import numpy as np
-    >>> from amct_bridge.espdl.export import export_layers
+    >>> from amct_bridge.espdl.v1.export import export_layers
     >>> from amct_bridge.espdl.source import SourceLayer
     >>> from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange
     >>> from amct_bridge.espdl.source import SourceLayer
@@ -33,19 +33,19 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from amct_bridge.errors import AmctBridgeError, ExportError
-from amct_bridge.espdl import spec
-from amct_bridge.espdl.cpp_coefficients import check_identifier, coefficient_files
-from amct_bridge.espdl.cpp_model import ModelClass, model_class
-from amct_bridge.espdl.network import (
+from amct_bridge.espdl.v1 import spec
+from amct_bridge.espdl.v1.cpp_coefficients import check_identifier, coefficient_files
+from amct_bridge.espdl.v1.cpp_model import ModelClass, model_class
+from amct_bridge.espdl.v1.network import (
     Network,
     graph_from_json,
     network_from_parts,
     network_from_result,
 )
-from amct_bridge.espdl.preview import load_set
+from amct_bridge.espdl.v1.preview import load_set
 
 if TYPE_CHECKING:
-    from amct_bridge.espdl.export import ExportResult
+    from amct_bridge.espdl.v1.export import ExportResult
 
 _I = "    "
 _PER_LINE = 16
@@ -148,7 +148,7 @@ def model_files(
     and notes on what was left out (the app needs the input's shape and exponent).
 
     Example:
-        >>> from amct_bridge.espdl.network import NetLayer, Network
+        >>> from amct_bridge.espdl.v1.network import NetLayer, Network
         >>> net = Network("s8", False, [NetLayer("r", "ReLU", ["input"])], input_exponent=-7)
         >>> files, notes = model_files(net, "n")
         >>> sorted(files), notes
@@ -173,7 +173,7 @@ def cpp_outputs(
 
     ``name`` is convert.py's ``-n`` (namespace and coefficient file names); the model class
     (``<name without _coefficient>_model.hpp``) is built on the export's chip graph
-    (:func:`amct_bridge.espdl.network.network_from_result`).
+    (:func:`amct_bridge.espdl.v1.network.network_from_result`).
 
     Example:
         >>> cpp_outputs(None, "bad name")  # doctest: +ELLIPSIS

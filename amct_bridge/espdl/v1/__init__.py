@@ -1,0 +1,54 @@
+"""ESP-DL v1: convert.py input (config.json + coefficient .npy), its exact preview, the C++
+files and the bit-exact chip simulator.
+
+Everything here is specific to ESP-DL v1.1.0 (convert.py and the ``dl::layer`` C++ runtime);
+what the formats share (source layers, the plan of chains, exponents, checks, naming, the
+directory writer) lives in :mod:`amct_bridge.espdl`. Modules, bottom up:
+
+- :mod:`~amct_bridge.espdl.v1.spec`: what convert.py accepts, as tables;
+- :mod:`~amct_bridge.espdl.v1.layout`, :mod:`~amct_bridge.espdl.v1.preview`: convert.py's element
+  order and integers; :mod:`~amct_bridge.espdl.v1.coefficients`: float coefficients in its layouts;
+- :mod:`~amct_bridge.espdl.v1.runtime`: the coefficient-free runtime layers (Add2D, pools...);
+- :mod:`~amct_bridge.espdl.v1.export`: the export itself (config.json, npy, export.json);
+- :mod:`~amct_bridge.espdl.v1.network`, :mod:`~amct_bridge.espdl.v1.chip_graph`: the chip graph;
+  :mod:`~amct_bridge.espdl.v1.chip` (+ ``chip_ops``): the simulator;
+- ``cpp*``: convert.py's C++ text, layer constructors, the model class and ``app_main.cpp``;
+- :mod:`~amct_bridge.espdl.v1.report`: the human-readable preview table.
+
+Example:
+    >>> from amct_bridge.espdl.v1 import export_layers, simulate_chip
+    >>> from amct_bridge.espdl import export_layers as shared_name
+    >>> export_layers is shared_name
+    True
+"""
+
+from __future__ import annotations
+
+from amct_bridge.espdl.v1.chip import ChipResult, ChipTensor, simulate_chip
+from amct_bridge.espdl.v1.cpp_coefficients import convert_set
+from amct_bridge.espdl.v1.export import ExportedLayer, ExportResult, export_layers
+from amct_bridge.espdl.v1.network import Network, load_network
+from amct_bridge.espdl.v1.preview import (
+    LayerPreview,
+    load_set,
+    preview_layer,
+    preview_set,
+    tool_output,
+)
+
+__all__ = [
+    "ChipResult",
+    "ChipTensor",
+    "ExportResult",
+    "ExportedLayer",
+    "LayerPreview",
+    "Network",
+    "convert_set",
+    "export_layers",
+    "load_network",
+    "load_set",
+    "preview_layer",
+    "preview_set",
+    "simulate_chip",
+    "tool_output",
+]
