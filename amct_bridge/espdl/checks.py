@@ -1,5 +1,6 @@
-"""Checks convert.py does not make (dtype, NaN/Inf, shapes, bias and alpha lengths), and the
-export's own: saturation warnings, Concat exponents, record keys, every layer accounted for.
+"""Checks of the exported arrays (dtype, NaN/Inf, shapes, bias and alpha lengths: convert.py makes
+none of them), of the record's keys, and that every layer is accounted for. The ESP-DL v1 checks
+(saturation, Concat exponents) are in :mod:`amct_bridge.espdl.v1.checks`.
 
 convert.py silently writes ``None`` exponents for integer arrays, reads past the end of a short
 PReLU alpha or bias at run time, and saturates float32 overflow; every array we write goes
@@ -24,10 +25,8 @@ import numpy as np
 
 from amct_bridge.errors import ExportError
 from amct_bridge.espdl.source import PASS_THROUGH, SourceLayer
-from amct_bridge.espdl.v1.runtime import RuntimeLayer, concat_resolved
 
 if TYPE_CHECKING:
-    from amct_bridge.espdl.v1.preview import LayerPreview
     from amct_bridge.records.model import Record
 
 
@@ -125,59 +124,6 @@ def _where(record: Record, key: str, name: str, occurrence: int) -> str:
 def _did_you_mean(key: str, known: list[str]) -> str:
     close = difflib.get_close_matches(key, known, n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def saturation_warnings(name: str, preview: LayerPreview) -> list[str]:
-    """One line per coefficient tensor that convert.py will clip, and one when most of the
-    biases round to 0 (the preview's ``bias0`` column above 50 %).
-
-    Example:
-        >>> from amct_bridge.espdl.v1.preview import preview_layer
-        >>> p = preview_layer("c", {"operation": "conv2d", "feature_type": "s8"},
-        ...                   {"c_filter": np.ones((1, 1, 1, 1), np.float32)})
-        >>> saturation_warnings("c", p)
-        []
-    """
-    result = []
-    for what, t in (("bias", preview.bias), ("activation alpha", preview.activation)):
-        if t is not None and t.saturated:
-            exp = t.exponent if isinstance(t.exponent, int) else "per-channel"
-            result.append(
-                f"layer {name!r}: {t.saturated} of {t.values.size} {what} values saturate at "
-                f"exponent {exp} ({t.ctype}): the chip will use clipped values"
-            )
-    bias = preview.bias
-    if bias is not None and 2 * bias.zeroed > bias.values.size:  # most channels lose their bias
-        exp = bias.exponent if isinstance(bias.exponent, int) else "per-channel"
-        result.append(
-            f"layer {name!r}: {bias.zeroed} of {bias.values.size} bias values are nonzero but "
-            f"round to 0 at exponent {exp} ({bias.ctype}): the chip runs those channels without "
-            "their bias"
-        )
-    return result
-
-
-def unresolved_concats(loose: list[str], runtime: list[RuntimeLayer]) -> list[str]:
-    """Notes on Concats whose inputs still differ (the loose-input note, else our own).
-
-    Example:
-        >>> unresolved_concats([], [RuntimeLayer("c", "c", "Concatenate", "Concat", -5,
-        ...                                      [-5, -6], "")])  # doctest: +ELLIPSIS
-        ["layer 'c' (Concatenate): input exponents [-5, -6] are not all known and equal ..."]
-    """
-    notes = []
-    for item in runtime:
-        if item.espdl_class != "Concat" or concat_resolved(item):
-            continue
-        mine = [note for note in loose if note.startswith(f"layer {item.source!r} (")]
-        notes += mine or [
-            f"layer {item.source!r} (Concatenate): input exponents {item.input_exponents} are not "
-            "all known and equal (the runtime asserts they are): give every input the exponent "
-            f"{item.output_exponent}"
-        ]
-    concat = {item.source for item in runtime if item.espdl_class == "Concat"}
-    others = [n for n in loose if not any(n.startswith(f"layer {c!r} (") for c in concat)]
-    return others + notes
 
 
 def passthrough(layers: list[SourceLayer]) -> list[dict]:

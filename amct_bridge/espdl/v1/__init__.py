@@ -3,30 +3,35 @@ files and the bit-exact chip simulator.
 
 Everything here is specific to ESP-DL v1.1.0 (convert.py and the ``dl::layer`` C++ runtime);
 what the formats share (source layers, the plan of chains, exponents, checks, naming, the
-directory writer) lives in :mod:`amct_bridge.espdl`. Modules, bottom up:
+directory writer) lives in :mod:`amct_bridge.espdl`. Modules:
 
 - :mod:`~amct_bridge.espdl.v1.spec`: what convert.py accepts, as tables;
 - :mod:`~amct_bridge.espdl.v1.layout`, :mod:`~amct_bridge.espdl.v1.preview`: convert.py's element
   order and integers; :mod:`~amct_bridge.espdl.v1.coefficients`: float coefficients in its layouts;
 - :mod:`~amct_bridge.espdl.v1.runtime`: the coefficient-free runtime layers (Add2D, pools...);
+- :mod:`~amct_bridge.espdl.v1.checks`: the v1 warnings (saturation, Concat exponents);
+- :mod:`~amct_bridge.espdl.v1.result`: :class:`ExportResult`, what an export produced (data
+  only: the chip graph, C++ writers, simulator and report read it without importing the export);
 - :mod:`~amct_bridge.espdl.v1.export`: the export itself (config.json, npy, export.json);
 - :mod:`~amct_bridge.espdl.v1.network`, :mod:`~amct_bridge.espdl.v1.chip_graph`: the chip graph;
   :mod:`~amct_bridge.espdl.v1.chip` (+ ``chip_ops``): the simulator;
-- ``cpp*``: convert.py's C++ text, layer constructors, the model class and ``app_main.cpp``;
+- ``cpp*``: convert.py's C++ text (``cpp_coefficients``), layer constructors (``cpp``), the model
+  class (``cpp_types`` its parts, ``cpp_model`` builds them, ``cpp_render`` writes them) and
+  ``app_main.cpp`` (``cpp_app``);
 - :mod:`~amct_bridge.espdl.v1.report`: the human-readable preview table.
 
 Example:
-    >>> from amct_bridge.espdl.v1 import export_layers, simulate_chip
-    >>> from amct_bridge.espdl import export_layers as shared_name
-    >>> export_layers is shared_name
-    True
+    >>> import amct_bridge.espdl as espdl
+    >>> from amct_bridge.espdl.v1 import ExportResult, simulate_chip
+    >>> ExportResult is espdl.ExportResult, simulate_chip is espdl.simulate_chip  # re-exported
+    (True, True)
 """
 
 from __future__ import annotations
 
 from amct_bridge.espdl.v1.chip import ChipResult, ChipTensor, simulate_chip
 from amct_bridge.espdl.v1.cpp_coefficients import convert_set
-from amct_bridge.espdl.v1.export import ExportedLayer, ExportResult, export_layers
+from amct_bridge.espdl.v1.export import export_layers
 from amct_bridge.espdl.v1.network import Network, load_network
 from amct_bridge.espdl.v1.preview import (
     LayerPreview,
@@ -35,6 +40,7 @@ from amct_bridge.espdl.v1.preview import (
     preview_set,
     tool_output,
 )
+from amct_bridge.espdl.v1.result import ExportedLayer, ExportResult
 
 __all__ = [
     "ChipResult",

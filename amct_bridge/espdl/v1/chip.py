@@ -1,7 +1,7 @@
 """Bit-exact simulator of the ESP-DL v1 runtime: what the chip computes, layer by layer, in numpy.
 
 :func:`simulate_chip` runs a :class:`~amct_bridge.espdl.v1.network.Network` (or an export
-directory / :class:`~amct_bridge.espdl.v1.export.ExportResult`) on integer inputs and returns every
+directory / :class:`~amct_bridge.espdl.v1.result.ExportResult`) on integer inputs and returns every
 layer's integer output and exponent. The arithmetic (docs/espdl-export.md, "Chip simulator"):
 
 - Conv2D / DepthwiseConv2D / FullyConnected: exact ``acc = Σ x·w``; esp32s3 clips ``acc`` to its
@@ -47,8 +47,8 @@ from amct_bridge.espdl.v1 import spec
 from amct_bridge.espdl.v1.network import INPUT, Network, load_network, network_from_result
 
 if TYPE_CHECKING:
-    from amct_bridge.espdl.v1.export import ExportResult
     from amct_bridge.espdl.v1.network import NetLayer
+    from amct_bridge.espdl.v1.result import ExportResult
 
 #: esp32s3 accumulator lanes (QACC): int16 40-bit, int8 20-bit.
 S3_ACC_BITS = {16: 40, 8: 20}

@@ -44,7 +44,7 @@ from amct_bridge.espdl.v1.network import GRAPH_FORMAT, INPUT, WEIGHTED
 from amct_bridge.espdl.v1.runtime import keeping_attrs, leaky_ints
 
 if TYPE_CHECKING:
-    from amct_bridge.espdl.v1.export import ExportResult
+    from amct_bridge.espdl.v1.result import ExportResult
 
 _CLASS_OF_OP = {v: k for k, v in WEIGHTED.items()}
 _PADDING = {"valid": "VALID", "same": "SAME_END"}

@@ -35,7 +35,8 @@ import numpy as np
 from amct_bridge.errors import AmctBridgeError, ExportError
 from amct_bridge.espdl.v1 import spec
 from amct_bridge.espdl.v1.cpp_coefficients import check_identifier, coefficient_files
-from amct_bridge.espdl.v1.cpp_model import ModelClass, model_class
+from amct_bridge.espdl.v1.cpp_model import model_class
+from amct_bridge.espdl.v1.cpp_types import ModelClass
 from amct_bridge.espdl.v1.network import (
     Network,
     graph_from_json,
@@ -45,7 +46,7 @@ from amct_bridge.espdl.v1.network import (
 from amct_bridge.espdl.v1.preview import load_set
 
 if TYPE_CHECKING:
-    from amct_bridge.espdl.v1.export import ExportResult
+    from amct_bridge.espdl.v1.result import ExportResult
 
 _I = "    "
 _PER_LINE = 16

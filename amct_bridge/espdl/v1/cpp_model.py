@@ -16,7 +16,8 @@ the chip simulator runs):
   before the class (``<Class>_<member>_activation``; convert.py writes such constants for conv
   layers only);
 - int8 per-channel layers with a bias are ``<int8_t, int16_t>`` (convert.py's ``Bias<int16_t>``);
-- the text (:mod:`amct_bridge.espdl.v1.cpp_render`): ``build()`` / ``call()`` in execution order,
+- the text (:mod:`amct_bridge.espdl.v1.cpp_render`, of the types in
+  :mod:`amct_bridge.espdl.v1.cpp_types`): ``build()`` / ``call()`` in execution order,
   ``free_element()`` after each tensor's last reader, outputs public, the input exponent.
 
 A layer the class cannot construct (a standalone PReLU, Squeeze...) raises
@@ -34,91 +35,19 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 
 from amct_bridge.errors import ExportError
 from amct_bridge.espdl.v1 import spec
 from amct_bridge.espdl.v1.cpp_render import render_model
+from amct_bridge.espdl.v1.cpp_types import ChipLayer, ModelClass
 from amct_bridge.espdl.v1.network import INPUT, WEIGHTED, NetLayer, Network
-
-#: C++ class (release/v1.1 spelling) -> the header that declares it (include/layer/).
-HEADERS: dict[str, str] = {
-    "Conv2D": "dl_layer_conv2d.hpp",
-    "DepthwiseConv2D": "dl_layer_depthwise_conv2d.hpp",
-    "FullyConnected": "dl_layer_fullyconnected.hpp",
-    "Add2D": "dl_layer_add2d.hpp",
-    "Sub2D": "dl_layer_sub2d.hpp",
-    "Mul2D": "dl_layer_mul2d.hpp",
-    "AvgPool2D": "dl_layer_avg_pool2d.hpp",
-    "GlobalAveragePool2D": "dl_layer_global_avg_pool2d.hpp",
-    "MaxPool2D": "dl_layer_max_pool2d.hpp",
-    "GlobalMaxPool2D": "dl_layer_global_max_pool2d.hpp",
-    "Concat": "dl_layer_concat.hpp",
-    "Flatten": "dl_layer_flatten.hpp",
-    "Reshape": "dl_layer_reshape.hpp",
-    "Pad": "dl_layer_pad.hpp",
-    "Transpose": "dl_layer_transpose.hpp",
-    "Max2D": "dl_layer_max2d.hpp",
-    "Min2D": "dl_layer_min2d.hpp",
-    "Relu": "dl_layer_relu.hpp",
-    "LeakyRelu": "dl_layer_leakyrelu.hpp",
-}
 
 #: Chip-graph class -> C++ class where the names differ (release/v1.1 renamed the activations).
 CPP_CLASS: dict[str, str] = {"ReLU": "Relu", "LeakyReLU": "LeakyRelu"}
 
 #: Names a member cannot take (Model's methods and base member, the method parameter, ours).
 _RESERVED = frozenset({"build", "call", "forward", INPUT, "input_shape", "input_exponent"})
-
-
-@dataclass
-class ChipLayer:
-    """One member of the model class: C++ class, template and constructor arguments, readers.
-
-    ``inputs`` are member names, or ``"input"`` for the model input; ``fused`` the model layers
-    whose output this member produces (a chain's conv, BN and activation).
-
-    Example:
-        >>> ChipLayer("mp", "MaxPool2D", "int8_t", '{2, 2}, dl::PADDING_VALID, {}, 2, 2, "mp"',
-        ...           ["c1"], "mp").inputs
-        ['c1']
-    """
-
-    member: str
-    espdl_class: str
-    ctype: str
-    args: str
-    inputs: list[str]
-    source: str
-    output_exponent: int | None = None
-    fused: list[str] = field(default_factory=list)
-
-
-@dataclass
-class ModelClass:
-    """A generated model class: header text and what an app needs to use it.
-
-    ``outputs`` are the public members (the graph's outputs); ``input_exponent`` the exponent
-    the input tensor must carry (None when no calibration gave it).
-
-    Example:
-        >>> ModelClass("NetModel", "net_model.hpp", "net", "s8", [], ["fc"], -7).outputs
-        ['fc']
-    """
-
-    class_name: str
-    header_name: str
-    coefficient_name: str
-    feature_type: str
-    layers: list[ChipLayer]
-    outputs: list[str]
-    input_exponent: int | None
-    input_shape: tuple[int, ...] | None = None
-    per_channel: bool = False
-    text: str = ""
-    constants: list[str] = field(default_factory=list)  # declared before the class
 
 
 def model_names(coefficient_name: str) -> tuple[str, str]:

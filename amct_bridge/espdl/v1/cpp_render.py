@@ -1,4 +1,5 @@
-"""Text of the generated ESP-DL v1 model class (``<model>_model.hpp``), see :mod:`cpp_model`.
+"""Text of the generated ESP-DL v1 model class (``<model>_model.hpp``): the :mod:`cpp_types` parts
+that :mod:`cpp_model` builds from a chip graph.
 
 Layout follows ESP-DL's tutorial header (``tutorial/convert_tool_example/model/mnist_model.hpp``):
 private members, then the model outputs public, a constructor initializer list, ``build()`` and
@@ -13,12 +14,8 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from amct_bridge.espdl.v1 import spec
-
-if TYPE_CHECKING:
-    from amct_bridge.espdl.v1.cpp_model import ChipLayer, ModelClass
+from amct_bridge.espdl.v1.cpp_types import HEADERS, ChipLayer, ModelClass
 
 INPUT = "input"
 _I = "    "
@@ -100,8 +97,6 @@ def _header_comment(model: ModelClass) -> list[str]:
 
 
 def _includes(model: ModelClass) -> list[str]:
-    from amct_bridge.espdl.v1.cpp_model import HEADERS
-
     used = dict.fromkeys(HEADERS[node.espdl_class] for node in model.layers)
     return [
         "#include <stdint.h>\n",
@@ -139,9 +134,20 @@ def render_model(model: ModelClass) -> str:
     """The whole ``<model>_model.hpp``.
 
     Example:
-        >>> from amct_bridge.espdl.v1.cpp_model import model_names
-        >>> model_names("x_coefficient")[0]
-        'x_model.hpp'
+        >>> layer = ChipLayer("r", "Relu", "int8_t", '"r"', [INPUT], "relu")
+        >>> text = render_model(ModelClass("XModel", "x_model.hpp", "x", "s8", [layer], ["r"], -7))
+        >>> print(text[text.index("class XModel") : text.index("void build")].strip())
+        class XModel : public dl::layer::Model<int8_t>
+        {
+        private:
+        <BLANKLINE>
+        public:
+            dl::layer::Relu<int8_t> r; // model output 'relu'
+        <BLANKLINE>
+            /** Exponent of the input tensor: real = int * 2^input_exponent. */
+            static const int input_exponent = -7;
+        <BLANKLINE>
+            XModel() : r("r") {}
     """
     private, public = _members(model)
     ctype = spec.CTYPE[model.feature_type]

@@ -27,30 +27,25 @@ from __future__ import annotations
 import difflib
 import json
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from amct_bridge.errors import ExportError
-from amct_bridge.espdl.checks import (
-    check_record_keys,
-    passthrough,
-    saturation_warnings,
-    unaccounted,
-    unresolved_concats,
-)
+from amct_bridge.espdl.checks import check_record_keys, passthrough, unaccounted
 from amct_bridge.espdl.consistency import check_scale_w
 from amct_bridge.espdl.exponent_groups import shared_exponent_groups
 from amct_bridge.espdl.exponents import ExponentFinder
 from amct_bridge.espdl.naming import c_identifiers
-from amct_bridge.espdl.plan import Chain, Problem, plan_chains
+from amct_bridge.espdl.plan import Chain, plan_chains
 from amct_bridge.espdl.source import OPS, WEIGHT_OPS, SourceLayer
 from amct_bridge.espdl.v1 import spec
+from amct_bridge.espdl.v1.checks import saturation_warnings, unresolved_concats
 from amct_bridge.espdl.v1.chip_graph import chip_graph
 from amct_bridge.espdl.v1.coefficients import Coefficients, chain_coefficients
 from amct_bridge.espdl.v1.cpp import constructor
 from amct_bridge.espdl.v1.cpp_app import cpp_outputs
-from amct_bridge.espdl.v1.preview import LayerPreview, preview_layer
-from amct_bridge.espdl.v1.runtime import RuntimeLayer, runtime_class, runtime_layers
+from amct_bridge.espdl.v1.preview import preview_layer
+from amct_bridge.espdl.v1.result import ExportedLayer, ExportResult
+from amct_bridge.espdl.v1.runtime import runtime_class, runtime_layers
 from amct_bridge.espdl.writer import npy_bytes, write_directory
 from amct_bridge.quant.espdl import auto_exponent
 from amct_bridge.records.calibration import CalibrationStats
@@ -58,58 +53,6 @@ from amct_bridge.records.model import Record
 
 GRANULARITIES = ("per-tensor", "per-channel")
 REPORT_FORMAT = "amct_bridge.espdl_export/1"
-
-
-@dataclass
-class ExportedLayer:
-    """One config.json entry and how it was made."""
-
-    name: str
-    source: str
-    operation: str
-    fused: list[str]
-    entry: dict
-    coefficients: Coefficients
-    preview: LayerPreview
-    sources: dict[str, str] = field(default_factory=dict)
-    output_range: tuple[float, float] | None = None
-    warnings: list[str] = field(default_factory=list)
-    cpp: str | None = None
-    pads: list[int] | None = None  # a folded ZeroPadding2D: PADDING_NOT_SET {t, b, l, r}
-
-
-@dataclass
-class ExportResult:
-    """Everything :func:`export_layers` produced (``out_dir`` is None for a dry run)."""
-
-    out_dir: Path | None
-    feature_type: str
-    granularity: str
-    target: str
-    layers: list[ExportedLayer]
-    skipped: list[Problem]
-    notes: list[str] = field(default_factory=list)
-    runtime: list[RuntimeLayer] = field(default_factory=list)
-    graph: dict | None = None  # the chip graph (amct_bridge.espdl.v1.network), None if unavailable
-    graph_error: str | None = None
-    passthrough: list[dict] = field(default_factory=list)  # Dropout & co.: compute nothing
-    inputs: list[str] = field(default_factory=list)  # the model's input layers
-
-    @property
-    def warnings(self) -> list[str]:
-        """Model-wide notes, then every layer's warnings (e.g. scale_w not matching)."""
-        per_layer = [w for layer in [*self.layers, *self.runtime] for w in layer.warnings]
-        return self.notes + per_layer
-
-    @property
-    def config(self) -> dict:
-        """The config.json content."""
-        return {layer.name: layer.entry for layer in self.layers}
-
-    @property
-    def names(self) -> dict[str, str]:
-        """C identifier -> model layer name."""
-        return {layer.name: layer.source for layer in self.layers}
 
 
 def _not_in_record(chains, record: Record) -> list[str]:

@@ -37,7 +37,7 @@ Transpose              ``perm`` (of the HWC axes)
 
 Loaders: :func:`load_network` (an export directory: config.json + npy + export.json, or any
 convert.py input set plus a graph JSON), :func:`network_from_result` (an in-memory
-:class:`~amct_bridge.espdl.v1.export.ExportResult`). Building the graph from a model's layers:
+:class:`~amct_bridge.espdl.v1.result.ExportResult`). Building the graph from a model's layers:
 :func:`amct_bridge.espdl.v1.chip_graph.chip_graph`.
 
 Example:
@@ -66,7 +66,7 @@ from amct_bridge.espdl.v1 import layout, spec
 from amct_bridge.espdl.v1.preview import LayerPreview, QuantizedTensor, load_set, preview_layer
 
 if TYPE_CHECKING:
-    from amct_bridge.espdl.v1.export import ExportResult
+    from amct_bridge.espdl.v1.result import ExportResult
 
 GRAPH_FORMAT = "amct_bridge.espdl_graph/1"
 INPUT = "input"

@@ -27,8 +27,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from amct_bridge.espdl.v1 import spec
-from amct_bridge.espdl.v1.export import ExportedLayer, ExportResult
 from amct_bridge.espdl.v1.preview import LayerPreview, QuantizedTensor
+from amct_bridge.espdl.v1.result import ExportedLayer, ExportResult
 
 _COLUMNS = (
     "layer",
@@ -141,7 +141,7 @@ def format_preview(result: ExportResult) -> str:
     """A text table of every exported layer, then warnings and the skipped layers.
 
     Example:
-        >>> from amct_bridge.espdl.v1.export import ExportResult
+        >>> from amct_bridge.espdl.v1.result import ExportResult
         >>> format_preview(ExportResult(None, "s8", "per-tensor", "esp32", [], []))[:9]
         'layer  op'
     """
