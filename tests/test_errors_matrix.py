@@ -359,11 +359,12 @@ CASES = {
     "mindspore-ckpt-mismatch": (
         _MS + ["--ckpt", "{d}/other.ckpt"],
         2,
-        "{d}/other.ckpt: checkpoint does not fit SequentialCell (7 parameter(s)): 2.moving_mean "
-        "missing from the checkpoint; 2.moving_variance missing from the checkpoint; 2.gamma "
-        "missing from the checkpoint; 2.beta missing from the checkpoint; 4.weight missing from "
-        "the checkpoint; 1.weight (16, 2, 3, 3) in the checkpoint, (16, 1, 3, 3) in the network; "
-        "2.weight is not a parameter of the network",
+        # unexpected names and shape conflicts first: they tell which network it is of
+        "{d}/other.ckpt: checkpoint does not fit SequentialCell (7 parameter(s)): 2.weight is "
+        "not a parameter of the network; 1.weight (16, 2, 3, 3) in the checkpoint, (16, 1, 3, 3) "
+        "in the network; 2.moving_mean missing from the checkpoint; 2.moving_variance missing "
+        "from the checkpoint; 2.gamma missing from the checkpoint; 2.beta missing from the "
+        "checkpoint; 4.weight missing from the checkpoint",
         "err",
     ),
     "mindspore-ckpt-damaged": (
