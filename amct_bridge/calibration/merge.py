@@ -3,7 +3,8 @@
 An adapter gives one collective, ``gather(array) -> stacked``: every rank passes an array of the
 same shape and dtype and receives ``[world, *shape]``, row ``r`` being rank ``r``'s array
 (MindSpore: ``ops.AllGather``; on CPU ``AllReduce`` only sums, so min/max cannot be reduced
-directly). On top of it this module does the rest, identically on every rank, so every rank ends with the same numbers:
+directly). On top of it this module does the rest, identically on every rank, so every rank
+ends with the same numbers:
 
 * :func:`agree` -- every rank says ok or gives its error message; if any rank failed, every
   rank raises a :class:`~amct_bridge.errors.CalibrationError` naming the failed rank(s) and their
@@ -123,7 +124,7 @@ def check_shards(total: int, world: int, where: str = "the dataset") -> None:
         >>> try:
         ...     check_shards(9, 2)
         ... except CalibrationError as err:
-        ...     print(str(err)[:66])
+        ...     print(str(err)[:65])
         the dataset has 9 samples, which 2 ranks cannot share evenly (9 =
     """
     if world > 1 and total % world:
