@@ -93,18 +93,18 @@ def agree(gather: Gather, error: BaseException | None, what: str, layout: str = 
     failed = [r for r in range(rows.shape[0]) if rows[r, 0]]
     world = rows.shape[0]
     if failed:
-        said = "; ".join(
-            f"rank {r}: "
-            + bytes(rows[r, 3 : 3 + rows[r, 2]].astype(np.uint8)).decode("utf-8", "replace")
+        texts = {
+            r: bytes(rows[r, 3 : 3 + rows[r, 2]].astype(np.uint8)).decode("utf-8", "replace")
             for r in failed
-        )
-        if len(failed) == 1:
-            said = said.split(": ", 1)[1]
-        ranks = ", ".join(map(str, failed))
-        message = (
-            f"rank{'s' if len(failed) > 1 else ''} {ranks} of {world} failed in {what}: "
-            f"{said}; no record written"
-        )
+        }
+        if len(failed) == world and len(set(texts.values())) == 1:
+            who, said = f"all {world} ranks", texts[failed[0]]
+        elif len(failed) == 1:
+            who, said = f"rank {failed[0]} of {world}", texts[failed[0]]
+        else:
+            who = f"ranks {', '.join(map(str, failed))} of {world}"
+            said = "; ".join(f"rank {r}: {t}" for r, t in texts.items())
+        message = f"{who} failed in {what}: {said}; no record written"
         if error is not None:
             raise CalibrationError(message) from error
         raise CalibrationError(message)

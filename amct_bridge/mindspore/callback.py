@@ -24,6 +24,7 @@ from typing import Any
 
 from mindspore.train import Callback
 
+from amct_bridge.calibration.merge import agree
 from amct_bridge.calibration.options import (
     check_choice,
     check_flavor,
@@ -32,6 +33,7 @@ from amct_bridge.calibration.options import (
 )
 from amct_bridge.config import QuantConfig, resolve_config
 from amct_bridge.errors import CalibrationError
+from amct_bridge.mindspore import distributed
 from amct_bridge.mindspore.session import FLAVORS, Session, net_inputs
 from amct_bridge.records import Record
 
@@ -80,6 +82,16 @@ class QuantCalibration(Callback):
         save_every_epoch: in ``train`` / ``fit``, also write the record at every epoch end.
         sample_input: the network's input for the graph export (shape, array, Tensor, list);
             default: the first batch's leading columns (as many as ``construct`` takes).
+
+    Data-parallel runs (``msrun``, ``mindspore.communication.init()`` and
+    ``ParallelMode.DATA_PARALLEL``): add the callback on every rank with the same arguments.
+    The ranks' statistics are merged before the factors are computed (min/max gathered,
+    histograms summed on a common grid, the IFMR/HFMG search on the merged histogram), rank 0
+    alone writes record and sidecar, and every rank gets the same :attr:`written` record. Each
+    step, the ranks agree that none failed (one small AllGather), so a NaN batch on one rank
+    stops every rank at that step with the rank named. The data must be sharded
+    (``num_shards=get_group_size(), shard_id=get_rank()``) into equal shards. See
+    docs/mindspore.md, "Data-parallel runs".
 
     Example:
         >>> cb = QuantCalibration("/tmp/record.txt", algorithm="hfmg", batch_num=8)
@@ -238,10 +250,15 @@ class QuantCalibration(Callback):
                 "QuantCalibration: the run context has no 'network' (use it with "
                 "mindspore.train.Model.eval / train / fit)"
             )
+        group = distributed.current()
+        if group is not None:
+            args = run_context.original_args()
+            data = args.get("train_dataset") if self._in_train else args.get("valid_dataset")
+            distributed.check_dataset(data, group)
         session = self._session
         if session is None or not self.accumulate or session.net is not net:
             self._session = Session(
-                net, self.config, self.batch_num, sample_input=self.sample_input
+                net, self.config, self.batch_num, sample_input=self.sample_input, group=group
             )
         self._started, self._pending, self._resume = False, None, False
 
@@ -273,20 +290,30 @@ class QuantCalibration(Callback):
         session.start_pass(mode)
 
     def _step_end(self, run_context, mode: str) -> None:
-        if self._session is not None and self._session.active:
-            try:
-                self._guard(self._session.batch_end, mode, 0)
-            except CalibrationError:
-                run_context.request_stop()  # no further step: the optimizer would apply it
-                raise
+        session = self._session
+        if session is None or not session.active:
+            return
+        try:
+            if session.group is None:
+                self._guard(session.batch_end, mode, 0)
+            else:  # every rank stops at the same step, none waits for a rank that failed
+                error = None
+                try:
+                    session.batch_end(mode, 0)
+                except Exception as err:
+                    error = err
+                step = run_context.original_args().get("cur_step_num")
+                self._guard(agree, session.group.gather, error, f"calibration step {step}")
+        except CalibrationError:
+            run_context.request_stop()  # no further step: the optimizer would apply it
+            raise
 
     def _end_run(self, mode: str) -> None:
         session = self._session
         if session is None:
             return
-        self._guard(session.stop_pass, mode)
         self.written = self._guard(
-            session.write, self.record_path, self.flavor, require_batches=True
+            session.write, self.record_path, self.flavor, require_batches=True, stop=mode
         )
 
     def _guard(self, fn, *args, **kwargs):

@@ -45,6 +45,7 @@ from typing import Any
 from mindspore import nn
 
 from amct_bridge.calibration.layers import LayerDesc, ModelDesc
+from amct_bridge.calibration.merge import agree, merge_observed
 from amct_bridge.calibration.protocol import Point
 from amct_bridge.calibration.records import Built, build_record, finish_record, write_outputs
 from amct_bridge.calibration.session import CalibrationSession
@@ -88,6 +89,9 @@ class Session(CalibrationSession):
             several inputs); set it before the first :meth:`new_run`.
         compiled: other compiled top-level cells that run the network (``Model``'s networks);
             more with :meth:`forget_graphs`.
+        group: the data-parallel ranks (:func:`amct_bridge.mindspore.distributed.current`):
+            :meth:`write` merges every rank's statistics first, rank 0 writes, every rank
+            returns the same record.
 
     Example:
         >>> # see the module docstring
@@ -101,9 +105,11 @@ class Session(CalibrationSession):
         *,
         sample_input: Any = None,
         compiled: Iterable = (),
+        group=None,
     ) -> None:
         super().__init__(config, batch_num, model_name=type(net).__name__)
         self.net = net
+        self.group = group
         self.sample_input = sample_input
         self.compiled: list = []
         self._weights = MindSporeWeights()
@@ -218,22 +224,78 @@ class Session(CalibrationSession):
     # ---- output -------------------------------------------------------------------------------
 
     def write(
-        self, record_path: str | os.PathLike, flavor: str = "mindspore", require_batches=False
+        self,
+        record_path: str | os.PathLike,
+        flavor: str = "mindspore",
+        require_batches=False,
+        stop: str | None = None,
     ) -> Record | None:
         """Build record + sidecar from what was seen, then write both (atomically each).
+
+        ``stop``: end the pass of that mode first (in a data-parallel run inside the step every
+        rank agrees on, so a rank failing there fails every rank instead of leaving them
+        waiting). With a :attr:`group`, the ranks' statistics are merged first
+        (:func:`amct_bridge.calibration.merge.merge_observed`); every rank builds the same
+        record, only rank 0 writes the files.
 
         Returns the record as its file holds it (None when nothing was seen and
         ``require_batches`` is False).
         """
+        if self.group is not None:
+            return self._write_merged(record_path, flavor, require_batches, stop)
+        if stop is not None:
+            self.stop_pass(stop)
         if not self.settle_for_write(require_batches):
             return None
         record, stats, _ = build_record(self)
         record, text = finish_record(record, flavor)
         write_outputs(Built(record, text, stats), record_path)
+        return self._written(record, flavor, record_path)
+
+    def _written(self, record: Record, flavor: str, record_path) -> Record:
         # what load() of the file gives (proto floats are float32), without parsing it again
         # source: the file, so the export / report find its sidecar from the Record too
         self.written = from_proto(to_proto(record, flavor), flavor, source=str(record_path))
         return self.written
+
+    def _write_merged(self, record_path, flavor: str, require_batches, stop) -> Record | None:
+        group = self.group
+        error = None
+        try:
+            if stop is not None:
+                self.stop_pass(stop)
+            self.settle_for_write(False)
+        except Exception as err:  # every rank learns of it below, then raises
+            error = err
+        layout = ";".join(
+            f"{o.point.key}/{o.point.role}/{o.point.bins}/{o.point.channels}/"
+            f"{len(o.sites or ())}/{o.observer.algorithm}"
+            for o in self.observed
+        )
+        agree(group.gather, error, "the calibration merge", layout=layout)
+        observed, batches = merge_observed(self.observed, self.batches, group.gather)
+        if batches == 0:
+            if require_batches:
+                raise CalibrationError(
+                    f"no calibration batch was seen for model {self.model_name!r} on any of the "
+                    f"{group.world} ranks; no record written (empty dataset or steps=0?)"
+                )
+            return None
+        mine = self.observed, self.batches
+        self.observed, self.batches = observed, batches
+        built = None
+        try:
+            record, stats, _ = build_record(self)
+            record, text = finish_record(record, flavor)
+            built = Built(record, text, stats)
+            if group.rank == 0:
+                write_outputs(built, record_path)
+        except Exception as err:
+            error = err
+        finally:  # the session goes on with its own statistics (save_every_epoch, accumulate)
+            self.observed, self.batches = mine
+        agree(group.gather, error, "writing the record (rank 0)")
+        return self._written(built.record, flavor, record_path)
 
 
 def input_count(net, columns: int) -> int:

@@ -1,0 +1,156 @@
+"""One rank of a data-parallel calibration run, started by ``msrun`` (tests/mindspore/
+test_ms_dataparallel.py, benchmarks/bench_mindspore_dp.py). Also the tiny net and the data the
+single-process references use (importable without MindSpore's communication).
+
+``python ms_dp_worker.py OUT CASE ALGORITHM SAMPLES`` under msrun. CASE:
+
+* ``eval``: ``Model.eval`` with QuantCalibration;
+* ``train``: ``Model.train`` (SGD, 1 epoch) with QuantCalibration;
+* ``nan``: ``eval`` where rank 1's second batch holds a NaN;
+* ``bench``: ``eval``, then print the merge's cost and the run's.
+
+Each rank writes ``OUT/ranks/rank<r>.json``: the record it got (``cb.written``: per layer
+scale_d, offset_d, scale_w), the error if any, the final weights (train), timings (bench). The
+record itself goes to ``OUT/record/record.txt`` (rank 0 only).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+BATCH = 4  # per rank
+
+
+def make_net():
+    """conv(3->4, bias) + ReLU + conv(4->4) + ReLU + Flatten + Dense: no BatchNorm, so a
+    data-parallel step equals a single-process step on the union batch (BN in training would
+    normalise over each rank's batch)."""
+    import mindspore as ms
+    from mindspore import Tensor, nn
+
+    ms.set_seed(0)
+    net = nn.SequentialCell(
+        [
+            nn.Conv2d(3, 4, 3, has_bias=True),
+            nn.ReLU(),
+            nn.Conv2d(4, 4, 3),
+            nn.ReLU(),
+            nn.Flatten(),
+            nn.Dense(4 * 6 * 6, 3),
+        ]
+    )
+    rng = np.random.default_rng(0)
+    for _, p in net.parameters_and_names():
+        p.set_data(Tensor(rng.normal(0.0, 0.4, p.shape).astype(np.float32)))
+    return net
+
+
+def make_data(samples: int) -> tuple[np.ndarray, np.ndarray]:
+    """``samples`` inputs (N, 3, 6, 6) whose range grows with the index, and labels."""
+    rng = np.random.default_rng(7)
+    x = (
+        rng.standard_t(4, (samples, 3, 6, 6))
+        * (1 + np.arange(samples) / samples)[:, None, None, None]
+    )
+    return x.astype(np.float32), (np.arange(samples) % 3).astype(np.int32)
+
+
+def shard_batches(x: np.ndarray, world: int, rank: int, batch: int = BATCH) -> list[np.ndarray]:
+    """What MindSpore's DistributedSampler gives rank ``rank`` (samples rank, rank + world, ...;
+    measured with NumpySlicesDataset(shuffle=False)), in batches."""
+    mine = x[rank::world]
+    return [mine[i : i + batch] for i in range(0, len(mine), batch)]
+
+
+def make_model(net, train: bool):
+    from mindspore import nn
+    from mindspore.train import Model
+
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    opt = nn.SGD(net.trainable_params(), learning_rate=0.05) if train else None
+    return Model(net, loss, opt, metrics=None if train else {"acc"})
+
+
+def main(out: Path, case: str, algorithm: str, samples: int) -> None:
+    import mindspore as ms
+    from mindspore import dataset as ds
+    from mindspore.communication import get_group_size, get_rank, init
+    from mindspore.context import ParallelMode
+
+    from amct_bridge.mindspore import QuantCalibration
+
+    start = time.perf_counter()
+    ms.set_context(mode=ms.GRAPH_MODE)
+    init()
+    ms.set_auto_parallel_context(parallel_mode=ParallelMode.DATA_PARALLEL, gradients_mean=True)
+    rank, world = get_rank(), get_group_size()
+    x, y = make_data(samples)
+    if case == "nan" and rank == 1:
+        x[1 + world * BATCH, 0, 0, 0] = np.nan  # rank 1's second batch
+    data = ds.NumpySlicesDataset(
+        (x, y), ["x", "y"], shuffle=False, num_shards=world, shard_id=rank
+    ).batch(BATCH)
+    net = make_net()
+    train = case == "train"
+    model = make_model(net, train)
+    (out / "record").mkdir(parents=True, exist_ok=True)
+    options = {"num_of_bins": 1024} if algorithm == "hfmg" else None
+    cb = QuantCalibration(
+        out / "record" / "record.txt", algorithm=algorithm, algorithm_options=options
+    )
+    report: dict = {"rank": rank, "world": world}
+    merge_time = []
+    if case == "bench":  # time the merge inside the write (what the callback adds at the end)
+        from amct_bridge.mindspore import session as session_module
+
+        inner = session_module.Session._write_merged
+
+        def timed(self, *args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return inner(self, *args, **kwargs)
+            finally:
+                merge_time.append(time.perf_counter() - t0)
+
+        session_module.Session._write_merged = timed
+    try:
+        run_start = time.perf_counter()
+        if train:
+            model.train(1, data, callbacks=[cb], dataset_sink_mode=False)
+        else:
+            model.eval(data, callbacks=[cb])
+        report["run_seconds"] = time.perf_counter() - run_start
+    except Exception as err:
+        # recorded, and the process ends normally: msrun waits about a minute for ranks that
+        # end with an exception (measured), the test needs only the messages and the step
+        report["error"] = f"{type(err).__name__}: {err}"
+        report["error_after_seconds"] = time.perf_counter() - run_start
+        _dump(out, rank, report)
+        return
+    record = cb.written
+    report["layers"] = {
+        k: {"scale_d": f.scale_d, "offset_d": f.offset_d, "scale_w": list(f.scale_w)}
+        for k, f in record.layers.items()
+    }
+    if train:
+        report["weights"] = {n: p.asnumpy().tolist() for n, p in net.parameters_and_names()}
+    report["merge_seconds"] = sum(merge_time)
+    report["process_seconds"] = time.perf_counter() - start
+    _dump(out, rank, report)
+
+
+def _dump(out: Path, rank: int, report: dict) -> None:
+    ranks = out / "ranks"
+    ranks.mkdir(parents=True, exist_ok=True)
+    tmp = ranks / f".rank{rank}.json"
+    tmp.write_text(json.dumps(report))
+    tmp.replace(ranks / f"rank{rank}.json")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]))

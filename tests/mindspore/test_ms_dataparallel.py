@@ -1,0 +1,178 @@
+"""Data-parallel calibration under msrun (2 CPU workers, GRAPH_MODE): the merged record equals a
+single-process calibration over the union of the ranks' batches (minmax exactly, HFMG within the
+0.5 % of scale_d docs/keras.md states for merged histograms), rank 0 alone writes, every rank
+gets the same record; a NaN on one rank stops both at the same step naming the rank; a rank
+count that does not divide the data is refused before any step.
+
+Each run is ``msrun --worker_num=2`` of tests/mindspore/ms_dp_worker.py with the venv's ``bin``
+first on PATH (msrun starts ``python`` from PATH), under a timeout as a backstop. The reference
+runs here, single process, on the same net, data and batches (rank 0's batch k and rank 1's
+batch k together: the same samples a data-parallel step sees).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import dataset as ds
+from ms_dp_worker import BATCH, make_data, make_model, make_net, shard_batches
+
+from amct_bridge.mindspore import QuantCalibration
+from amct_bridge.records import load
+from amct_bridge.records.calibration import load_stats, sidecar_path
+
+WORKER = Path(__file__).with_name("ms_dp_worker.py")
+WORLD = 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_msrun(out: Path, case: str, algorithm: str, samples: int, timeout: float = 120) -> dict:
+    """Both ranks' reports; the run must end (well) within ``timeout``."""
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    cmd = [
+        "msrun",
+        f"--worker_num={WORLD}",
+        f"--local_worker_num={WORLD}",
+        f"--master_port={_free_port()}",
+        f"--log_dir={out / 'log'}",
+        "--join=True",
+        str(WORKER),
+        str(out),
+        case,
+        algorithm,
+        str(samples),
+    ]
+    done = subprocess.run(cmd, env=env, cwd=out, capture_output=True, text=True, timeout=timeout)
+    logs = "".join(
+        p.read_text(errors="replace")[-3000:] for p in sorted((out / "log").glob("worker_*.log"))
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:] + logs
+    reports = {}
+    for r in range(WORLD):
+        path = out / "ranks" / f"rank{r}.json"
+        assert path.exists(), logs
+        reports[r] = json.loads(path.read_text())
+    return reports
+
+
+def _union_dataset(x: np.ndarray, y: np.ndarray) -> ds.Dataset:
+    """Single process: batch k = rank 0's batch k + rank 1's batch k (2 * BATCH samples)."""
+
+    def union(a):
+        shards = [shard_batches(a, WORLD, r) for r in range(WORLD)]
+        return np.concatenate([np.concatenate(b) for b in zip(*shards, strict=True)])
+
+    return ds.NumpySlicesDataset((union(x), union(y)), ["x", "y"], shuffle=False).batch(
+        WORLD * BATCH
+    )
+
+
+def _reference(tmp: Path, case: str, algorithm: str, samples: int):
+    before = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        x, y = make_data(samples)
+        net = make_net()
+        model = make_model(net, case == "train")
+        options = {"num_of_bins": 1024} if algorithm == "hfmg" else None
+        path = tmp / "single.txt"
+        cb = QuantCalibration(path, algorithm=algorithm, algorithm_options=options)
+        if case == "train":
+            model.train(1, _union_dataset(x, y), callbacks=[cb], dataset_sink_mode=False)
+        else:
+            model.eval(_union_dataset(x, y), callbacks=[cb])
+        weights = {n: p.asnumpy() for n, p in net.parameters_and_names()}
+        return load(path), load_stats(sidecar_path(path)), weights
+    finally:
+        ms.set_context(mode=before)
+
+
+def _check_ranks_agree_and_only_rank0_wrote(out: Path, reports: dict) -> None:
+    for r in range(WORLD):
+        assert "error" not in reports[r], reports[r]["error"]
+    assert reports[0]["layers"] == reports[1]["layers"]  # every rank returns the same factors
+    # the only files besides the test's own (ranks/, log/) are rank 0's record and sidecar
+    assert sorted(p.name for p in (out / "record").iterdir()) == [
+        "record.txt",
+        "record.txt.calib.json",
+    ]
+    assert not [p for p in out.iterdir() if p.name not in ("record", "ranks", "log")]
+
+
+@pytest.mark.parametrize("algorithm", ["minmax", "hfmg"])
+def test_eval_calibration_merges_ranks(tmp_path, algorithm):
+    samples = 4 * WORLD * BATCH  # 4 batches per rank
+    reports = run_msrun(tmp_path, "eval", algorithm, samples)
+    _check_ranks_agree_and_only_rank0_wrote(tmp_path, reports)
+    merged = load(tmp_path / "record" / "record.txt")
+    single, single_stats, _ = _reference(tmp_path, "eval", algorithm, samples)
+    stats = load_stats(sidecar_path(tmp_path / "record" / "record.txt"))
+    assert stats.batches == 4 * WORLD  # every rank's batches (the reference counts 4 doubles)
+    assert sorted(merged.layers) == sorted(single.layers)
+    for key, ref in single.layers.items():
+        got = merged.layers[key]
+        assert got.scale_w == pytest.approx(ref.scale_w, rel=1e-6), key
+        if algorithm == "minmax":
+            assert (got.scale_d, got.offset_d) == (ref.scale_d, ref.offset_d), key
+        else:
+            assert got.scale_d == pytest.approx(ref.scale_d, rel=0.005), key
+            assert abs(got.offset_d - ref.offset_d) <= 1, key
+    for key, ref in single_stats.layers.items():  # sidecar ranges: exact min/max
+        got = stats.layers[key]
+        assert (got.output.min, got.output.max) == (ref.output.min, ref.output.max), key
+
+
+def test_train_calibration_merges_ranks(tmp_path):
+    samples = 3 * WORLD * BATCH
+    reports = run_msrun(tmp_path, "train", "minmax", samples)
+    _check_ranks_agree_and_only_rank0_wrote(tmp_path, reports)
+    merged = load(tmp_path / "record" / "record.txt")
+    single, _, weights = _reference(tmp_path, "train", "minmax", samples)
+    for name, value in weights.items():  # the data-parallel steps are the single-process ones
+        np.testing.assert_allclose(reports[0]["weights"][name], value, rtol=1e-4, atol=1e-6)
+        assert reports[0]["weights"][name] == reports[1]["weights"][name]
+    for key, ref in single.layers.items():
+        got = merged.layers[key]
+        # float tolerance: the union steps' activations equal up to the gradient sum's order
+        assert got.scale_d == pytest.approx(ref.scale_d, rel=1e-5), key
+        assert got.offset_d == ref.offset_d, key
+        assert got.scale_w == pytest.approx(ref.scale_w, rel=1e-5), key
+
+
+def test_a_nan_on_one_rank_stops_every_rank_at_that_step(tmp_path):
+    start = time.perf_counter()
+    reports = run_msrun(tmp_path, "nan", "minmax", 4 * WORLD * BATCH, timeout=90)
+    elapsed = time.perf_counter() - start
+    for r in range(WORLD):
+        error = reports[r].get("error", "")
+        assert "rank 1 of 2 failed in calibration step 2" in error, error
+        assert "contains NaN or Inf" in error and "batch 1" in error, error
+    assert not (tmp_path / "record" / "record.txt").exists()
+    assert elapsed < 90
+
+
+def test_a_rank_count_that_does_not_divide_the_data_is_refused(tmp_path):
+    reports = run_msrun(tmp_path, "eval", "minmax", 4 * WORLD * BATCH + 1, timeout=90)
+    for r in range(WORLD):
+        error = reports[r].get("error", "")
+        assert "all 2 ranks failed in the dataset check" in error, error
+        assert "NumpySlicesDataset has 33 samples, which 2 ranks cannot share evenly" in error
+        assert "drop 1 or add 1" in error
+    assert not (tmp_path / "record" / "record.txt").exists()
