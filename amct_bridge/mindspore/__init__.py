@@ -19,7 +19,12 @@ first used.
 - ``evaluate_espdl(export_dir, net, x, y, record=None)``: float, fake-quant and simulated-chip
   accuracy and per-layer chip error (:mod:`amct_bridge.mindspore.espdl_eval`);
 - ``replace_relu6(net)``: a copy with ReLU6 cells as ReLU, for ESP-DL v1
-  (:mod:`amct_bridge.mindspore.relu6`).
+  (:mod:`amct_bridge.mindspore.relu6`);
+- ``SelectivePruneCallback(record_path, masks=None)``: 2:4 masks kept through ``Model.train``,
+  and their ``selective_prune`` record (:mod:`amct_bridge.mindspore.selective_prune_callback`).
+
+Data-parallel runs: :mod:`amct_bridge.mindspore.distributed` (``current()``, ``Group.gather``)
+and the framework-free merge, :mod:`amct_bridge.calibration.merge`.
 
 Example:
     >>> import amct_bridge.mindspore as ams
@@ -45,6 +50,7 @@ _LAZY = {
     "quant_report": "amct_bridge.mindspore.report",
     "evaluate_espdl": "amct_bridge.mindspore.espdl_eval",
     "replace_relu6": "amct_bridge.mindspore.relu6",
+    "SelectivePruneCallback": "amct_bridge.mindspore.selective_prune_callback",
 }
 
 __all__ = sorted(_LAZY)
