@@ -7,7 +7,7 @@ single-process references use (importable without MindSpore's communication).
 * ``eval``: ``Model.eval`` with QuantCalibration;
 * ``train``: ``Model.train`` (SGD, 1 epoch) with QuantCalibration;
 * ``nan``: ``eval`` where rank 1's second batch holds a NaN;
-* ``bench``: ``eval``, then print the merge's cost and the run's.
+* ``bench``: ``eval``, timing the cross-rank merge at the end and the per-step agreement.
 
 Each rank writes ``OUT/ranks/rank<r>.json``: the record it got (``cb.written``: per layer
 scale_d, offset_d, scale_w), the error if any, the final weights (train), timings (bench). The
@@ -96,7 +96,7 @@ def main(out: Path, case: str, algorithm: str, samples: int) -> None:
         (x, y), ["x", "y"], shuffle=False, num_shards=world, shard_id=rank
     ).batch(BATCH)
     net = make_net()
-    train = case == "train"
+    train = case in ("train", "bench-train")
     model = make_model(net, train)
     (out / "record").mkdir(parents=True, exist_ok=True)
     options = {"num_of_bins": 1024} if algorithm == "hfmg" else None
@@ -104,20 +104,28 @@ def main(out: Path, case: str, algorithm: str, samples: int) -> None:
         out / "record" / "record.txt", algorithm=algorithm, algorithm_options=options
     )
     report: dict = {"rank": rank, "world": world}
-    merge_time = []
-    if case == "bench":  # time the merge inside the write (what the callback adds at the end)
+    timing = {"merge": 0.0, "steps_agree": 0.0, "agree_calls": 0}
+    agree_each: list[float] = []
+    if case.startswith("bench"):  # time the cross-rank work (what data parallelism adds to a run)
+        from amct_bridge.mindspore import callback as callback_module
         from amct_bridge.mindspore import session as session_module
 
-        inner = session_module.Session._write_merged
+        def timed(fn, key):
+            def run(*args, **kwargs):
+                t0 = time.perf_counter()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    timing[key] += time.perf_counter() - t0
+                    if key == "steps_agree":
+                        agree_each.append(time.perf_counter() - t0)
 
-        def timed(self, *args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return inner(self, *args, **kwargs)
-            finally:
-                merge_time.append(time.perf_counter() - t0)
+            return run
 
-        session_module.Session._write_merged = timed
+        # the end-of-run merge: the agreement before it, the merge, the agreement after writing
+        session_module.agree = timed(session_module.agree, "merge")
+        session_module.merge_observed = timed(session_module.merge_observed, "merge")
+        callback_module.agree = timed(callback_module.agree, "steps_agree")  # once per step
     try:
         run_start = time.perf_counter()
         if train:
@@ -139,7 +147,8 @@ def main(out: Path, case: str, algorithm: str, samples: int) -> None:
     }
     if train:
         report["weights"] = {n: p.asnumpy().tolist() for n, p in net.parameters_and_names()}
-    report["merge_seconds"] = sum(merge_time)
+    report.update({f"{k}_seconds": v for k, v in timing.items() if k != "agree_calls"})
+    report["agree_each"] = agree_each
     report["process_seconds"] = time.perf_counter() - start
     _dump(out, rank, report)
 
