@@ -73,7 +73,8 @@ def main() -> None:
         "(GRAPH_MODE)"
     )
     print(
-        f"{'rank':>4} {'run s':>8} {'merge s':>8} {'merge/run':>9} {'agree s':>8} {'/step ms':>8}"
+        f"{'rank':>4} {'run s':>8} {'merge s':>8} {'merge/run':>9} {'agree s':>8} "
+        f"{'first ms':>8} {'median ms':>9} {'agree/run':>9}"
     )
     for r, rep in enumerate(reports):
         if "error" in rep:
