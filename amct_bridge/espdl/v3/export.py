@@ -425,7 +425,11 @@ class _Emitter:
             self.done(layer, "passthrough")
         elif kind in ("Softmax", *CELL_ACTIVATIONS):
             act = CELL_ACTIVATIONS.get(kind, "softmax")
-            self._activation(layer, act, ins[0], axis=layer.attrs.get("axis", -1))
+            axis = layer.attrs.get("axis", -1)
+            if not isinstance(axis, int):
+                self.refuse(layer, f"softmax axis {axis!r} has no channel-last equivalent")
+                return
+            self._activation(layer, act, ins[0], axis=axis)
         elif kind in _HOST_KINDS and layer.inputs and layer.inputs[0] in self.inputs:
             self.tensor_of[layer.name] = ins[0]
             self.done(layer, "host")
