@@ -381,6 +381,8 @@ class _Emitter:
         if layer.name in self.fused:
             head = self.fused[layer.name]
             self.done(layer, "fused", into=head)
+            if self.chains[head].pad is layer and layer.inputs[0] in self.tensor_of:
+                self.tensor_of[layer.name] = self.tensor_of[layer.inputs[0]]  # pads of the conv
             return
         if layer.op == "input":
             self._input(layer)
@@ -388,7 +390,10 @@ class _Emitter:
         missing = [x for x in layer.inputs if x not in self.tensor_of]
         if missing:
             why = self.report.get(missing[0])
-            detail = f" ({why.status}: {why.reason})" if why and why.reason else ""
+            if why is not None and why.reason and not why.reason.startswith("reads "):
+                detail = f" (refused: {why.reason})"
+            else:
+                detail = " (refused)"
             self.refuse(layer, f"reads {missing[0]!r}, which is not exported{detail}")
             return
         start = len(self.nodes)
@@ -858,7 +863,8 @@ def _reshape(em: _Emitter, layer: SourceLayer, ins: list[str]) -> None:
         known = int(np.prod([v for v in target if v != -1]))
         target[target.index(-1)] = int(np.prod(shape[1:])) // known
     out = [shape[0], *target]
-    const = em._init(f"{layer.name}/shape", np.array(out, np.int64))
+    # 0 copies the batch dimension (ONNX, dl_module_reshape.hpp with allowzero 0)
+    const = em._init(f"{layer.name}/shape", np.array([0, *target], np.int64))
     em.keep(layer, "Reshape", ins, out, extra=[const])
 
 
