@@ -14,6 +14,7 @@ import keras
 import numpy as np
 import pytest
 from espdl_v3_layouts import encode_filter
+
 from amct_bridge.cli import main
 from amct_bridge.errors import ExportError
 from amct_bridge.espdl.v3 import read_espdl, simulate_espdl
