@@ -178,6 +178,8 @@ def _runtime_attrs(layer: Any, node: Node) -> dict:
             attrs[key] = tuple(int(v) for v in value) if key != "padding" else str(value)
     if "axis" in node.params:
         attrs["axis"] = int(node.params["axis"])
+    if "scalar_operands" in node.params:  # (position, value): x + 3.0 and the like
+        attrs["scalar_operands"] = list(node.params["scalar_operands"])
     for key in ("keepdims", "interpolation", "size"):  # read by the ESP-DL v3 export
         value = getattr(layer, key, None) if layer is not None else None
         if isinstance(value, bool | str):

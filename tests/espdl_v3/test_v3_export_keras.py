@@ -209,3 +209,32 @@ def test_refused_layers_are_named_unless_skipped(tmp_path):
     why = {p.layer: p.reason for p in res.skipped}
     assert set(why) == {"ln", "after"} and "'ln'" in why["after"]
     assert [o.name for o in read_espdl(tmp_path / "m.espdl").outputs] == ["c"]
+
+
+def test_mobilenet_v3_small_exports_without_skipping(tmp_path):
+    """keras.applications MobileNetV3Small (weights=None, 96x96): hard_silu, its hard_sigmoid
+    written as x + 3.0 -> ReLU6 -> * (1/6) (scalar operands), squeeze-excite Multiply,
+    Rescaling on the host, final softmax; nothing refused (EfficientNetV2B0 and MobileNetV2:
+    benchmarks/bench_espdl_v3.py)."""
+    keras.utils.set_random_seed(0)
+    model = keras.applications.MobileNetV3Small(weights=None, input_shape=(96, 96, 3))
+    data = np.random.default_rng(0).uniform(0, 255, (2, 96, 96, 3)).astype("float32")
+    record = tmp_path / "r.txt"
+    calibrate(model, data, record, algorithm="minmax")
+    out = tmp_path / "m.espdl"
+    res = export_espdl(model, record, out, format="espdl", target="esp32s3", test_input=data)
+    status = {x.name: x.status for x in res.layers}
+    assert {layer.name for layer in model.layers} - {"input_layer"} <= set(status)
+    assert "refused" not in status.values()
+    assert status["rescaling"] == "host"
+    back = read_espdl(out)
+    ops = {n.op_type for n in back.nodes}
+    assert {"HardSwish", "Mul", "Add", "Clip", "GlobalAveragePool", "Softmax"} <= ops
+    consts = [n for n in back.nodes if n.op_type == "Add" and n.inputs[1] in back.initializers]
+    assert consts  # x + 3.0: the constant at the Add's exponent
+    for node in consts:
+        e = back.value(node.outputs[0]).exponent
+        assert back.initializers[node.inputs[1]].data[0] * 2.0**e == 3.0
+    sim = simulate_espdl(back, None)
+    for t in back.test_outputs:
+        np.testing.assert_array_equal(sim.outputs[t.name], t.data)

@@ -293,6 +293,7 @@ class _Emitter:
         self.report: dict[str, V3Layer] = {}
         self.notes: list[str] = []
         self.inputs: list[str] = []
+        self.host: list[str] = []  # model inputs and the host-side layers right after them
         self.luts = 0
 
     # --- bookkeeping
@@ -435,7 +436,8 @@ class _Emitter:
                 self.refuse(layer, f"softmax axis {axis!r} has no channel-last equivalent")
                 return
             self._activation(layer, act, ins[0], axis=axis)
-        elif kind in _HOST_KINDS and layer.inputs and layer.inputs[0] in self.inputs:
+        elif kind in _HOST_KINDS and len(layer.inputs) == 1 and layer.inputs[0] in self.host:
+            self.host.append(layer.name)
             self.tensor_of[layer.name] = ins[0]
             self.done(layer, "host")
             self.notes.append(
@@ -471,6 +473,7 @@ class _Emitter:
         self._tensor(layer.name, found[0], found[1], shape, found[2])
         self.tensor_of[layer.name] = layer.name
         self.inputs.append(layer.name)
+        self.host.append(layer.name)
         self.done(layer, "exported")
 
     def _weights(self, chain: Chain) -> tuple[np.ndarray, np.ndarray | None]:
@@ -797,20 +800,44 @@ def _broadcast(em: _Emitter, layer: SourceLayer, ins: list[str]) -> list[int] | 
         return None
 
 
+def _operands(layer: SourceLayer, ins: list[str]) -> list[tuple[str | None, float]]:
+    """(tensor, None) or (None, scalar) per operand, in the call's order (``x + 3.0``)."""
+    scalars = {int(i): float(v) for i, v in layer.attrs.get("scalar_operands") or []}
+    tensors = iter(ins)
+    return [
+        (None, scalars[i]) if i in scalars else (next(tensors), 0.0)
+        for i in range(len(ins) + len(scalars))
+    ]
+
+
+def _constant(em: _Emitter, name: str, value: float, exp: int | None = None) -> str:
+    """A scalar operand as a one-element integer initializer (its own exponent if None)."""
+    if exp is None:
+        exp = auto_exponent([value], em.bits, name=name)
+    return em._init(name, em._quantize(np.array([value]), exp, em.dtype), exp)
+
+
 def _add_sub(em: _Emitter, layer: SourceLayer, ins: list[str]) -> None:
-    if len(ins) < 2:
-        em.refuse(layer, f"{layer.kind} of {len(ins)} input(s) (a constant operand?): not exported")
+    operands = _operands(layer, ins)
+    if len(operands) < 2:
+        em.refuse(layer, f"{layer.kind} of {len(operands)} operand(s): not exported")
         return
     shape = _broadcast(em, layer, ins)
     if shape is None:
         return
-    top = max(em.exps[t] for t in ins) + 1
-    e, src, rng = em._out_exp(layer, (top, "bound of the inputs' ranges (no calibrated range)"))
+    reach = sum(max(map(abs, em._range_of(t))) if t else abs(c) for t, c in operands)
+    top = em._range_exp(-reach, reach, layer.name)
+    e, src, rng = em._out_exp(layer, (top, "bound of the operands' ranges (no calibrated range)"))
     op = "Add" if layer.kind == "Add" else "Sub"
-    total = em._requant(ins[0], e, layer.name, 0)
-    for i, other in enumerate(ins[1:], start=1):
-        other = em._requant(other, e, layer.name, i)
-        out = layer.name if i == len(ins) - 1 else f"{layer.name}/partial_{i}"
+    parts = []
+    for i, (tensor, value) in enumerate(operands):
+        if tensor is None:  # in the output's exponent: the kernels add integers as they are
+            parts.append(_constant(em, f"{layer.name}/operand_{i}", value, e))
+        else:
+            parts.append(em._requant(tensor, e, layer.name, i))
+    total = parts[0]
+    for i, other in enumerate(parts[1:], start=1):
+        out = layer.name if i == len(parts) - 1 else f"{layer.name}/partial_{i}"
         em._node(out, op, [total, other], [out])
         em._tensor(out, e, src, shape, rng)
         total = out
@@ -819,18 +846,24 @@ def _add_sub(em: _Emitter, layer: SourceLayer, ins: list[str]) -> None:
 
 
 def _multiply(em: _Emitter, layer: SourceLayer, ins: list[str]) -> None:
-    if len(ins) != 2:
-        em.refuse(layer, f"Multiply of {len(ins)} input(s) (a constant operand?): not exported")
+    operands = _operands(layer, ins)
+    if len(operands) != 2:
+        em.refuse(layer, f"Multiply of {len(operands)} operand(s): the v3 Mul takes two")
         return
     shape = _broadcast(em, layer, ins)
     if shape is None:
         return
-    bound = em.exps[ins[0]] + em.exps[ins[1]] + em.bits - 1
+    parts = [
+        t if t is not None else _constant(em, f"{layer.name}/operand_{i}", c)
+        for i, (t, c) in enumerate(operands)
+    ]
+    exps = [em.exps[p] if p in em.exps else em.inits[p].exponent for p in parts]
+    bound = exps[0] + exps[1] + em.bits - 1
     e, src, rng = em._out_exp(layer, (bound, "bound of the product (no calibrated range)"))
-    em._node(layer.name, "Mul", ins, [layer.name])
+    em._node(layer.name, "Mul", parts, [layer.name])
     em._tensor(layer.name, e, src, shape, rng)
     em.tensor_of[layer.name] = layer.name
-    em.done(layer, "exported", [layer.name])
+    em.done(layer, "exported")
 
 
 def _concat(em: _Emitter, layer: SourceLayer, ins: list[str]) -> None:
@@ -1018,7 +1051,15 @@ def export_layers_v3(
     report = [em.report[x.name] for x in layers]
     refused = [x for x in report if x.status == "refused"]
     if refused and not skip_unsupported:
-        listing = "\n".join(f"  layer {x.name!r} ({x.kind}): {x.reason}" for x in refused)
+        roots = [x for x in refused if not x.reason.startswith(("reads ", "fused into "))]
+        listing = "\n".join(f"  layer {x.name!r} ({x.kind}): {x.reason}" for x in roots)
+        rest = [x.name for x in refused if x not in roots]
+        if rest:
+            more = f" and {len(rest) - 5} more" if len(rest) > 5 else ""
+            listing += (
+                f"\n  and {len(rest)} layer(s) that read or fuse into them: "
+                f"{', '.join(repr(n) for n in rest[:5])}{more}"
+            )
         raise ExportError(
             f"ESP-DL v3 export cannot take these layers (skip_unsupported leaves them out):\n"
             f"{listing}"
