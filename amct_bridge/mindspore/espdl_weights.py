@@ -332,7 +332,8 @@ def _translate(cell: Any, node: Node, graph: Graph) -> Translated:
     op, weights, attrs = _unsupported(f"{reason} ({hint})" if hint else reason)
     if isinstance(cell, nn.Softmax) and node.inputs:  # the ESP-DL v3 export reads the axis
         rank = len(graph.tensors[node.inputs[0]].shape)
-        axis = int(np.ravel(cell.axis)[0]) % rank if np.size(cell.axis) == 1 else None
+        value = cell.softmax.attrs.get("axis", -1)  # the primitive holds it: ops.Softmax(axis)
+        axis = int(np.ravel(value)[0]) % rank if np.size(value) == 1 else None
         attrs["axis"] = {2: {1: -1}, 4: {1: -1, 2: 1, 3: 2}}.get(rank, {}).get(axis, "nchw")
     return op, weights, attrs
 
