@@ -50,7 +50,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="an existing convert.py input directory (config.json + npy): print its preview "
         "(--preview) or write its C++ files (--cpp NAME, into --out or DIR)",
     )
-    parser.add_argument("--out", help="output directory (created; must not exist or be empty)")
+    parser.add_argument(
+        "--out",
+        "-o",
+        help="output directory (created; must not exist or be empty); --format espdl: the "
+        ".espdl file",
+    )
+    parser.add_argument(
+        "--format",
+        choices=("v1", "espdl"),
+        default="v1",
+        help="v1: ESP-DL v1 convert.py input (default); espdl: one ESP-DL v3 .espdl file",
+    )
+    parser.add_argument(
+        "--test-input",
+        metavar="X.npy",
+        help="--format espdl: float input whose first sample is embedded as the test input "
+        "(default: a seeded input inside the calibrated range)",
+    )
     parser.add_argument("--stats", help="calibration sidecar (default: <record>.calib.json)")
     parser.add_argument(
         "--feature-type", choices=("s8", "s16"), default="s8", help="int8 or int16 (default s8)"
@@ -64,10 +81,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--target",
-        choices=("esp32", "esp32s2", "esp32c3", "esp32s3"),
-        default="esp32",
+        choices=("esp32", "esp32s2", "esp32c3", "esp32s3", "esp32p4", "c"),
+        default=None,
         help="chip: element order in the preview and the convert.py command in export.json "
-        "(default: esp32)",
+        "(default: esp32); --format espdl: esp32s3 (default), esp32p4 or c",
     )
     parser.add_argument(
         "--skip-unsupported", action="store_true", help="leave out layers ESP-DL v1 cannot take"
@@ -88,6 +105,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _run_set(args: argparse.Namespace) -> int:
     """``--set DIR``: preview an existing convert.py input set, or write its C++ files."""
+    if args.format == "espdl" or args.target in ("esp32p4", "c"):
+        raise ExportError(
+            f"--set reads an ESP-DL v1 set: --format espdl / --target {args.target} do not apply"
+        )
+    args.target = args.target or "esp32"
     flags = {"--model": args.model, "--mindspore": args.mindspore, "--record": args.record}
     given = [flag for flag, value in {**flags, "--stats": args.stats}.items() if value]
     if given:
@@ -202,6 +224,45 @@ def _exporter(args: argparse.Namespace):
     return export_espdl, load_keras_model(args.model, unsafe=args.unsafe_load)
 
 
+def _run_v3(args: argparse.Namespace) -> int:
+    """``--format espdl``: write one ESP-DL v3 .espdl file."""
+    import numpy as np
+
+    if args.preview or args.cpp or args.granularity:
+        flag = "--preview" if args.preview else "--cpp" if args.cpp else "--granularity"
+        raise ExportError(f"{flag} is for --format v1 (the v3 file has per-tensor weights)")
+    target = args.target or "esp32s3"
+    if target not in ("esp32s3", "esp32p4", "c"):
+        raise ExportError(f"--target {target} is an ESP-DL v1 chip: use esp32s3, esp32p4 or c")
+    test_input = None
+    if args.test_input:
+        try:
+            test_input = np.load(args.test_input, allow_pickle=False)
+        except (OSError, ValueError) as err:
+            raise ExportError(f"{args.test_input}: cannot read the test input: {err}") from None
+    export_espdl, model = _exporter(args)
+    result = export_espdl(
+        model,
+        args.record,
+        args.out,
+        format="espdl",
+        stats=args.stats,
+        feature_type=args.feature_type,
+        target=target,
+        test_input=test_input,
+        skip_unsupported=args.skip_unsupported,
+        overwrite=args.overwrite,
+    )
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(f"wrote {result.path} ({target}, {args.feature_type}, {len(result.model.nodes)} nodes)")
+    for name, head in result.fused.items():
+        print(f"fused: {name} into {head}")
+    for problem in result.skipped:
+        print(f"skipped: {problem}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the export; returns the exit code."""
     from amct_bridge.espdl.v1.report import format_preview
@@ -221,6 +282,11 @@ def run(args: argparse.Namespace) -> int:
         raise ExportError("give --record and/or --stats: the exponents come from them")
     if args.record is not None and not Path(args.record).is_file():
         raise ExportError(f"{args.record}: record file not found")
+    if args.format == "espdl":
+        return _run_v3(args)
+    if args.target in ("esp32p4", "c"):
+        raise ExportError(f"--target {args.target} is an ESP-DL v3 target: add --format espdl")
+    args.target = args.target or "esp32"
     export_espdl, model = _exporter(args)
     result = export_espdl(
         model,

@@ -26,12 +26,14 @@ from typing import Any
 import keras
 import numpy as np
 
+from amct_bridge.errors import ExportError
 from amct_bridge.espdl import ExportResult, export
 from amct_bridge.espdl.source import SourceLayer
+from amct_bridge.espdl.v3.export import V3ExportResult, export_layers_v3
 from amct_bridge.graph.ir import Graph, Node
 from amct_bridge.keras.graph import extract_graph, find_layer
 from amct_bridge.keras.layers import class_name
-from amct_bridge.records.calibration import sidecar_path
+from amct_bridge.records.calibration import CalibrationStats, load_stats, sidecar_path
 from amct_bridge.records.model import Record
 
 #: Coefficient-free Keras layers the ESP-DL v1 runtime has -> whether the output exponent
@@ -116,7 +118,8 @@ def _activation(node: Node) -> tuple[str, dict]:
         return "leaky_relu", {"alpha": LEAKY_RELU_DEFAULT}
     if name == "linear":
         return "runtime", {"keeps_exponent": True}
-    return "unsupported", {"reason": f"activation {name!r}: ESP-DL v1 has no such layer"}
+    reason = f"activation {name!r}: ESP-DL v1 has no such layer"
+    return "unsupported", {"reason": reason, "activation": name}  # the v3 export reads it
 
 
 def _prelu(layer: Any) -> tuple[str, dict, dict]:
@@ -175,6 +178,14 @@ def _runtime_attrs(layer: Any, node: Node) -> dict:
             attrs[key] = tuple(int(v) for v in value) if key != "padding" else str(value)
     if "axis" in node.params:
         attrs["axis"] = int(node.params["axis"])
+    if "scalar_operands" in node.params:  # (position, value): x + 3.0 and the like
+        attrs["scalar_operands"] = list(node.params["scalar_operands"])
+    for key in ("keepdims", "interpolation", "size"):  # read by the ESP-DL v3 export
+        value = getattr(layer, key, None) if layer is not None else None
+        if isinstance(value, bool | str):
+            attrs[key] = value
+        elif value is not None:
+            attrs[key] = tuple(int(v) for v in np.ravel(value))
     return attrs
 
 
@@ -234,7 +245,12 @@ def _translate(layer: Any, node: Node) -> tuple[str, dict, dict]:
     if kind in HINTS:
         reason += f" ({HINTS[kind]})"
     # elementwise, shape-keeping input preprocessing: skipped, the host applies it
-    return "unsupported", {}, {"reason": reason, "host_input": kind in HOST_INPUT_KINDS}
+    attrs = {"reason": reason, "host_input": kind in HOST_INPUT_KINDS}
+    try:  # what the v3 export reads (UpSampling2D size, Softmax axis...), if it reads
+        extra = _runtime_attrs(layer, node)
+    except (TypeError, ValueError):
+        extra = {}
+    return "unsupported", {}, {**extra, **attrs}
 
 
 def _input_name(graph: Graph, tid: str) -> str:
@@ -292,17 +308,25 @@ def export_espdl(
     model: keras.Model,
     record: Record | str | os.PathLike | None,
     out_dir: str | os.PathLike | None,
+    *,
+    format: str = "v1",
     **options: Any,
-) -> ExportResult:
-    """Export a calibrated Keras model for ESP-DL v1: :func:`source_layers`, then the core's
-    :func:`amct_bridge.espdl.export` (which takes framework-free layers only).
+) -> ExportResult | V3ExportResult:
+    """Export a calibrated Keras model for ESP-DL v1 (default) or as an ESP-DL v3 ``.espdl``
+    file (``format="espdl"``): :func:`source_layers`, then the core's
+    :func:`amct_bridge.espdl.export` or :func:`amct_bridge.espdl.v3.export.export_layers_v3`
+    (which take framework-free layers only).
 
     Args:
         model: a built Functional or Sequential Keras 3 model.
         record: AMCT record (object or path); None to rely on the sidecar alone.
-        out_dir: directory to create (None: compute only, write nothing).
+        out_dir: v1: directory to create; ``format="espdl"``: the ``.espdl`` file to write
+            (None: compute only, write nothing).
+        format: ``"v1"`` (config.json + npy for convert.py) or ``"espdl"`` (ESP-DL v3).
         **options: :func:`amct_bridge.espdl.export`'s options (stats, feature_type,
-            granularity, target, skip_unsupported, overwrite, cpp).
+            granularity, target, skip_unsupported, overwrite, cpp); for ``"espdl"``:
+            stats, target (esp32s3, esp32p4, c), feature_type, test_input (float, the
+            model's input), seed, skip_unsupported, overwrite.
 
     Example:
         >>> from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange
@@ -329,4 +353,27 @@ def export_espdl(
         rekeyed = _by_keras_keys(model, record.layers)
         if rekeyed.keys() != record.layers.keys():
             record = Record(rekeyed, record.prune_records, flavor=record.flavor)
+    if format == "espdl":
+        return _export_v3(model, layers, record, out_dir, options)
+    if format != "v1":
+        raise ExportError(f"format {format!r}: expected 'v1' (convert.py set) or 'espdl' (v3)")
     return export(record, layers, out_dir, **options)
+
+
+def _export_v3(model: keras.Model, layers, record, out, options: dict) -> V3ExportResult:
+    """The v3 export; a test input goes through the host-side Rescaling/Normalization first."""
+    stats = options.pop("stats", None)
+    if stats is not None and not isinstance(stats, CalibrationStats):
+        stats = load_stats(stats)
+    test_input = options.pop("test_input", None)
+    host = [x for x in layers if x.kind in HOST_INPUT_KINDS and x.inputs == [layers[0].name]]
+    while host and test_input is not None:  # the chip's input is the host layers' output
+        layer = find_layer(model, host[0].name)
+        test_input = np.asarray(keras.ops.convert_to_numpy(layer(np.asarray(test_input)[:1])))
+        host = [x for x in layers if x.kind in HOST_INPUT_KINDS and x.inputs == [host[0].name]]
+    unknown = set(options) - {"target", "feature_type", "seed", "skip_unsupported", "overwrite"}
+    if unknown:
+        raise ExportError(f"format 'espdl' does not take {', '.join(sorted(unknown))}")
+    return export_layers_v3(
+        layers, out, record=record, stats=stats, test_input=test_input, **options
+    )

@@ -375,6 +375,15 @@ def _params(op: Any, knode: Any, graph: Graph, inputs: list[str]) -> dict[str, A
             for arg in knode.arguments._flat_arguments
             if not isinstance(arg, keras.KerasTensor) and np.ndim(arg) > 0
         )
+        # scalar operands (x + 3.0, x * (1 / 6) in MobileNetV3's hard_sigmoid) and their
+        # position among the operands: the ESP-DL v3 export writes them as constants
+        scalars = [
+            (i, float(arg))
+            for i, arg in enumerate(knode.arguments._flat_arguments)
+            if isinstance(arg, int | float | np.number) and not isinstance(arg, bool)
+        ]
+        if scalars:
+            params["scalar_operands"] = scalars
     return params
 
 

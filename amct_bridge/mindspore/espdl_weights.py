@@ -42,6 +42,7 @@ from mindspore import nn
 from amct_bridge.errors import ExportError
 from amct_bridge.espdl import ExportResult, export
 from amct_bridge.espdl.source import SourceLayer
+from amct_bridge.espdl.v3.export import V3ExportResult, export_layers_v3
 from amct_bridge.graph.ir import Graph, Node
 from amct_bridge.mindspore.graph import extract_graph
 from amct_bridge.mindspore.weights import batch_norm_params, bias_of, kernel_of
@@ -328,7 +329,13 @@ def _translate(cell: Any, node: Node, graph: Graph) -> Translated:
     own = type(cell).__module__.startswith("mindspore.")
     reason = f"{'MindSpore nn.' if own else 'cell class '}{name} has no ESP-DL v1 equivalent"
     hint = HINTS.get(kind if kind in HINTS else name)
-    return _unsupported(f"{reason} ({hint})" if hint else reason)
+    op, weights, attrs = _unsupported(f"{reason} ({hint})" if hint else reason)
+    if isinstance(cell, nn.Softmax) and node.inputs:  # the ESP-DL v3 export reads the axis
+        rank = len(graph.tensors[node.inputs[0]].shape)
+        value = cell.softmax.attrs.get("axis", -1)  # the primitive holds it: ops.Softmax(axis)
+        axis = int(np.ravel(value)[0]) % rank if np.size(value) == 1 else None
+        attrs["axis"] = {2: {1: -1}, 4: {1: -1, 2: 1, 3: 2}}.get(rank, {}).get(axis, "nchw")
+    return op, weights, attrs
 
 
 def _input_name(graph: Graph, tid: str) -> str:
@@ -412,20 +419,25 @@ def export_espdl(
     *,
     sample_input: Any,
     stats: CalibrationStats | str | os.PathLike | None = None,
+    format: str = "v1",
     **options: Any,
-) -> ExportResult:
-    """Export a calibrated MindSpore network for ESP-DL v1: :func:`source_layers`, then the
-    core's :func:`amct_bridge.espdl.export`. Coefficients are NHWC (the chip's layout) also for
-    NCHW networks; the chip takes its input as ``(H, W, C)``.
+) -> ExportResult | V3ExportResult:
+    """Export a calibrated MindSpore network for ESP-DL v1 (default) or as an ESP-DL v3
+    ``.espdl`` file (``format="espdl"``): :func:`source_layers`, then the core's
+    :func:`amct_bridge.espdl.export` or :func:`amct_bridge.espdl.v3.export.export_layers_v3`.
+    Coefficients are NHWC (the chip's layout) also for NCHW networks; the chip takes its input
+    as ``(H, W, C)`` (a v3 ``test_input`` is given NCHW, as the network takes it).
 
     Args:
         net: the network (record keys and sidecar keys are its ``cells_and_names()`` names).
         record: AMCT record (MindSpore or inner flavor; object or path); None: sidecar only.
-        out_dir: directory to create (None: compute only, write nothing).
+        out_dir: v1: directory to create; ``"espdl"``: the file (None: compute only).
         sample_input: input shape (``(1, 3, 16, 16)``), array or Tensor, for the graph.
         stats: calibration sidecar (object or path); default ``<record>.calib.json``.
+        format: ``"v1"`` or ``"espdl"`` (ESP-DL v3).
         **options: :func:`amct_bridge.espdl.export`'s options (feature_type, granularity,
-            target, skip_unsupported, overwrite, cpp).
+            target, skip_unsupported, overwrite, cpp); for ``"espdl"``: target, feature_type,
+            test_input, seed, skip_unsupported, overwrite.
 
     Example:
         >>> from mindspore import nn
@@ -450,4 +462,16 @@ def export_espdl(
                 f"record keys that are not cells of {type(net).__name__} (is this the network the "
                 f"record was made for?): {listing}"
             )
-    return export(record, layers, out_dir, stats=_call_sites(stats, layers), **options)
+    stats = _call_sites(stats, layers)
+    if format == "espdl":
+        test_input = options.pop("test_input", None)
+        if test_input is not None:
+            test_input = np.asarray(test_input)
+            if test_input.ndim == 4:  # NCHW -> the chip's NHWC
+                test_input = test_input.transpose(0, 2, 3, 1)
+        return export_layers_v3(
+            layers, out_dir, record=record, stats=stats, test_input=test_input, **options
+        )
+    if format != "v1":
+        raise ExportError(f"format {format!r}: expected 'v1' (convert.py set) or 'espdl' (v3)")
+    return export(record, layers, out_dir, stats=stats, **options)

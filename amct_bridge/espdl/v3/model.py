@@ -294,3 +294,37 @@ def filter_nhwc(tensor: Tensor, group: int, target: str) -> np.ndarray:
     else:
         rest = rest.reshape(ksize, n - aligned).T[..., None]
     return np.concatenate([head, rest], 0).reshape(n, *kernel, c)
+
+
+def filter_file_order(nhwc: np.ndarray, group: int, target: str) -> tuple[np.ndarray, str]:
+    """``(stored tensor, layout note)`` of a filter given as ``[N, *kernel, C]``: the inverse of
+    :func:`filter_nhwc`, in esp-ppq's order for ``target`` (``ResetParamLayoutPattern``).
+
+    The result is shaped as the file's ``dims``: ``[*kernel, C, N]`` (depthwise ``group > 1``:
+    ``[*kernel, N, 1]``); its elements are in the target's order (blocks of 16 output channels
+    for int8, 8 for int16 on esp32s3 / esp32p4, the rest plain; ``c``: plain).
+
+    Example:
+        >>> w = np.arange(2 * 3, dtype=np.int8).reshape(2, 1, 1, 3)  # N=2, 1x1, C=3
+        >>> stored, note = filter_file_order(w, 1, "c")
+        >>> stored.shape, note, filter_nhwc(Tensor("w", stored), 1, "c").tolist() == w.tolist()
+        ((1, 1, 3, 2), 'NHWC', True)
+    """
+    n, *kernel, c = nhwc.shape
+    dims = [*kernel, c, n] if group == 1 else [*kernel, n, 1]
+    spatial = "HW" if len(kernel) == 2 else "W"
+    if target == "c":
+        if group == 1:
+            return nhwc.reshape(dims), f"N{spatial}C"
+        return np.ascontiguousarray(np.moveaxis(nhwc[..., 0], 0, -1)).reshape(dims), f"{spatial}CN"
+    block = 16 if nhwc.dtype.itemsize == 1 else 8
+    aligned = n // block * block
+    flat = nhwc.reshape(n, -1)
+    size = flat.shape[1]
+    head = flat[:aligned].reshape(aligned // block, block, size).transpose(0, 2, 1).reshape(-1)
+    rest = flat[aligned:]
+    if group != 1:  # depthwise remainder: kernel-major, channel last
+        rest = rest.T
+    stored = np.concatenate([head, rest.reshape(-1)]).reshape(dims)
+    note = f"N{block}{spatial}C{block}" + ("_UNALIGNED" if aligned != n else "")
+    return stored, note
