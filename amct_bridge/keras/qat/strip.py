@@ -22,7 +22,7 @@ from __future__ import annotations
 import keras
 
 from amct_bridge.errors import QuantError
-from amct_bridge.keras.qat_layers import FoldedBatchNorm, QATObserve, QATQuant
+from amct_bridge.keras.qat.layers import FoldedBatchNorm, QATObserve, QATQuant
 from amct_bridge.keras.rewrite import plain_copy
 
 __all__ = ["strip_qat"]
