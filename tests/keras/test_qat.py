@@ -389,3 +389,42 @@ def test_keras_fake_quant_is_the_core_formula(bits, symmetric):
         np_fq(k, np_arq_per_tensor(k, bits), 0, bits),
         atol=1e-7,
     )
+
+
+@pytest.mark.parametrize("kind", ["functional", "sequential"])
+def test_strip_qat_carries_no_optimizer_state(kind, tmp_path):
+    """issue 23: the deployable model has the layers' weights only, not the QAT optimizer's."""
+    import zipfile
+
+    import h5py
+
+    if kind == "functional":
+        x = keras.Input((4, 4, 1))
+        y = keras.layers.BatchNormalization(name="bn")(keras.layers.Conv2D(2, 1, name="c")(x))
+        model = keras.Model(x, keras.layers.Dense(3, name="fc")(keras.layers.Flatten()(y)))
+    else:
+        model = keras.Sequential(
+            [
+                keras.Input((4, 4, 1)),
+                keras.layers.Conv2D(2, 1, name="c"),
+                keras.layers.Flatten(),
+                keras.layers.Dense(3, name="fc"),
+            ]
+        )
+    qat = quantize_aware(model)
+    qat.compile(optimizer="adam", loss="mse")
+    qat.fit(np.ones((8, 4, 4, 1), "float32"), np.zeros((8, 3), "float32"), verbose=0)
+    assert qat.optimizer.variables  # the QAT model has optimizer state to leave behind
+    stripped = strip_qat(qat)
+    assert not stripped.compiled and getattr(stripped, "optimizer", None) is None
+    assert sorted("/".join(v.path.split("/")[-2:]) for v in stripped.variables) == [
+        "c/bias",
+        "c/kernel",
+        "fc/bias",
+        "fc/kernel",
+    ]
+    stripped.save(tmp_path / "deploy.keras")
+    with zipfile.ZipFile(tmp_path / "deploy.keras") as z, z.open("model.weights.h5") as f:
+        groups = list(h5py.File(f).keys())
+    assert "optimizer" not in groups, groups
+    assert qat.compiled  # the QAT model keeps training
