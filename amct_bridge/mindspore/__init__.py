@@ -19,7 +19,9 @@ first used.
 - ``evaluate_espdl(export_dir, net, x, y, record=None)``: float, fake-quant and simulated-chip
   accuracy and per-layer chip error (:mod:`amct_bridge.mindspore.espdl_eval`);
 - ``replace_relu6(net)``: a copy with ReLU6 cells as ReLU, for ESP-DL v1
-  (:mod:`amct_bridge.mindspore.relu6`).
+  (:mod:`amct_bridge.mindspore.relu6`);
+- ``quantize_aware(net, dst_type, ...)``, ``qat_record``, ``save_qat_record(qat, path)``,
+  ``strip_qat(qat)``: quantization-aware training (:mod:`amct_bridge.mindspore.qat`).
 
 Example:
     >>> import amct_bridge.mindspore as ams
@@ -45,6 +47,10 @@ _LAZY = {
     "quant_report": "amct_bridge.mindspore.report",
     "evaluate_espdl": "amct_bridge.mindspore.espdl_eval",
     "replace_relu6": "amct_bridge.mindspore.relu6",
+    "quantize_aware": "amct_bridge.mindspore.qat.model",
+    "qat_record": "amct_bridge.mindspore.qat.model",
+    "save_qat_record": "amct_bridge.mindspore.qat.model",
+    "strip_qat": "amct_bridge.mindspore.qat.strip",
 }
 
 __all__ = sorted(_LAZY)

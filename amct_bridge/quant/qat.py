@@ -89,7 +89,7 @@ def ema_update(
     if first:
         return float(f(batch_lo)), float(f(batch_hi))
     d = f(decay)
-    one = f(1.0) - d
+    one = f(1.0 - decay)  # the graphs multiply by the constant (1 - decay), rounded once
     return float(d * f(lo) + one * f(batch_lo)), float(d * f(hi) + one * f(batch_hi))
 
 
