@@ -18,7 +18,7 @@ import keras
 import numpy as np
 
 from amct_bridge.errors import QuantError
-from amct_bridge.keras.fake_quant import layer_spec
+from amct_bridge.keras.qat.fake_quant import layer_spec
 from amct_bridge.keras.plan import batchnorm_chains, walk_layers
 
 

@@ -52,7 +52,7 @@ from amct_bridge.calibration.simulate import (
     simulated_kernel,
 )
 from amct_bridge.errors import RecordError
-from amct_bridge.keras.fake_quant import (
+from amct_bridge.keras.qat.fake_quant import (
     divide_exact,
     fake_quant,
     finish,

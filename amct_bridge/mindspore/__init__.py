@@ -21,7 +21,9 @@ first used.
 - ``replace_relu6(net)``: a copy with ReLU6 cells as ReLU, for ESP-DL v1
   (:mod:`amct_bridge.mindspore.relu6`);
 - ``SelectivePruneCallback(record_path, masks=None)``: 2:4 masks kept through ``Model.train``,
-  and their ``selective_prune`` record (:mod:`amct_bridge.mindspore.selective_prune_callback`).
+  and their ``selective_prune`` record (:mod:`amct_bridge.mindspore.selective_prune_callback`);
+- ``quantize_aware(net, dst_type, ...)``, ``qat_record``, ``save_qat_record(qat, path)``,
+  ``strip_qat(qat)``: quantization-aware training (:mod:`amct_bridge.mindspore.qat`).
 
 Data-parallel runs: :mod:`amct_bridge.mindspore.distributed` (``current()``, ``Group.gather``)
 and the framework-free merge, :mod:`amct_bridge.calibration.merge`.
@@ -51,6 +53,10 @@ _LAZY = {
     "evaluate_espdl": "amct_bridge.mindspore.espdl_eval",
     "replace_relu6": "amct_bridge.mindspore.relu6",
     "SelectivePruneCallback": "amct_bridge.mindspore.selective_prune_callback",
+    "quantize_aware": "amct_bridge.mindspore.qat.model",
+    "qat_record": "amct_bridge.mindspore.qat.model",
+    "save_qat_record": "amct_bridge.mindspore.qat.model",
+    "strip_qat": "amct_bridge.mindspore.qat.strip",
 }
 
 __all__ = sorted(_LAZY)

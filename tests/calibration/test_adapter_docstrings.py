@@ -9,9 +9,9 @@ import pytest
 MODULES = [
     "amct_bridge.keras.espdl_weights",
     "amct_bridge.keras.instrument_buffers",
-    "amct_bridge.keras.qat_layers",
-    "amct_bridge.keras.qat_sidecar",
-    "amct_bridge.keras.qat_strip",
+    "amct_bridge.keras.qat.layers",
+    "amct_bridge.keras.qat.sidecar",
+    "amct_bridge.keras.qat.strip",
     "amct_bridge.keras.record_builder",
 ]
 

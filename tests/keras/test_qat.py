@@ -359,3 +359,72 @@ def test_strip_sequential_and_nested_models_drop_folded_bn():
     np.testing.assert_allclose(
         stripped.predict(x, verbose=0), model.predict(x, verbose=0), rtol=1e-4, atol=1e-4
     )
+
+
+@pytest.mark.parametrize("bits,symmetric", [(8, False), (4, False), (4, True)])
+def test_keras_fake_quant_is_the_core_formula(bits, symmetric):
+    """The in-graph ops (keras.qat.fake_quant) compute amct_bridge.quant.qat's numpy reference,
+    which the MindSpore QAT cells mirror too; the reference is checked by hand (np_fq)."""
+    from amct_bridge.keras.qat import fake_quant as kfq
+    from amct_bridge.quant import qat as core
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(0, 2, 500).astype("float32")
+    lo, hi = -1.7, 2.9
+    want = core.fake_quant_range(x, lo, hi, bits, symmetric=symmetric)
+    got = np.asarray(
+        kfq.fake_quant_range(x, np.float32(lo), np.float32(hi), bits, symmetric=symmetric)
+    )
+    np.testing.assert_array_equal(got, want)
+    if not symmetric:
+        scale, offset = np_range_factors(lo, hi, bits)
+        np.testing.assert_allclose(want, np_fq(x, scale, offset, bits), atol=1e-6)
+    k = rng.normal(0, 1, (3, 3, 4, 5)).astype("float32")
+    for cw in (True, False):
+        want_k = core.arq_fake_quant(k, "HWIO", bits, channel_wise=cw)
+        got_k = np.asarray(kfq.arq_fake_quant(k, "HWIO", bits, channel_wise=cw))
+        np.testing.assert_array_equal(got_k, want_k)
+    np.testing.assert_allclose(
+        core.arq_fake_quant(k, "HWIO", bits, channel_wise=False),
+        np_fq(k, np_arq_per_tensor(k, bits), 0, bits),
+        atol=1e-7,
+    )
+
+
+@pytest.mark.parametrize("kind", ["functional", "sequential"])
+def test_strip_qat_carries_no_optimizer_state(kind, tmp_path):
+    """issue 23: the deployable model has the layers' weights only, not the QAT optimizer's."""
+    import zipfile
+
+    import h5py
+
+    if kind == "functional":
+        x = keras.Input((4, 4, 1))
+        y = keras.layers.BatchNormalization(name="bn")(keras.layers.Conv2D(2, 1, name="c")(x))
+        model = keras.Model(x, keras.layers.Dense(3, name="fc")(keras.layers.Flatten()(y)))
+    else:
+        model = keras.Sequential(
+            [
+                keras.Input((4, 4, 1)),
+                keras.layers.Conv2D(2, 1, name="c"),
+                keras.layers.Flatten(),
+                keras.layers.Dense(3, name="fc"),
+            ]
+        )
+    qat = quantize_aware(model)
+    qat.compile(optimizer="adam", loss="mse")
+    qat.fit(np.ones((8, 4, 4, 1), "float32"), np.zeros((8, 3), "float32"), verbose=0)
+    assert qat.optimizer.variables  # the QAT model has optimizer state to leave behind
+    stripped = strip_qat(qat)
+    assert not stripped.compiled and getattr(stripped, "optimizer", None) is None
+    assert sorted("/".join(v.path.split("/")[-2:]) for v in stripped.variables) == [
+        "c/bias",
+        "c/kernel",
+        "fc/bias",
+        "fc/kernel",
+    ]
+    stripped.save(tmp_path / "deploy.keras")
+    with zipfile.ZipFile(tmp_path / "deploy.keras") as z, z.open("model.weights.h5") as f:
+        groups = list(h5py.File(f).keys())
+    assert "optimizer" not in groups, groups
+    assert qat.compiled  # the QAT model keeps training

@@ -376,7 +376,7 @@ def test_tf_op_keyed_record_simulates_like_the_keras_keyed_one(tmp_path):
 @pytest.mark.parametrize(
     "name",
     [
-        "amct_bridge.keras.fake_quant",
+        "amct_bridge.keras.qat.fake_quant",
         "amct_bridge.keras.rewrite",
         "amct_bridge.keras.simulate",
         "amct_bridge.keras.qat",

@@ -6,8 +6,8 @@ Workflow (AMCT's create_quant_retrain_model / save_quant_retrain_model, in Keras
     qat.compile(optimizer="adam", loss=..., metrics=[...])
     qat.fit(x, y, epochs=3)                          # fake-quantized forward, STE backward
     save_qat_record(qat, "record.txt")               # scale_d/offset_d, scale_w/offset_w, dst_type
-                                                     # + record.txt.calib.json (qat_sidecar)
-    deployable = strip_qat(qat)                      # plain Keras model, BN folded away (qat_strip)
+                                                     # + record.txt.calib.json (qat.sidecar)
+    deployable = strip_qat(qat)                      # plain Keras model, BN folded away (qat.strip)
     export_espdl(deployable, "record.txt", "out")    # ESP-DL v1 (amct_bridge.keras.export_espdl)
 
 In the forward pass every quantizable layer (Conv2D, DepthwiseConv2D, Conv2DTranspose, Dense,
@@ -46,12 +46,13 @@ import os
 import keras
 import numpy as np
 
+from amct_bridge.calibration.qat import write_qat_outputs
 from amct_bridge.errors import QuantError
-from amct_bridge.keras.fake_quant import layer_spec
 from amct_bridge.keras.layers import is_activation, is_batch_norm, is_runtime
-from amct_bridge.keras.qat_layers import RANGE_MODES, FoldedBatchNorm, QATObserve, QATQuant
-from amct_bridge.keras.qat_sidecar import qat_stats
-from amct_bridge.keras.qat_strip import strip_qat
+from amct_bridge.keras.qat.fake_quant import layer_spec
+from amct_bridge.keras.qat.layers import RANGE_MODES, FoldedBatchNorm, QATObserve, QATQuant
+from amct_bridge.keras.qat.sidecar import qat_stats
+from amct_bridge.keras.qat.strip import strip_qat
 from amct_bridge.keras.rewrite import (
     batchnorm_after,
     clone_with,
@@ -60,6 +61,7 @@ from amct_bridge.keras.rewrite import (
     quantizable_layers,
 )
 from amct_bridge.quant.fold import fold_batchnorm
+from amct_bridge.quant.qat import check_options
 from amct_bridge.records.model import Record
 
 __all__ = [
@@ -107,7 +109,7 @@ def quantize_aware(
     Example:
         >>> qat = quantize_aware(model, dst_type="INT4", skip_layers=["logits"])  # doctest: +SKIP
     """
-    QATQuant(keras.layers.Dense(1), dst_type, activation_range, ema_decay)  # validate options
+    check_options(dst_type, activation_range, ema_decay)
     layers = quantizable_layers(model)
     unknown = sorted(set(skip_layers) - set(layers))
     if unknown:
@@ -225,14 +227,5 @@ def save_qat_record(qat_model: keras.Model, path: str | os.PathLike) -> Record:
         >>> save_qat_record(qat, "qat_record.txt")  # doctest: +SKIP
         >>> export_espdl(strip_qat(qat), "qat_record.txt", "espdl_out")  # doctest: +SKIP
     """
-    from amct_bridge.calibration.records import Built, write_outputs
-    from amct_bridge.errors import ValidationError
-    from amct_bridge.records import dumps, validate
-
     record = qat_record(qat_model)
-    problems = validate(record)
-    if problems:
-        raise ValidationError(problems)
-    stats = qat_stats(qat_model)
-    write_outputs(Built(record, dumps(record, record.flavor), stats), path)
-    return record
+    return write_qat_outputs(record, qat_stats(qat_model), path, what=f"model {qat_model.name!r}")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import keras
 
 from amct_bridge.errors import QuantError
-from amct_bridge.keras.qat_layers import FoldedBatchNorm, QATObserve, QATQuant
+from amct_bridge.keras.qat.layers import FoldedBatchNorm, QATObserve, QATQuant
 from amct_bridge.keras.rewrite import plain_copy
 
 __all__ = ["strip_qat"]
@@ -36,7 +36,9 @@ def strip_qat(qat_model: keras.Model) -> keras.Model:
     statistics being already in the preceding layer's kernel and bias. The copy computes the
     QAT model's float (not fake-quantized) function, holds only stock Keras layers (it saves
     and loads without amct_bridge), and ``simulate(strip_qat(qat), qat_record(qat))`` computes
-    what the QAT model computes in inference. The QAT model is not modified.
+    what the QAT model computes in inference. It is not compiled: no optimizer, loss or
+    optimizer state of the QAT model comes along (compile it to train it further). The QAT
+    model is not modified.
 
     Raises:
         QuantError: a subclassed model (only Sequential and functional models are rebuilt).
@@ -80,9 +82,15 @@ def _strip(model: keras.Model, pairs: list) -> keras.Model:
         return op(*args, **kwargs)
 
     try:
-        return keras.models.clone_model(model, clone_function=clone, call_function=call)
+        stripped = keras.models.clone_model(model, clone_function=clone, call_function=call)
     except ValueError as err:
         raise QuantError(
             f"model {model.name!r} ({type(model).__name__}) cannot be rebuilt without its QAT "
             f"layers: {err}"
         ) from None
+    if stripped.compiled:
+        # clone_model compiles the clone like a compiled original: a new optimizer from the QAT
+        # model's compile config, whose slots would then be saved with the deployable model.
+        # A model over the same layers is not compiled: weights only.
+        stripped = keras.Model(stripped.inputs, stripped.outputs, name=model.name)
+    return stripped

@@ -19,17 +19,16 @@ import numpy as np
 from keras import ops
 
 from amct_bridge.errors import QuantError
-from amct_bridge.keras.fake_quant import (
+from amct_bridge.keras.qat.fake_quant import (
     arq_fake_quant,
-    arq_scale,
     fake_quant_range,
     finish,
     layer_spec,
 )
-from amct_bridge.quant.factors import activation_factors, bits_of
+from amct_bridge.quant.qat import RANGE_MODES, check_options, layer_factors
 from amct_bridge.records.model import LayerFactors
 
-RANGE_MODES = ("ema", "learned")
+__all__ = ["RANGE_MODES", "FoldedBatchNorm", "QATObserve", "QATQuant"]
 
 
 @keras.saving.register_keras_serializable(package="amct_bridge")
@@ -164,16 +163,8 @@ class QATQuant(keras.layers.Wrapper):
         **kwargs,
     ):
         super().__init__(layer, **kwargs)
-        if dst_type not in ("INT8", "INT4"):
-            raise QuantError(f"dst_type must be 'INT8' or 'INT4', got {dst_type!r}")
-        if activation_range not in RANGE_MODES:
-            raise QuantError(
-                f"activation_range must be one of {RANGE_MODES}, got {activation_range!r}"
-            )
-        if not 0.0 <= ema_decay < 1.0:
-            raise QuantError(f"ema_decay must be in [0, 1), got {ema_decay}")
+        self.bits = check_options(dst_type, activation_range, ema_decay)
         self.dst_type = dst_type
-        self.bits = bits_of(dst_type)
         self.activation_range = activation_range
         self.ema_decay = float(ema_decay)
         self.activation_offset = bool(activation_offset)
@@ -191,7 +182,7 @@ class QATQuant(keras.layers.Wrapper):
         )
         self.ranges = {name: add_range_weights(self, name, trainable=trainable) for name in names}
         # The output range is only observed (EMA, never a clip): the ESP-DL export needs it in
-        # the sidecar (a chain output feeding an Add, the model output); see qat_sidecar.
+        # the sidecar (a chain output feeding an Add, the model output); see qat.sidecar.
         self.output_range = add_range_weights(self, "output", trainable=False)
 
     def call(self, inputs, training=None):
@@ -247,27 +238,26 @@ class QATQuant(keras.layers.Wrapper):
         }
 
     def factors(self, key: str) -> dict[str, LayerFactors]:
-        """Record entries of this layer (one per part; SeparableConv2D has two), keyed."""
+        """Record entries of this layer (one per part; SeparableConv2D has two), keyed
+        (:func:`amct_bridge.quant.qat.layer_factors`)."""
         entries = {}
         attrs = [attr for attr, _ in self.spec.kernels]
         parts = list(zip(("input", "mid"), attrs, strict=False))
+        cw = self.channel_wise and self.spec.channel_wise
         for i, (name, attr) in enumerate(parts or [("input", None)]):
             lo, hi, seen = (float(np.asarray(v)) for v in self.ranges[name])
-            if seen <= 0:
-                raise QuantError(
-                    f"layer {key!r}: its {name} range was never observed; run fit on data first"
-                )
-            scale_d, offset_d = activation_factors(
-                lo, hi, self.bits, symmetric=not self.activation_offset, name=f"{key} {name}"
+            layout = dict(self.spec.kernels).get(attr)
+            entries[self.spec.key(key, i)] = layer_factors(
+                key,
+                lo,
+                hi,
+                seen,
+                self.bits,
+                None if attr is None else np.asarray(getattr(self.layer, attr), np.float32),
+                layout,
+                channel_wise=cw,
+                symmetric=not self.activation_offset,
+                skip_fusion=bool(self.skip_fusion) and attr == self.spec.kernels[-1][0],
+                part=name,
             )
-            f = LayerFactors(scale_d=scale_d, offset_d=offset_d, dst_type=self.dst_type)
-            if attr is not None:
-                layout = dict(self.spec.kernels)[attr]
-                cw = self.channel_wise and self.spec.channel_wise
-                scale = arq_scale(getattr(self.layer, attr), layout, self.bits, channel_wise=cw)
-                f.scale_w = [float(s) for s in np.asarray(scale, np.float32).reshape(-1)]
-                f.offset_w = [0] * len(f.scale_w)
-                if self.skip_fusion and attr == self.spec.kernels[-1][0]:
-                    f.skip_fusion = True
-            entries[self.spec.key(key, i)] = f
         return entries

@@ -35,17 +35,17 @@ from __future__ import annotations
 import keras
 import numpy as np
 
+from amct_bridge.calibration.qat import algorithm_name, clipped, tensor_range
 from amct_bridge.errors import QuantError
 from amct_bridge.keras.layers import class_name
-from amct_bridge.keras.qat_layers import FoldedBatchNorm, QATObserve, QATQuant
+from amct_bridge.keras.qat.layers import FoldedBatchNorm, QATObserve, QATQuant
 from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange
 
 __all__ = ["qat_stats"]
 
 
 def _range(variables) -> TensorRange | None:
-    lo, hi, seen = (float(np.asarray(v)) for v in variables)
-    return TensorRange(lo, hi) if seen > 0 else None
+    return tensor_range(*(float(np.asarray(v)) for v in variables))
 
 
 def _producers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
@@ -58,15 +58,6 @@ def _producers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
             if op is not None and not isinstance(op, keras.layers.InputLayer):
                 found.append(op)
     return found
-
-
-def _clipped(observed: TensorRange | None, clip: TensorRange | None) -> TensorRange | None:
-    """The clip range a quantized reader uses for this tensor, with the EMA as observed."""
-    if clip is None:
-        return observed
-    if observed is None:
-        return clip
-    return TensorRange(clip.min, clip.max, observed.min, observed.max)
 
 
 def qat_stats(qat_model: keras.Model) -> CalibrationStats:
@@ -84,8 +75,7 @@ def qat_stats(qat_model: keras.Model) -> CalibrationStats:
     found = _collect(qat_model, "", stats)
     if not found:
         raise QuantError(f"model {qat_model.name!r} has no QAT layer: use quantize_aware(model)")
-    modes = sorted({layer.activation_range for layer in found})
-    stats.algorithm = "qat-" + ",".join(modes)
+    stats.algorithm = algorithm_name({layer.activation_range for layer in found})
     stats.batches = max(int(np.asarray(layer.ranges["input"][2])) for layer in found)
     return stats
 
@@ -109,15 +99,15 @@ def _collect(model: keras.Model, prefix: str, stats: CalibrationStats) -> list[Q
             continue
         if isinstance(layer, QATQuant):
             found.append(layer)
-            outputs[id(layer)] = _clipped(_range(layer.output_range), clip_of.get(id(layer)))
+            outputs[id(layer)] = clipped(_range(layer.output_range), clip_of.get(id(layer)))
             _quant_entries(layer, key, outputs[id(layer)], stats)
         elif isinstance(layer, FoldedBatchNorm):
             folded = _producers(layer)
             own = outputs.get(id(folded[0])) if folded else None
-            outputs[id(layer)] = _clipped(own, clip_of.get(id(layer)))
+            outputs[id(layer)] = clipped(own, clip_of.get(id(layer)))
             stats.layers[key] = LayerStats("BatchNormalization", output=outputs[id(layer)])
         elif isinstance(layer, QATObserve):
-            outputs[id(layer)] = _clipped(_range(layer.output_range), clip_of.get(id(layer)))
+            outputs[id(layer)] = clipped(_range(layer.output_range), clip_of.get(id(layer)))
             stats.layers[key] = LayerStats(class_name(layer.layer), output=outputs[id(layer)])
     return found
 

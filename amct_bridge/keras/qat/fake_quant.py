@@ -18,7 +18,7 @@ fake-quantized ones (:data:`LAYER_OPS`).
 
 Example:
     >>> import numpy as np
-    >>> from amct_bridge.keras.fake_quant import fake_quant
+    >>> from amct_bridge.keras.qat.fake_quant import fake_quant
     >>> x = np.array([0.0, 0.26, 1.0], "float32")
     >>> np.asarray(fake_quant(x, 0.5, 0, 4)).tolist()
     [0.0, 0.5, 1.0]

@@ -1,0 +1,49 @@
+"""Quantization-aware training for Keras (docs/qat.md), the counterpart of
+:mod:`amct_bridge.mindspore.qat`.
+
+Modules: ``model`` (:func:`quantize_aware`, :func:`qat_record`, :func:`save_qat_record`),
+``layers`` (the QATQuant / QATObserve / FoldedBatchNorm layers), ``sidecar``
+(:func:`qat_stats`), ``strip`` (:func:`strip_qat`) and ``fake_quant`` (the in-graph quantize ->
+dequantize ops and per-layer table, shared with :mod:`amct_bridge.keras.simulate`). The math
+both adapters share is in :mod:`amct_bridge.quant.qat` and :mod:`amct_bridge.calibration.qat`.
+
+The names below are loaded on first use: ``fake_quant`` is imported by modules that
+``model`` itself imports (``amct_bridge.keras.rewrite``), so an eager import here would be a
+cycle.
+
+Example:
+    >>> from amct_bridge.keras.qat import quantize_aware
+    >>> quantize_aware.__module__
+    'amct_bridge.keras.qat.model'
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "RANGE_MODES": "amct_bridge.keras.qat.layers",
+    "FoldedBatchNorm": "amct_bridge.keras.qat.layers",
+    "QATObserve": "amct_bridge.keras.qat.layers",
+    "QATQuant": "amct_bridge.keras.qat.layers",
+    "qat_record": "amct_bridge.keras.qat.model",
+    "quantize_aware": "amct_bridge.keras.qat.model",
+    "save_qat_record": "amct_bridge.keras.qat.model",
+    "qat_stats": "amct_bridge.keras.qat.sidecar",
+    "strip_qat": "amct_bridge.keras.qat.strip",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'amct_bridge.keras.qat' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,0 +1,409 @@
+"""Quantization-aware training for MindSpore ``Model.train``, writing AMCT's QAT record
+(docs/qat.md, docs/mindspore.md "Quantization-aware training").
+
+Workflow (AMCT's create_quant_retrain_model / save_quant_retrain_model in MindSpore terms)::
+
+    qat = quantize_aware(net, "INT4", sample_input=(1, 1, 8, 8))  # a copy; `net` unchanged
+    model = Model(qat, loss, nn.Momentum(qat.trainable_params(), 0.01, 0.9))
+    model.train(3, dataset)                     # fake-quantized forward, STE backward
+    save_qat_record(qat, "qat.txt")             # record + qat.txt.calib.json
+    plain = strip_qat(qat)                      # the net's own classes, trained folded weights
+    export_espdl(plain, "qat.txt", "out", sample_input=(1, 1, 8, 8))
+
+Quantized cells (``nn.Conv2d`` group 1 and depthwise, ``nn.Dense``, ``nn.Conv2dTranspose``,
+``nn.AvgPool2d``) become :class:`~amct_bridge.mindspore.qat.cells.QATQuant`; activations,
+pools and unfolded BatchNorm2d become :class:`~amct_bridge.mindspore.qat.cells.QATObserve`.
+With ``fold_batchnorm`` a BatchNorm2d that follows a quantized cell (the core's rule,
+:func:`amct_bridge.calibration.plan.batchnorm_chains`, on the graph of ``sample_input``) is
+folded into its weight before training and becomes an exact identity plus bias (gamma 1, mean
+0, variance ``1 - eps``, ``beta`` = the folded bias, moving statistics frozen): the cell
+classes and parameter names stay the network's, and the trained weight is the deployed one.
+
+Example:
+    >>> import numpy as np
+    >>> from mindspore import Tensor, nn
+    >>> net = nn.SequentialCell([nn.Dense(4, 3)])
+    >>> qat = quantize_aware(net, "INT4")
+    >>> qat.set_train(True); _ = qat(Tensor(np.ones((2, 4), np.float32)))
+    >>> qat_record(qat).layers["0"].dst_type
+    'INT4'
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from mindspore import Tensor, nn
+
+from amct_bridge.calibration.layers import ModelDesc
+from amct_bridge.calibration.plan import batchnorm_chains
+from amct_bridge.calibration.qat import algorithm_name, clipped, tensor_range, write_qat_outputs
+from amct_bridge.errors import QuantError, RecordError
+from amct_bridge.mindspore.cells import (
+    BATCH_NORM_KINDS,
+    FOLDABLE_KINDS,
+    QUANTIZABLE_KINDS,
+    describe,
+    leaf_cells,
+)
+from amct_bridge.mindspore.instrument_cells import places, put
+from amct_bridge.mindspore.qat.cells import QATObserve, QATQuant
+from amct_bridge.mindspore.weights import batch_norm_params, bias_of, kernel_of
+from amct_bridge.quant.factors import bits_of, quant_limits
+from amct_bridge.quant.fold import fold_batchnorm
+from amct_bridge.quant.qat import check_options, layer_factors
+from amct_bridge.records.calibration import CalibrationStats, LayerStats
+from amct_bridge.records.model import Record
+
+__all__ = ["QATInfo", "qat_record", "qat_stats", "quantize_aware", "save_qat_record"]
+
+
+@dataclass
+class QATInfo:
+    """What :func:`quantize_aware` decided, kept on the QAT cell as ``amct_qat``.
+
+    Attributes:
+        options: the options given (dst_type, activation_range, ...).
+        quantized: record key -> layout of the weight (None: pooling), in network order.
+        folded: quantized key -> key of the BatchNorm2d folded into it.
+        unfolded: quantized key -> key of the BatchNorm2d that follows it, not folded
+            (``skip_fusion``).
+        observed: key -> kind of each QATObserve cell.
+        readers: key of a cell whose output a quantized cell reads -> that reader's key.
+        bn_modes: folded BN key -> its ``use_batch_statistics`` before (strip_qat restores it).
+    """
+
+    options: dict
+    quantized: dict[str, str | None] = field(default_factory=dict)
+    folded: dict[str, str] = field(default_factory=dict)
+    unfolded: dict[str, str] = field(default_factory=dict)
+    observed: dict[str, str] = field(default_factory=dict)
+    readers: dict[str, str] = field(default_factory=dict)
+    bn_modes: dict[str, Any] = field(default_factory=dict)
+
+
+def quantize_aware(
+    net: nn.Cell,
+    dst_type: str = "INT8",
+    *,
+    activation_range: str = "ema",
+    ema_decay: float = 0.99,
+    activation_offset: bool = True,
+    channel_wise: bool = True,
+    skip_layers: tuple[str, ...] | list[str] = (),
+    fold_batchnorm: bool = True,
+    init_record: Record | str | os.PathLike | None = None,
+    sample_input: Any = None,
+) -> nn.Cell:
+    """A trainable copy of ``net`` with fake-quantized inputs and weights (module docstring).
+
+    Args:
+        net: the float network (NCHW). Not modified.
+        dst_type: "INT8" (default) or "INT4": bits of activations and weights.
+        activation_range: "ema" (moving average of each batch's min/max) or "learned".
+        ema_decay: EMA momentum (default 0.99).
+        activation_offset: asymmetric activations (AMCT default True).
+        channel_wise: per-output-channel weight scales for convolutions (Dense: one).
+        skip_layers: cell names to keep float.
+        fold_batchnorm: fold a BatchNorm2d following a quantized cell into it (default).
+        init_record: a PTQ record (path or Record): its scale_d / offset_d set the starting
+            input ranges, so the first training step quantizes with calibrated ranges (AMCT's
+            ``UlqInitializer(record)``).
+        sample_input: an input shape, array or Tensor: the graph tells which BatchNorm2d
+            follows which cell, and which cell's output each quantized cell reads (sidecar).
+            Needed when the network has BatchNorm2d cells.
+
+    Returns:
+        A new ``nn.Cell`` (the same classes, ``amct_qat`` holding a :class:`QATInfo`): train it
+        with ``Model.train``, then :func:`save_qat_record` and :func:`strip_qat`.
+
+    Raises:
+        QuantError: a bad option, a ``skip_layers`` name that is no quantizable cell, no
+            quantizable cell at all, or BatchNorm2d cells without ``sample_input``.
+        RecordError: ``init_record`` names a cell that is not quantized here.
+
+    Example:
+        >>> # qat = quantize_aware(net, "INT4", sample_input=(1, 3, 32, 32))
+    """
+    bits = check_options(dst_type, activation_range, ema_decay)
+    if not isinstance(net, nn.Cell):
+        raise QuantError(f"quantize_aware: expected a mindspore.nn.Cell, got {type(net).__name__}")
+    name = type(net).__name__
+    qat = copy.deepcopy(net)
+    leaves = {k: describe(k, c) for k, c in leaf_cells(qat).items()}
+    quantizable = {k: d for k, d in leaves.items() if d.quantizable}
+    unknown = sorted(set(skip_layers) - set(quantizable))
+    if unknown:
+        raise QuantError(
+            f"skip_layers names no quantizable cell of {name!r}: {unknown}; quantizable cells: "
+            f"{list(quantizable) or 'none'}"
+        )
+    chosen = {k: d for k, d in quantizable.items() if k not in set(skip_layers)}
+    if not chosen:
+        kinds = sorted({d.kind for d in leaves.values()})
+        raise QuantError(
+            f"network {name!r} has no quantizable cell to train (nn.Conv2d with group 1 or "
+            f"depthwise, nn.Dense, nn.Conv2dTranspose, nn.AvgPool2d"
+            f"{'' if not skip_layers else ', not in skip_layers'}); its cells are: "
+            f"{', '.join(kinds) or 'none'}"
+        )
+    for key, d in chosen.items():
+        pad = getattr(d.handle, "output_padding", 0)
+        if d.kind == "Conv2DTranspose" and pad not in (0, (0, 0)):
+            raise QuantError(f"cell {key!r}: Conv2dTranspose output_padding {pad} is not supported")
+    has_bn = any(d.kind in BATCH_NORM_KINDS for d in leaves.values())
+    if has_bn and sample_input is None:
+        raise QuantError(
+            f"network {name!r} has BatchNorm2d cells: give sample_input (an input shape or array) "
+            "so the graph tells which BatchNorm2d follows which quantized cell"
+        )
+    graph = None
+    if sample_input is not None:
+        from amct_bridge.mindspore.graph import extract_graph
+
+        graph = extract_graph(qat, sample_input)
+    desc = ModelDesc(
+        name,
+        leaves,
+        graph,
+        foldable_kinds=FOLDABLE_KINDS,
+        batch_norm_kinds=BATCH_NORM_KINDS,
+        quantizable_kinds=QUANTIZABLE_KINDS,
+    )
+    chains = {k: bn_key for k, (bn_key, _) in batchnorm_chains(desc).items() if k in chosen}
+    info = QATInfo(
+        options=dict(
+            dst_type=dst_type,
+            activation_range=activation_range,
+            ema_decay=float(ema_decay),
+            activation_offset=bool(activation_offset),
+            channel_wise=bool(channel_wise),
+            fold_batchnorm=bool(fold_batchnorm),
+        )
+    )
+    holders = places(qat)
+    for key, d in chosen.items():
+        if fold_batchnorm and key in chains:
+            _fold(d.handle, leaves[chains[key]].handle, key, chains[key], d.parts[0].layout)
+            info.folded[key] = chains[key]
+            info.bn_modes[chains[key]] = leaves[chains[key]].handle.use_batch_statistics
+        elif key in chains:
+            info.unfolded[key] = chains[key]
+        wrapper = QATQuant(
+            d.handle,
+            key,
+            d.kind,
+            bits,
+            activation_range,
+            ema_decay,
+            symmetric=not activation_offset,
+            channel_wise=channel_wise and d.parts[0].channel_wise,
+        )
+        _swap(holders, d.handle, wrapper, key)
+        info.quantized[key] = d.parts[0].layout
+    for key, d in leaves.items():
+        if key in chosen or not (d.activation or d.runtime or d.kind in BATCH_NORM_KINDS):
+            continue
+        _swap(holders, d.handle, QATObserve(d.handle, key, ema_decay), key)
+        info.observed[key] = d.kind
+    if graph is not None:
+        for node in graph.nodes:
+            if node.layer in chosen and node.inputs:
+                producer = graph.producer_of(node.inputs[0])
+                if producer is not None:
+                    info.readers.setdefault(producer.layer, node.layer)
+    qat.amct_qat = info
+    if init_record is not None:
+        _init_ranges(qat, init_record)
+    return qat
+
+
+def _swap(holders: dict, cell: nn.Cell, wrapper: nn.Cell, key: str) -> None:
+    found = holders.get(id(cell), [])
+    if not found:
+        raise QuantError(
+            f"cell {key!r} ({type(cell).__name__}) is not a child of any cell (the top-level "
+            "cell itself cannot be wrapped: put it in an nn.SequentialCell)"
+        )
+    for parent, child in found:
+        put(parent, child, wrapper)
+
+
+def _identity_variance(eps: float) -> np.float32:
+    """The float32 variance ``v`` with ``v + eps == 1`` exactly (so ``rsqrt`` gives 1)."""
+    e = np.float32(eps)
+    v = np.float32(1.0) - e
+    for _ in range(8):
+        total = np.float32(v + e)
+        if total == np.float32(1.0):
+            return v
+        v = np.nextafter(v, np.float32(2.0) if total < 1 else np.float32(0.0), dtype=np.float32)
+    raise QuantError(f"no float32 variance makes a BatchNorm with eps {eps} an identity")
+
+
+def _fold(cell: nn.Cell, bn: nn.Cell, key: str, bn_key: str, layout: str) -> None:
+    """Fold ``bn`` (inference statistics) into ``cell``; ``bn`` becomes identity + bias."""
+    p = batch_norm_params(bn, bn_key)
+    kernel, bias = fold_batchnorm(
+        kernel_of(cell, key), bias_of(cell), p.gamma, p.beta, p.mean, p.var, p.eps, layout, name=key
+    )
+    cell.weight.set_data(Tensor(kernel.astype(np.float32)))
+    if bias_of(cell) is not None:  # the folded bias lives in the BN's beta
+        cell.bias.set_data(Tensor(np.zeros_like(bias, np.float32)))
+        cell.bias.requires_grad = False
+    n = len(bias)
+    bn.gamma.set_data(Tensor(np.ones(n, np.float32)))
+    bn.gamma.requires_grad = False
+    bn.beta.set_data(Tensor(bias.astype(np.float32)))
+    bn.beta.requires_grad = True
+    bn.moving_mean.set_data(Tensor(np.zeros(n, np.float32)))
+    bn.moving_variance.set_data(Tensor(np.full(n, _identity_variance(bn.eps), np.float32)))
+    bn.use_batch_statistics = False  # frozen: inference statistics in training too
+
+
+def _info(qat_net: nn.Cell) -> QATInfo:
+    info = getattr(qat_net, "amct_qat", None)
+    if not isinstance(info, QATInfo):
+        raise QuantError(
+            f"network {type(qat_net).__name__!r} is not a QAT network: use quantize_aware(net)"
+        )
+    return info
+
+
+def _wrappers(qat_net: nn.Cell) -> dict[str, nn.Cell]:
+    """Record key -> QATQuant / QATObserve cell of the QAT network."""
+    out = {}
+    for _, cell in qat_net.cells_and_names():
+        if isinstance(cell, (QATQuant, QATObserve)):
+            out.setdefault(cell.key, cell)
+    return out
+
+
+def _init_ranges(qat: nn.Cell, init_record: Record | str | os.PathLike) -> None:
+    """Each quantized cell's input range from the record's scale_d / offset_d."""
+    record = init_record
+    if not isinstance(record, Record):
+        from amct_bridge.records import load
+
+        record = load(init_record)
+    info = _info(qat)
+    wrappers = _wrappers(qat)
+    unknown = [k for k in record.layers if k not in info.quantized]
+    if unknown:
+        raise RecordError(
+            f"init_record: keys name no quantized cell of this QAT network: {unknown}; quantized "
+            f"cells: {list(info.quantized)}"
+        )
+    for key, f in record.layers.items():
+        if f.scale_d is None or f.offset_d is None:
+            continue
+        lo, hi = record_range(f.scale_d, f.offset_d, f.dst_type or f.act_type or "INT8")
+        wrappers[key].set_input_range(lo, hi)
+
+
+def record_range(scale_d: float, offset_d: int, type_name: str) -> tuple[float, float]:
+    """The clip range ``[lo, hi]`` whose AMCT factors are ``(scale_d, offset_d)``.
+
+    ``lo = (qmin - offset) * scale``, ``hi = (qmax - offset) * scale``.
+
+    Example:
+        >>> record_range(0.5, -128, "INT8")
+        (0.0, 127.5)
+    """
+    qmin, qmax = quant_limits(bits_of(type_name))
+    s = float(np.float32(scale_d))
+    return (qmin - int(offset_d)) * s, (qmax - int(offset_d)) * s
+
+
+def qat_record(qat_net: nn.Cell) -> Record:
+    """The AMCT QAT record (inner flavor, ``dst_type``) of a trained QAT network.
+
+    Keys are cell names; per quantized cell scale_d / offset_d from its input range, scale_w /
+    offset_w by ARQ of its current (folded) weight, ``skip_fusion`` where a BatchNorm2d was
+    not folded.
+
+    Raises:
+        QuantError: not a QAT network, or a cell never saw a training step.
+
+    Example:
+        >>> # rec = qat_record(qat)
+    """
+    info = _info(qat_net)
+    wrappers = _wrappers(qat_net)
+    bits = bits_of(info.options["dst_type"])
+    record = Record(flavor="inner")
+    for key, layout in info.quantized.items():
+        cell = wrappers[key]
+        lo, hi, seen = cell.input_range()
+        kernel = kernel_of(cell.cell, key) if layout is not None else None
+        record.layers[key] = layer_factors(
+            key,
+            lo,
+            hi,
+            seen,
+            bits,
+            kernel,
+            layout,
+            channel_wise=cell.out_axis is not None,
+            symmetric=not info.options["activation_offset"],
+            skip_fusion=key in info.unfolded,
+        )
+    return record
+
+
+def qat_stats(qat_net: nn.Cell) -> CalibrationStats:
+    """The calibration sidecar of a trained QAT network (docs/qat.md "Sidecar").
+
+    Quantized cells: input = clip range, output = EMA of the output (of the folded BN's
+    output when a BN was folded into it: the bias lives there); folded BN: that range;
+    activations, pools, unfolded BNs: EMA of the output. A tensor a quantized cell reads gets
+    that cell's clip range (the EMA as observed).
+
+    Example:
+        >>> # stats = qat_stats(qat); stats.layers["relu"].output.max
+    """
+    info = _info(qat_net)
+    wrappers = _wrappers(qat_net)
+    clip_of = {}
+    for producer, reader in info.readers.items():
+        clip_of[producer] = tensor_range(*wrappers[reader].input_range())
+    bn_of_output = {bn: key for key, bn in info.folded.items()}
+    stats = CalibrationStats(algorithm=algorithm_name({info.options["activation_range"]}))
+    batches = 0
+    for key, cell in wrappers.items():
+        if isinstance(cell, QATQuant):
+            lo, hi, seen = cell.input_range()
+            batches = max(batches, int(seen))
+            bn = info.folded.get(key)
+            out_cell = wrappers[bn] if bn is not None else cell
+            out_key = bn if bn is not None else key
+            output = clipped(tensor_range(*out_cell.output_range()), clip_of.get(out_key))
+            kind = describe(key, cell.cell).kind
+            stats.layers[key] = LayerStats(kind, input=tensor_range(lo, hi, seen), output=output)
+            if bn is not None:
+                stats.layers[bn] = LayerStats("BatchNormalization", output=output)
+        elif key not in bn_of_output:
+            output = clipped(tensor_range(*cell.output_range()), clip_of.get(key))
+            stats.layers[key] = LayerStats(info.observed.get(key, "Activation"), output=output)
+    stats.batches = batches
+    return stats
+
+
+def save_qat_record(qat_net: nn.Cell, path: str | os.PathLike) -> Record:
+    """Write :func:`qat_record` to ``path`` and :func:`qat_stats` next to it
+    (``<path>.calib.json``), as one set (temp files, then renamed); return the record.
+
+    Raises:
+        QuantError: not a QAT network, or saved before any training step (nothing written).
+        ValidationError: the record breaks AMCT's rules (nothing written).
+
+    Example:
+        >>> # save_qat_record(qat, "qat.txt"); export_espdl(strip_qat(qat), "qat.txt", "out", ...)
+    """
+    record = qat_record(qat_net)
+    stats = qat_stats(qat_net)
+    return write_qat_outputs(record, stats, path, what=f"network {type(qat_net).__name__!r}")
