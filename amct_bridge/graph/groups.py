@@ -18,7 +18,7 @@ Example:
     >>> [(m.name, m.begin, m.end) for m in d.groups[0].members]
     [('fc1', 0, 4), ('fc2', 0, 4)]
     >>> [(r.layer, r.reason.value) for r in d.refusals]
-    [('fc2', 'REACHES_OUTPUT')]
+    [('fc2', 'MODEL_OUTPUT')]
 """
 
 from __future__ import annotations
@@ -259,7 +259,9 @@ class _Resolver:
         for root, entries in uses.items():
             if root in reasons:
                 for u, _, _ in entries:
-                    refused_by_use.setdefault(u.name.removesuffix("/depthwise"), reasons[root])
+                    name = u.name.removesuffix("/depthwise").removesuffix("/pointwise")
+                    refused_by_use.setdefault(name, reasons[root])
+        covered |= {n.removesuffix("/pointwise") for n in covered}  # a SeparableConv2D
         out = []
         for node in graph.nodes:
             if node.kind not in QUANTIZABLE_KINDS or node.layer in covered:
@@ -273,7 +275,8 @@ class _Resolver:
             else:
                 reason, at = Reason.INPUT_NOT_PRUNABLE, node.name
             detail = f"at {at}: {reason.explain()}" if at else reason.explain()
-            out.append(Refusal(node.layer, 0, width, reason, detail))
+            name = f"{node.layer}/pointwise" if node.kind in SEPARABLE_KINDS else node.layer
+            out.append(Refusal(name, 0, width, reason, detail))
         return out
 
 

@@ -19,6 +19,7 @@ class Reason(str, Enum):
         True
     """
 
+    MODEL_OUTPUT = "MODEL_OUTPUT"
     REACHES_OUTPUT = "REACHES_OUTPUT"
     MERGED_WITH_UNPRUNABLE = "MERGED_WITH_UNPRUNABLE"
     WIDTH_MISMATCH = "WIDTH_MISMATCH"
@@ -41,6 +42,10 @@ class Reason(str, Enum):
 
 
 _EXPLAIN = {
+    Reason.MODEL_OUTPUT: (
+        "the layer computes a model output (its channels are the model's result, e.g. the "
+        "classes; a softmax or activation after it changes nothing)"
+    ),
     Reason.REACHES_OUTPUT: "its channels reach a model output",
     Reason.MERGED_WITH_UNPRUNABLE: (
         "an element-wise op couples it with channels that cannot be pruned (model input, "

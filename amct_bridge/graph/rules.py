@@ -138,6 +138,11 @@ MIXING_KINDS = frozenset(
 )
 #: Activation functions that mix the channels they run over.
 MIXING_ACTIVATIONS = frozenset({"softmax", "log_softmax"})
+#: Op types of what a classifier head applies after its last producer and keeps the channel
+#: count of (softmax, sigmoid, an activation, dropout): that producer computes the model output.
+HEAD_OP_TYPES = frozenset(
+    {"Softmax", "LogSoftmax", "Sigmoid", "Tanh", "Relu", "LeakyRelu", "Elu", "Selu", "Identity"}
+)
 _CHANNEL_AXIS_KINDS = frozenset({"Concatenate", "Split"})
 
 

@@ -8,7 +8,13 @@ an op that stopped propagation). Walking the nodes once in topological order col
 - ``couplings``: pairs of root ranges that must be pruned together (element-wise ops, concat on a
   non-channel axis, calls of one shared layer);
 - ``taints``: root ranges that cannot be pruned, with a :class:`Reason` and the node where it
-  happened. Nothing is guessed: an unknown op taints what reaches it.
+  happened. Nothing is guessed: an unknown op taints what reaches it. The producer that
+  computes a model output (directly, or through its head's activation / softmax / dropout) is
+  tainted MODEL_OUTPUT first, so that reason wins over what its head does (CHANNEL_MIXING of a
+  softmax).
+
+A SeparableConv2D is two record layers, ``<layer>/depthwise`` and ``<layer>/pointwise`` (as the
+quantization record and the ESP-DL export name them): its uses and its source carry those names.
 
 Example:
     >>> from amct_bridge.graph.ir import Graph, Node, TensorInfo
@@ -30,7 +36,13 @@ from dataclasses import dataclass, field
 from amct_bridge.graph.ir import Graph, Node
 from amct_bridge.graph.mapping import Misaligned, Piece
 from amct_bridge.graph.reasons import Reason
-from amct_bridge.graph.rules import MIXING_ACTIVATIONS, classify, depth_multiplier, is_weighted
+from amct_bridge.graph.rules import (
+    HEAD_OP_TYPES,
+    MIXING_ACTIVATIONS,
+    classify,
+    depth_multiplier,
+    is_weighted,
+)
 
 
 @dataclass(frozen=True)
@@ -95,6 +107,7 @@ class _Tracer:
         self.maps: dict[str, list[Piece]] = {tid: [] for tid in graph.inputs}
         self.source_of: dict[str, int] = {}
         self.first_inputs: dict[str, list[Piece]] = {}
+        self.produced: dict[str, str] = {}  # node layer -> its source's name (sep/pointwise)
         self.order = 0
         self.node: Node | None = None
 
@@ -104,7 +117,24 @@ class _Tracer:
             self.visit(node)
         for tid in self.graph.outputs:
             self.taint(self.maps.get(tid, []), Reason.REACHES_OUTPUT, f"model output {tid}")
+        self.trace.taints[:0] = [t for tid in self.graph.outputs for t in self.output_taint(tid)]
         return self.trace
+
+    def output_taint(self, tid: str) -> list[Taint]:
+        """MODEL_OUTPUT on the producer whose channels are model output ``tid``: its own output,
+        or through single-input head ops that keep the channels (softmax, sigmoid, dropout)."""
+        node = self.graph.producer_of(tid)
+        while node is not None and node.layer not in self.produced:
+            if len(node.inputs) != 1 or node.op_type not in HEAD_OP_TYPES:
+                return []
+            if self.width(node.inputs[0]) != self.width(node.outputs[0]):
+                return []
+            node = self.graph.producer_of(node.inputs[0])
+        if node is None:
+            return []
+        index = self.source_of[self.produced[node.layer]]
+        size = self.trace.sources[index].size
+        return [Taint(index, 0, size, Reason.MODEL_OUTPUT, f"model output {tid}")]
 
     # ---- helpers ---------------------------------------------------------------------------
     def width(self, tid: str) -> int | None:
@@ -122,14 +152,16 @@ class _Tracer:
         for p in pieces:
             self.trace.uses.append(Use(name, op_type, p, self.order, **kw))
 
-    def new_source(self, node: Node, op_type: str) -> list[Piece]:
+    def new_source(self, node: Node, op_type: str, name: str | None = None) -> list[Piece]:
         size = self.width(node.outputs[0])
         if size is None:
             return []
-        if node.layer not in self.source_of:
-            self.source_of[node.layer] = len(self.trace.sources)
-            self.trace.sources.append(Source(node.layer, op_type, size, self.order))
-        pieces = [Piece(self.source_of[node.layer], 0, size)]
+        name = name or node.layer
+        if name not in self.source_of:
+            self.source_of[name] = len(self.trace.sources)
+            self.trace.sources.append(Source(name, op_type, size, self.order))
+            self.produced[node.layer] = name
+        pieces = [Piece(self.source_of[name], 0, size)]
         if node.params.get("activation") in MIXING_ACTIVATIONS:
             self.taint(pieces, Reason.CHANNEL_MIXING)  # a fused softmax normalizes over them
         return pieces
@@ -178,8 +210,9 @@ class _Tracer:
         m = depth_multiplier(node)
         attrs = (("depth_multiplier", m),) if m > 1 else ()
         self.use(f"{node.layer}/depthwise", "DepthwiseConv2dNative", inputs[0], attrs=attrs)
-        self.use(node.layer, "Conv2D", [p.repeated(m) for p in inputs[0]], closing=True)
-        return [self.new_source(node, "Conv2D")]
+        pointwise = f"{node.layer}/pointwise"
+        self.use(pointwise, "Conv2D", [p.repeated(m) for p in inputs[0]], closing=True)
+        return [self.new_source(node, "Conv2D", pointwise)]
 
     def on_depthwise(self, node: Node, inputs: list[list[Piece]]) -> list[list[Piece]]:
         m = depth_multiplier(node)

@@ -47,6 +47,12 @@ def config_fragment(report) -> str:
         # model output SNR: all quantized 20.0 dB, these in float 31.5 dB
         skip_layers: "conv2"
     """
+    if getattr(report, "no_drop", False):
+        return (
+            f"# amct-bridge report: no accuracy drop ({report.samples} samples: float "
+            f"{report.float_accuracy:.4f}, all quantized {report.quantized_accuracy:.4f}), so no "
+            "layer needs to stay in float\n"
+        )
     n = len(report.skip_layers)
     lines = [
         f"# amct-bridge report: the {n} most sensitive layer(s) kept in float "

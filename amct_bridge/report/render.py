@@ -6,7 +6,7 @@ network); without matplotlib it has the tables only and says why.
 Example:
     >>> from amct_bridge.report.table import LayerRow, Report
     >>> rep = Report(rows=[LayerRow("fc", "fc", "Dense", snr_alone=math.inf, rank=1)], samples=2)
-    >>> print(text_table(rep).splitlines()[2][:58])
+    >>> print(text_table(rep).splitlines()[2][:58].rstrip())
        1 fc               Dense                             -
 """
 
@@ -91,18 +91,20 @@ def summary_lines(report) -> list[str]:
         'most sensitive (model output SNR, this layer alone): c'
     """
     lines = ["most sensitive (model output SNR, this layer alone): " + ", ".join(report.top)]
+    kept = f"with {', '.join(report.skip_layers) or 'nothing'} in float"
     if report.snr_model_quantized is not None:
-        lines.append(
-            f"model output SNR: all quantized {_num(report.snr_model_quantized, '.1f')} dB; "
-            f"with {', '.join(report.skip_layers) or 'nothing'} in float "
-            f"{_num(report.snr_model_kept_float, '.1f')} dB"
-        )
+        line = f"model output SNR: all quantized {_num(report.snr_model_quantized, '.1f')} dB"
+        if report.snr_model_kept_float is not None:
+            line += f"; {kept} {_num(report.snr_model_kept_float, '.1f')} dB"
+        lines.append(line)
     if report.float_accuracy is not None:
-        lines.append(
-            f"accuracy: float {report.float_accuracy:.4f}; all quantized "
-            f"{report.quantized_accuracy:.4f}; with {', '.join(report.skip_layers) or 'nothing'} "
-            f"in float {report.kept_float_accuracy:.4f}"
-        )
+        line = f"accuracy: float {report.float_accuracy:.4f}; all quantized "
+        line += f"{report.quantized_accuracy:.4f}"
+        if report.no_drop:
+            line += ": no accuracy drop, so no layer needs to stay in float"
+        else:
+            line += f"; {kept} {report.kept_float_accuracy:.4f}"
+        lines.append(line)
     return lines
 
 

@@ -158,6 +158,9 @@ class Report:
     float_accuracy: float | None = None
     quantized_accuracy: float | None = None
     kept_float_accuracy: float | None = None  # with skip_layers kept in float
+    #: with labels: all quantized, the accuracy is already the float one, so no layer is
+    #: suggested for float (skip_layers empty, no kept-float run)
+    no_drop: bool = False
     snr_model_quantized: float | None = None  # dB, model output, every part quantized
     snr_model_kept_float: float | None = None
     #: record key -> (counts, bin edges) of its float input, for the top layers.
@@ -263,14 +266,23 @@ def build_report(
             report.top.append(rows[i].key)
             if rows[i].layer not in report.skip_layers:
                 report.skip_layers.append(rows[i].layer)
-    kept = Record({k: f for k, f in quant.layers.items() if k not in report.top})
-    rest = runner.run(kept, []) if kept.layers else floating
     report.snr_model_quantized = metrics.snr_db(floating.final, full.final)
-    report.snr_model_kept_float = metrics.snr_db(floating.final, rest.final)
     if acc:
         report.float_accuracy = acc(floating.final)
         report.quantized_accuracy = acc(full.final)
-        report.kept_float_accuracy = acc(rest.final)
+    if report.float_accuracy is not None and report.quantized_accuracy >= report.float_accuracy:
+        # nothing to win back: suggest no layer for float (the ranking still says who is worst)
+        report.skip_layers = []
+        report.no_drop = True
+    kept = Record({k: f for k, f in quant.layers.items() if k not in report.top})
+    if report.skip_layers:
+        rest = runner.run(kept, []) if kept.layers else floating
+        report.snr_model_kept_float = metrics.snr_db(floating.final, rest.final)
+        if acc:
+            report.kept_float_accuracy = acc(rest.final)
+    elif not report.no_drop:  # top_k 0: nothing kept in float, the record as it is
+        report.snr_model_kept_float = report.snr_model_quantized
+        report.kept_float_accuracy = report.quantized_accuracy
     for key in report.top:
         row = rows[keys.index(key)]
         values = floating.inputs.get(key)

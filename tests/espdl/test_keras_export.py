@@ -337,13 +337,13 @@ def test_cpp_constructors_in_report(cnn, tmp_path):
     e = res.config
     assert cpp["c1"] == (
         f"dl::layer::Conv2D<int8_t, int16_t>({e['c1']['output_exponent']}, get_c1_filter(), "
-        'get_c1_bias(), get_c1_activation(), PADDING_VALID, {}, 1, 1, "c1")'
+        'get_c1_bias(), get_c1_activation(), dl::PADDING_VALID, {}, 1, 1, "c1")'
     )
     assert cpp["dw"].startswith("dl::layer::DepthwiseConv2D<int8_t, int16_t>(")
-    assert "PADDING_SAME_END, {}, 1, 1" in cpp["dw"]
+    assert "dl::PADDING_SAME_END, {}, 1, 1" in cpp["dw"]
     assert cpp["c4"] == (
         f"dl::layer::Conv2D<int8_t>({e['c4']['output_exponent']}, get_c4_filter(), NULL, "
-        'get_c4_activation(), PADDING_VALID, {}, 1, 1, "c4")'
+        'get_c4_activation(), dl::PADDING_VALID, {}, 1, 1, "c4")'
     )
     assert cpp["fc"].endswith(', get_fc_activation(), true, "fc")')
 

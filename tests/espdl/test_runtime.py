@@ -103,8 +103,8 @@ def test_average_pool_feeding_a_concat_is_raised_to_the_shared_exponent():
     assert "to match the inputs of 'cat'" in ap.exponent_source
     assert cat.input_exponents == [ref_exponent(4)] * 2
     assert ap.cpp == (
-        f"dl::layer::AvgPool2D<int8_t>({ref_exponent(4)}, {{2, 2}}, PADDING_SAME_END, {{}}, 2, 2, "
-        '"ap")'
+        f"dl::layer::AvgPool2D<int8_t>({ref_exponent(4)}, {{2, 2}}, dl::PADDING_SAME_END, {{}}, "
+        '2, 2, "ap")'
     )
     assert res.warnings == []
 

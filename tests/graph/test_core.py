@@ -126,7 +126,7 @@ def test_concat_then_add_couples_partial_ranges():
     groups, refused = summary(discover_groups(b.out("d:0")))
     assert groups[(("a", 0, 4), ("c", 0, 4))] == [("cat", 0, 4), ("add", 0, 4), ("d", 0, 4)]
     assert groups[(("b", 0, 4), ("c", 4, 8))] == [("cat", 4, 8), ("add", 4, 8), ("d", 4, 8)]
-    assert refused == {("d", 0, 2): "REACHES_OUTPUT"}
+    assert refused == {("d", 0, 2): "MODEL_OUTPUT"}
 
 
 def test_self_coupling_through_concat_of_same_tensor():

@@ -146,7 +146,9 @@ def test_export_reports_runtime_exponents(calibrated, tmp_path):
     assert config["fc"]["input_exponent"] == e["gap"]
     assert got["gap"].cpp == f'dl::layer::GlobalAveragePool2D<int8_t>({e["gap"]}, "gap")'
     assert got["res"].cpp == f'dl::layer::Add2D<int8_t>({got["res"].output_exponent}, NULL, "res")'
-    assert got["mp"].cpp == 'dl::layer::MaxPool2D<int8_t>({2, 2}, PADDING_VALID, {}, 2, 2, "mp")'
+    assert (
+        got["mp"].cpp == 'dl::layer::MaxPool2D<int8_t>({2, 2}, dl::PADDING_VALID, {}, 2, 2, "mp")'
+    )
     assert got["cat"].cpp == 'dl::layer::Concat<int8_t>(-1, "cat")'
     report = json.loads((tmp_path / "espdl" / "export.json").read_text())
     assert [r["name"] for r in report["runtime_layers"]] == runtime(model)

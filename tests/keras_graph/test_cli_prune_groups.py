@@ -30,7 +30,7 @@ def test_table_lists_groups_and_refusals(model_path, capsys):
     out = capsys.readouterr().out
     assert "group 1: 8 channels" in out
     assert "consumer  c2    Conv2D            [0, 8)" in out
-    assert "fc  [0, 2)  REACHES_OUTPUT" in out
+    assert "fc  [0, 2)  MODEL_OUTPUT  at model output" in out
 
 
 def test_json_and_record_with_selective_masks(model_path, tmp_path, capsys):

@@ -43,7 +43,7 @@ def test_conv_bn_act_pool_dropout_conv_is_one_group():
         ],
         (("c2", 0, 4),): [("gap", "Mean", 0, 4), ("fc", "MatMul", 0, 4)],
     }
-    assert refusals(d) == {("fc", 0, 2): "REACHES_OUTPUT"}
+    assert refusals(d) == {("fc", 0, 2): "MODEL_OUTPUT"}
 
 
 # 2 --------------------------------------------------------------------------------------------
@@ -230,9 +230,9 @@ def test_separable_conv_depthwise_part_passes_pointwise_part_closes():
     g = groups(discover(keras.Model(x, head(conv(3, "c2")(y)))))
     assert g[(("c1", 0, 4),)] == [
         ("sep/depthwise", "DepthwiseConv2dNative", 0, 4, {"depth_multiplier": 2}),
-        ("sep", "Conv2D", 0, 8, {"multiplier": 2}),
+        ("sep/pointwise", "Conv2D", 0, 8, {"multiplier": 2}),
     ]
-    assert g[(("sep", 0, 6),)] == [("c2", "Conv2D", 0, 6)]
+    assert g[(("sep/pointwise", 0, 6),)] == [("c2", "Conv2D", 0, 6)]
 
 
 # 11, 12 ---------------------------------------------------------------------------------------

@@ -88,7 +88,7 @@ def test_resnet_blocks_with_downsample_share_one_group_per_add_chain():
             f"{block}.bn1", f"{block}.relu", f"{block}.conv2", width=width
         )
     assert len(groups) == 6
-    assert refused == {("fc", 0, 3): "REACHES_OUTPUT"}
+    assert refused == {("fc", 0, 3): "MODEL_OUTPUT"}
     # every weighted cell of the network is accounted for, under its cells_and_names() name
     weighted = {n for n, c in net.cells_and_names() if isinstance(c, (nn.Conv2d, nn.Dense))}
     seen = {m[0] for p in groups for m in p} | {n for n, *_ in refused}
@@ -161,7 +161,7 @@ def test_depthwise_passes_the_range_with_its_multiplier():
         }
     }
     assert graph.node("3").op_type == "Relu6"
-    assert refused == {("4", 0, 4): "REACHES_OUTPUT"}
+    assert refused == {("4", 0, 4): "MODEL_OUTPUT"}
 
 
 def test_group_conv_is_refused_with_a_reason():
@@ -172,7 +172,7 @@ def test_group_conv_is_refused_with_a_reason():
     assert refused == {
         ("0", 0, 8): "GROUPED_CONV",
         ("1", 0, 16): "GROUPED_CONV",
-        ("2", 0, 4): "REACHES_OUTPUT",
+        ("2", 0, 4): "MODEL_OUTPUT",
     }
 
 
@@ -208,7 +208,7 @@ def test_sequential_cell_children_are_named_by_index():
         (("0", 0, 6),): chain("1", "2", "3", "4", width=6),
         (("4", 0, 4),): chain("5", "6", "7", width=4),
     }
-    assert refused == {("7", 0, 2): "REACHES_OUTPUT"}
+    assert refused == {("7", 0, 2): "MODEL_OUTPUT"}
 
 
 def test_a_cell_called_twice_couples_its_inputs():

@@ -3,16 +3,17 @@
 ESP-DL v1 users write the model class by hand and copy each layer's output exponent into its
 constructor (``Conv2D<int16_t>(-2, get_l1_filter(), get_l1_bias(), get_l1_activation(),
 PADDING_VALID, {}, 2, 2, "l1")``). We write that line into export.json so it can be pasted:
-``dl::layer::`` qualified (an unqualified ``ReLU`` is ambiguous with ``dl::ReLU``), ``NULL`` for a
+``dl::layer::`` and ``dl::PADDING_*`` qualified as in the generated model class (an unqualified
+``ReLU`` is ambiguous with ``dl::ReLU``; no ``using namespace`` is needed), ``NULL`` for a
 missing bias / activation, ``<int8_t, int16_t>`` for int8 per-channel layers with a bias, Keras
-``"same"`` -> ``PADDING_SAME_END`` (TensorFlow's rule), ``"valid"`` -> ``PADDING_VALID``,
-``"not_set"`` (a folded ZeroPadding2D, ``attrs["pads"]``) -> ``PADDING_NOT_SET, {t, b, l, r}``.
+``"same"`` -> ``dl::PADDING_SAME_END`` (TensorFlow's rule), ``"valid"`` -> ``dl::PADDING_VALID``,
+``"not_set"`` (a folded ZeroPadding2D, ``attrs["pads"]``) -> ``dl::PADDING_NOT_SET, {t, b, l, r}``.
 
 Example:
     >>> print(constructor("c1", "conv2d", {"output_exponent": -5, "bias": "True"}, "s8", False,
     ...                   {"padding": "same", "strides": (2, 2)}))  # doctest: +NORMALIZE_WHITESPACE
-    dl::layer::Conv2D<int8_t>(-5, get_c1_filter(), get_c1_bias(), NULL, PADDING_SAME_END, {},
-    2, 2, "c1")
+    dl::layer::Conv2D<int8_t>(-5, get_c1_filter(), get_c1_bias(), NULL, dl::PADDING_SAME_END,
+    {}, 2, 2, "c1")
 """
 
 from __future__ import annotations
@@ -24,7 +25,11 @@ _CLASSES = {
     "depthwise_conv2d": "DepthwiseConv2D",
     "fully_connected": "FullyConnected",
 }
-_PADDING = {"valid": "PADDING_VALID", "same": "PADDING_SAME_END", "not_set": "PADDING_NOT_SET"}
+_PADDING = {
+    "valid": "dl::PADDING_VALID",
+    "same": "dl::PADDING_SAME_END",
+    "not_set": "dl::PADDING_NOT_SET",
+}
 
 
 def constructor(
@@ -54,7 +59,7 @@ def constructor(
             return None
         sy, sx = tuple(attrs.get("strides", (1, 1)))
         pads = "{}"
-        if padding == "PADDING_NOT_SET":  # a folded ZeroPadding2D: {top, bottom, left, right}
+        if padding == "dl::PADDING_NOT_SET":  # a folded ZeroPadding2D: {top, bottom, left, right}
             pads = "{" + ", ".join(str(int(p)) for p in attrs["pads"]) + "}"
         args += [padding, pads, str(int(sy)), str(int(sx))]
     args.append(f'"{name}"')

@@ -126,7 +126,7 @@ __all__ = [
     "runtime_layers",
 ]
 
-_PADDING = {"valid": "PADDING_VALID", "same": "PADDING_SAME_END"}
+_PADDING = {"valid": "dl::PADDING_VALID", "same": "dl::PADDING_SAME_END"}  # as the model class
 
 
 @dataclass
