@@ -277,8 +277,11 @@ CASES = {
     "espdl-cannot-run": (
         _export("rec.txt", model="tanh.keras"),
         2,
-        "ESP-DL v1 cannot take these layers (skip_unsupported leaves them out):\n"
-        "  layer 'act' (Activation): activation 'tanh': ESP-DL v1 has no such layer",
+        "ESP-DL v1 cannot take these layers:\n"
+        "  layer 'act' (Activation): activation 'tanh': ESP-DL v1 has no such layer\n"
+        "to export the rest, pass --skip-unsupported (Python: skip_unsupported=True): the "
+        "layers above are left out (listed in export.json) for the host to compute; or export "
+        "ESP-DL v3 instead (--format espdl), whose runtime has more layers",
         "err",
     ),
     # Output

@@ -36,6 +36,7 @@ from amct_bridge.espdl.exponent_groups import shared_exponent_groups
 from amct_bridge.espdl.exponents import ExponentFinder
 from amct_bridge.espdl.naming import c_identifiers
 from amct_bridge.espdl.plan import Chain, plan_chains
+from amct_bridge.espdl.refusals import refusal_message
 from amct_bridge.espdl.source import OPS, WEIGHT_OPS, SourceLayer
 from amct_bridge.espdl.v1 import spec
 from amct_bridge.espdl.v1.checks import saturation_warnings, unresolved_concats
@@ -270,8 +271,9 @@ def export_layers(
         >>> export_layers([lstm], None)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        amct_bridge.errors.ExportError: ESP-DL v1 cannot take these layers (...):
+        amct_bridge.errors.ExportError: ESP-DL v1 cannot take these layers:
           layer 'x' (LSTM): RNN
+        to export the rest, pass --skip-unsupported (Python: skip_unsupported=True): ...
     """
     check_options(feature_type, granularity, target)
     odd = [x for x in layers if x.op not in OPS]  # else only the bug guard below names them
@@ -289,10 +291,7 @@ def export_layers(
 
     chains, problems = plan_chains(layers, skip_fusion)
     if problems and not skip_unsupported:
-        listing = "\n".join(f"  {p}" for p in problems)
-        raise ExportError(
-            f"ESP-DL v1 cannot take these layers (skip_unsupported leaves them out):\n{listing}"
-        )
+        raise ExportError(refusal_message(problems))
     if not chains:
         raise ExportError("nothing to export: the model has no Conv2D / DepthwiseConv2D / Dense")
     fused = {name for c in chains for name in c.fused}
