@@ -187,3 +187,132 @@ def test_an_export_with_a_chip_graph_has_no_such_warning(tmp_path, capsys):
     args = _relu6_files(tmp_path, relu6=False)
     assert main([*args, "--out", str(tmp_path / "o")]) == 0
     assert "chip cannot run" not in capsys.readouterr().err
+
+
+# --- espdl-eval --data x.npy without --labels ----------------------------------------------------
+def test_espdl_eval_with_a_npy_and_no_labels_says_labels_are_missing(tmp_path, capsys):
+    (tmp_path / "export").mkdir()  # never read: the data is checked first
+    np.save(tmp_path / "x.npy", np.zeros((4, 6, 6, 3), np.float32))
+    args = ["espdl-eval", "--export", str(tmp_path / "export"), "--model", "m.keras"]
+    assert main([*args, "--data", str(tmp_path / "x.npy")]) == 2
+    err = capsys.readouterr().err
+    assert "--labels is missing" in err and f"{tmp_path / 'x.npy'}:" in err
+    assert "expected an .npz" not in err
+    np.savez(tmp_path / "d.npz", inputs=np.zeros((4, 3)), labels=np.zeros(4))
+    assert main([*args, "--data", str(tmp_path / "d.npz")]) == 2
+    err = capsys.readouterr().err
+    assert "expected an .npz with arrays 'x' and 'y' (it has 'inputs', 'labels')" in err
+
+
+# --- a record cut at an entry boundary; a sidecar of another model -------------------------------
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory):
+    """A 3-layer model calibrated by the CLI (record + sidecar), and a second, other model."""
+    d = tmp_path_factory.mktemp("cal")
+    keras.utils.set_random_seed(1)
+    x = keras.Input((8, 8, 3))
+    y = keras.layers.ReLU(name="r1")(keras.layers.Conv2D(4, 3, name="c1")(x))
+    y = keras.layers.Flatten(name="f")(keras.layers.Conv2D(4, 3, name="c2")(y))
+    keras.Model(x, keras.layers.Dense(3, name="fc")(y)).save(d / "m.keras")
+    x = keras.Input((8, 8, 3))
+    y = keras.layers.Dense(2, name="other")(keras.layers.Flatten(name="ff")(x))
+    keras.Model(x, y).save(d / "other.keras")
+    np.save(d / "x.npy", np.random.default_rng(0).uniform(0, 1, (8, 8, 8, 3)).astype("float32"))
+    for model, record in (("m", "r.txt"), ("other", "other.txt")):
+        args = ["calibrate", str(d / f"{model}.keras"), "--data", str(d / "x.npy")]
+        assert main([*args, "-o", str(d / record), "-q", "--algorithm", "minmax"]) == 0
+    return d
+
+
+def _cut_at_entry(d, name: str, keep: int) -> str:
+    """The record with its first ``keep`` entries only (cut at an entry boundary), beside a
+    copy of its sidecar."""
+    text = (d / "r.txt").read_text()
+    starts = [m.start() for m in re.finditer(r"^record \{", text, re.M)]
+    (d / name).write_text(text[: starts[keep]])
+    (d / f"{name}.calib.json").write_text((d / "r.txt.calib.json").read_text())
+    return str(d / name)
+
+
+def test_a_record_cut_at_an_entry_boundary_is_named_truncated_not_skip_layers(
+    calibrated, tmp_path, capsys
+):
+    d = calibrated
+    cut = _cut_at_entry(d, "cut.txt", 1)
+    from amct_bridge.records import load
+
+    assert list(load(cut).layers) == ["c1"]  # it parses: only the sidecar can tell
+    lacks = "the record lacks 2 layers that the sidecar"
+    assert main(["validate", cut]) == 1
+    out = capsys.readouterr().out
+    said = f"{cut}: {lacks} ({cut}.calib.json) says were calibrated (truncated or edited record?)"
+    assert said in out
+    assert "'c2', 'fc'" in out and "1 problem(s)" in out
+    args = ["export-espdl", "--model", str(d / "m.keras"), "--record", cut]
+    assert main([*args, "--out", str(tmp_path / "o")]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: {cut}: {lacks}" in err and "(truncated or edited record?)" in err
+    assert "skip_layers" not in err
+    # the full record validates, and exports without the warning
+    assert main(["validate", str(d / "r.txt")]) == 0
+    assert (
+        main(
+            [
+                "export-espdl",
+                "--model",
+                str(d / "m.keras"),
+                "--record",
+                str(d / "r.txt"),
+                "--out",
+                str(tmp_path / "o2"),
+            ]
+        )
+        == 0
+    )
+    assert "lacks" not in capsys.readouterr().err
+
+
+def test_layers_skipped_at_calibration_are_still_blamed_on_skip_layers(calibrated, tmp_path):
+    d = calibrated
+    args = ["calibrate", str(d / "m.keras"), "--data", str(d / "x.npy"), "-q"]
+    assert main([*args, "-o", str(tmp_path / "s.txt"), "--skip-layers", "c2"]) == 0
+    res = export_espdl(keras.models.load_model(d / "m.keras"), tmp_path / "s.txt", None)
+    notes = [w for w in res.warnings if "record" in w]
+    assert len(notes) == 1 and notes[0].startswith("layer 'c2' has no record entry (skip_layers")
+    assert "lacks" not in notes[0]
+
+
+def test_a_sidecar_of_another_model_says_none_of_its_layers_exist(calibrated, capsys):
+    d = calibrated
+    args = ["export-espdl", "--model", str(d / "m.keras"), "--record", str(d / "r.txt")]
+    assert main([*args, "--stats", str(d / "other.txt.calib.json"), "--preview"]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {d / 'other.txt.calib.json'}: calibration sidecar: " in err
+    assert "in this model (is it the sidecar of another model?): 'other'" in err
+    assert "cannot choose output_exponent" not in err
+
+
+# --- a record cut mid-word -----------------------------------------------------------------------
+@pytest.mark.parametrize("cut", ["offset_", "off", "scale_d: 0.0", "key:"])
+def test_a_parse_error_at_the_end_of_the_file_says_it_looks_truncated(calibrated, tmp_path, cut):
+    from amct_bridge.errors import RecordError
+    from amct_bridge.records import load
+
+    text = (calibrated / "r.txt").read_text()
+    prefix = {"offset_": "offset_d", "off": "offset_d", "scale_d: 0.0": "scale_d", "key:": "key"}
+    at = text.rindex(prefix[cut])
+    (tmp_path / "c.txt").write_text(text[:at] + cut)
+    with pytest.raises(RecordError) as err:
+        load(tmp_path / "c.txt")
+    assert "it looks truncated" in str(err.value)
+
+
+def test_a_typo_inside_the_file_is_not_called_truncated(calibrated, tmp_path):
+    from amct_bridge.errors import RecordError
+    from amct_bridge.records import load
+
+    text = (calibrated / "r.txt").read_text()
+    (tmp_path / "t.txt").write_text(text.replace("offset_d", "offset_", 1))
+    with pytest.raises(RecordError, match='has no field named "offset_"') as err:
+        load(tmp_path / "t.txt")
+    assert "truncated" not in str(err.value)

@@ -30,7 +30,13 @@ import os
 from pathlib import Path
 
 from amct_bridge.errors import ExportError
-from amct_bridge.espdl.checks import check_record_keys, passthrough, unaccounted
+from amct_bridge.espdl.checks import (
+    check_record_keys,
+    check_sidecar_keys,
+    passthrough,
+    record_coverage,
+    unaccounted,
+)
 from amct_bridge.espdl.consistency import check_scale_w
 from amct_bridge.espdl.exponent_groups import shared_exponent_groups
 from amct_bridge.espdl.exponents import ExponentFinder
@@ -54,24 +60,6 @@ from amct_bridge.records.model import Record
 
 GRANULARITIES = ("per-tensor", "per-channel")
 REPORT_FORMAT = "amct_bridge.espdl_export/1"
-
-
-def _not_in_record(chains, record: Record) -> list[str]:
-    """A note per exported weight layer the record has no entry for (e.g. calibration's
-    skip_layers): ESP-DL v1 has no float layer, so it is exported quantized all the same."""
-    keys = set(record.layers)
-    heads = [c.head.name for c in chains]
-    absent = [
-        name
-        for name in heads
-        if name not in keys and not any(k.startswith(name + "/") for k in keys)
-    ]
-    return [
-        f"layer {name!r} has no record entry (skip_layers at calibration?): ESP-DL v1 has no "
-        "float layers, so it is exported quantized too (coefficient exponents from its weights, "
-        "feature exponents from the sidecar ranges); check its accuracy with espdl-eval"
-        for name in absent
-    ]
 
 
 def _check_links(layers: list[SourceLayer]) -> None:
@@ -284,6 +272,7 @@ def export_layers(
         )
     _check_links(layers)
     check_record_keys(record, layers)
+    check_sidecar_keys(stats, layers)
 
     def skip_fusion(name: str) -> bool:
         factors = record.layers.get(name) if record else None
@@ -322,8 +311,7 @@ def export_layers(
         passthrough=passthrough(layers),
         inputs=[x.name for x in layers if x.op == "input"],
     )
-    if record is not None:
-        result.notes += _not_in_record(chains, record)
+    result.notes += record_coverage([c.head.name for c in chains], record, stats)
     if stats is not None:
         result.notes += _sidecar_strangers(layers, stats)
     missing = unaccounted(layers, _report(result))
