@@ -30,7 +30,7 @@ EXIT_INPUT_ERROR = 2
 EXIT_INTERNAL_ERROR = 70
 EXIT_INTERRUPTED = 130
 
-VERBOSE_HELP = "log progress details"
+VERBOSE_HELP = "log progress details and every layer of a warning repeated for many layers"
 DEBUG_HELP = "show the Python traceback of an error (for bug reports)"
 
 
@@ -84,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
             level=logging.INFO if args.verbose else logging.WARNING,
             format="%(levelname)s: %(message)s",
         )
+        # -v: our DEBUG lines too (every layer of a warning folded into one line)
+        logging.getLogger("amct_bridge").setLevel(logging.DEBUG if args.verbose else logging.NOTSET)
         if not args.verbose:
             # MindSpore's C++ log (a failed compile's stack and source dump) comes before our
             # one-line summary; GLOG_v must be set before MindSpore's import: behind -v

@@ -98,7 +98,8 @@ V1_MODULES = (
 ).split()
 #: What every format shares (besides the package itself, which re-exports v1's names).
 SHARED_MODULES = (
-    "source plan exponents exponent_groups checks consistency naming writer evaluation".split()
+    "source plan exponents exponent_groups checks consistency naming writer evaluation "
+    "refusals".split()
 )
 #: Shared modules allowed to reach into a format, and where: the evaluation runs the v1 chip
 #: simulator (a lazy import inside evaluate_export / chip_network; nothing in v1 imports it).

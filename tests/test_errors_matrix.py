@@ -117,6 +117,10 @@ def _export(record: str, model: str = "m.keras", out: str = "{d}/espdl") -> list
 
 _MS = ["prune-groups", "--mindspore", f"{nets.__file__}:depthwise_net", "--input-shape", "1,3,8,8"]
 _PARSE = "the record cannot be parsed as an 'inner' record (AMCTTensorflow.InnerScaleOffsetRecord)"
+_CUT = (
+    "; the error is at the end of the file: it looks truncated (cut short while being written "
+    "or copied?)"
+)
 
 #: id -> (argv with {d} for the directory, exit code, the exact message, stream).
 #: Exit 2 messages are printed as "amct-bridge COMMAND: error: MESSAGE" on stderr.
@@ -125,7 +129,7 @@ CASES = {
     "malformed-text": (
         ["inspect", "{d}/trunc.txt"],
         2,
-        "{d}/trunc.txt:4:14: Expected \"}\". (text: 'scale_d: 0.5'); " + _PARSE,
+        "{d}/trunc.txt:4:14: Expected \"}\". (text: 'scale_d: 0.5'); " + _PARSE + _CUT,
         "err",
     ),
     "unknown-field": (
@@ -277,8 +281,11 @@ CASES = {
     "espdl-cannot-run": (
         _export("rec.txt", model="tanh.keras"),
         2,
-        "ESP-DL v1 cannot take these layers (skip_unsupported leaves them out):\n"
-        "  layer 'act' (Activation): activation 'tanh': ESP-DL v1 has no such layer",
+        "ESP-DL v1 cannot take these layers:\n"
+        "  layer 'act' (Activation): activation 'tanh': ESP-DL v1 has no such layer\n"
+        "to export the rest, pass --skip-unsupported (Python: skip_unsupported=True): the "
+        "layers above are left out (listed in export.json) for the host to compute; or export "
+        "ESP-DL v3 instead (--format espdl), whose runtime has more layers",
         "err",
     ),
     # Output

@@ -240,3 +240,28 @@ def _text_or_unknown(path: str) -> str:
     except UnicodeDecodeError:
         return "an unknown binary file (neither zip nor HDF5)"
     return "a text file" if head else "an empty file"
+
+
+def print_warnings(warnings: list[str], where: str = "") -> None:
+    """Print ``warning: ...`` lines on stderr, a warning repeated for many layers once with a
+    count and its first layers (:func:`amct_bridge.espdl.refusals.group_repeated`); every
+    folded message is logged at DEBUG (``-v`` shows them). ``where`` says where the full list
+    is kept (e.g. ``export.json``).
+
+    Example:
+        >>> print_warnings([])  # nothing to print
+    """
+    import logging
+
+    from amct_bridge.espdl.refusals import group_repeated
+
+    lines, folded = group_repeated(warnings)
+    log = logging.getLogger(__name__)
+    for line in lines:
+        print(f"warning: {line}", file=sys.stderr)
+    if folded:
+        keep = f"; all of them in {where}" if where else ""
+        print(f"note: -v lists every folded warning{keep}", file=sys.stderr)
+    for group in folded:
+        for message in group:
+            log.debug("%s", message)

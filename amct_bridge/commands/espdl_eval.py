@@ -78,8 +78,17 @@ def load_dataset(data: str, labels: str | None = None) -> tuple[np.ndarray, np.n
     """
     if labels is None:
         archive = load_npy(data, "the dataset")  # never unpickles; names a damaged file
-        if not hasattr(archive, "files") or not {"x", "y"} <= set(archive.files):
-            raise AmctBridgeError(f"{data}: expected an .npz with arrays 'x' and 'y'")
+        if not hasattr(archive, "files"):  # an .npy: the inputs alone
+            raise AmctBridgeError(
+                f"{data}: a .npy array holds no labels and --labels is missing: pass --labels "
+                "y.npy (class indices or one-hot), or an .npz with arrays 'x' and 'y' as --data"
+            )
+        if not {"x", "y"} <= set(archive.files):
+            have = ", ".join(repr(name) for name in archive.files) or "none"
+            raise AmctBridgeError(
+                f"{data}: expected an .npz with arrays 'x' and 'y' (it has {have}), or x.npy as "
+                "--data with --labels y.npy"
+            )
         x, y = archive["x"], archive["y"]
     else:
         x, y = load_npy(data, "inputs"), load_npy(labels, "labels")

@@ -17,7 +17,12 @@ import json
 import sys
 from pathlib import Path
 
-from amct_bridge.commands.common import add_mindspore_net, add_unsafe_load, load_keras_model
+from amct_bridge.commands.common import (
+    add_mindspore_net,
+    add_unsafe_load,
+    load_keras_model,
+    print_warnings,
+)
 from amct_bridge.errors import ExportError
 
 
@@ -265,6 +270,7 @@ def _run_v3(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run the export; returns the exit code."""
+    from amct_bridge.espdl.refusals import chip_cannot_run, grouped_lines
     from amct_bridge.espdl.v1.report import format_preview
 
     if args.input_set is not None:
@@ -300,12 +306,14 @@ def run(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         cpp=args.cpp,
     )
-    for warning in result.warnings:  # in the preview too: e.g. biases that round to 0
-        print(f"warning: {warning}", file=sys.stderr)
+    # in the preview too (e.g. biases that round to 0); one line for a warning many layers get
+    print_warnings(result.warnings, "export.json" if not args.preview else "")
     if args.preview:
         print(format_preview(result))
-        return 0
-    print(f"wrote {len(result.layers)} layers to {result.out_dir}")
-    for problem in result.skipped:
-        print(f"skipped: {problem}")
+    else:
+        print(f"wrote {len(result.layers)} layers to {result.out_dir}")
+        for line in grouped_lines(result.skipped, "skipped: "):  # an explanation once
+            print(line)
+    if result.graph is None:  # said last: the run looked fine up to here
+        print(f"warning: {chip_cannot_run(result.graph_error)}", file=sys.stderr)
     return 0

@@ -17,6 +17,8 @@ def register(subparsers) -> None:
         "ranges per act_type/dst_type, positive finite scales, offset_w all 0, shift_bit, "
         "tensor_balance_factor bounds, prune node attrs, and the fields the flavor allows. "
         "Prints one line per problem as FILE:LINE: layer 'x': field: why. "
+        "With the calibration sidecar beside it (FILE.calib.json), also checks that the record "
+        "holds every layer the calibration wrote (a record cut short still parses). "
         "Exit status: 0 no problem, 1 problems found, 2 the file cannot be read or parsed.",
     )
     parser.add_argument("file", help="record file (record.txt or binary)")
@@ -39,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
     # Parse with the widest schema so that fields a flavor lacks are listed as problems
     # (AMCT would stop at the first one with a parse error).
     record = load(args.file, on_duplicate="keep_last" if args.keep_last else "error")
-    problems = validate(record, args.flavor)
+    problems = [str(p) for p in validate(record, args.flavor)]
+    problems += _sidecar_problems(args.file, record)
     for problem in problems:
         print(problem)
     flavor = args.flavor or record.flavor
@@ -51,3 +54,18 @@ def run(args: argparse.Namespace) -> int:
         f"{len(record.prune_records)} prune records)"
     )
     return 0
+
+
+def _sidecar_problems(path: str, record) -> list[str]:
+    """A record cut at an entry boundary parses and passes every rule: the sidecar beside it
+    (``<record>.calib.json``) lists the keys written with it and tells."""
+    from amct_bridge.records.calibration import load_stats, record_lacks, sidecar_path
+
+    side = sidecar_path(path)
+    if not side.is_file():
+        return []
+    stats = load_stats(side)  # an unreadable sidecar is an error of its own, with its name
+    if stats.record_keys is None:
+        return []  # written before the sidecar listed the record's keys
+    lacking = [key for key in stats.record_keys if key not in record.layers]
+    return [record_lacks(lacking, path, str(side))] if lacking else []

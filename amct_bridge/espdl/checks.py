@@ -25,8 +25,10 @@ import numpy as np
 
 from amct_bridge.errors import ExportError
 from amct_bridge.espdl.source import PASS_THROUGH, SourceLayer
+from amct_bridge.records.calibration import record_lacks
 
 if TYPE_CHECKING:
+    from amct_bridge.records.calibration import CalibrationStats
     from amct_bridge.records.model import Record
 
 
@@ -114,6 +116,88 @@ def check_record_keys(record: Record | None, layers: list[SourceLayer]) -> None:
                         f"{_where(record, key, name, i)}layer {key!r}: {name} {value}: scales "
                         "must be finite and > 0 (amct-bridge validate lists every problem)"
                     )
+
+
+def _sidecar_names(layers: list[SourceLayer]) -> set[str]:
+    # a call site (``relu@1``) has its own entry or shares its layer's (``relu``)
+    return {x.name for x in layers} | {x.name.split("@")[0] for x in layers}
+
+
+def check_sidecar_keys(stats: CalibrationStats | None, layers: list[SourceLayer]) -> None:
+    """Refuse a sidecar none of whose layers exist in the model (another model's sidecar), as
+    :func:`check_record_keys` refuses such a record. A sidecar that names only some layers is
+    noted, not refused (the export's ``_sidecar_strangers``).
+
+    Example:
+        >>> from amct_bridge.records.calibration import CalibrationStats, LayerStats
+        >>> check_sidecar_keys(CalibrationStats(layers={"x": LayerStats("Dense")}),
+        ...                    [SourceLayer("in", "input"), SourceLayer("fc", "dense", ["in"])])
+        ... # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        amct_bridge.errors.ExportError: calibration sidecar: its one layer does not exist in ...
+    """
+    if stats is None or not stats.layers:
+        return
+    names = _sidecar_names(layers)
+    if any(key in names or key.split("/")[0] in names for key in stats.layers):
+        return
+    known = sorted(names)
+    shown = [repr(k) + _did_you_mean(k, known) for k in list(stats.layers)[:5]]
+    more = f" and {len(stats.layers) - 5} more" if len(stats.layers) > 5 else ""
+    where = f"{stats.source}: " if stats.source else ""
+    count = len(stats.layers)
+    none = f"none of its {count} layers exist" if count > 1 else "its one layer does not exist"
+    raise ExportError(
+        f"{where}calibration sidecar: {none} in this model (is it the sidecar of another "
+        f"model?): {', '.join(shown)}{more}; pass the "
+        "sidecar the calibration of this model wrote (<record>.calib.json, or --stats / stats=)"
+    )
+
+
+def record_coverage(
+    heads: list[str], record: Record | None, stats: CalibrationStats | None
+) -> list[str]:
+    """Notes on exported weight layers (``heads``) that the record has no entry for.
+
+    When the sidecar lists the keys of the record written with it (``record_keys``), entries
+    it has and the record lacks are one note saying so (a record cut short or edited: blaming
+    skip_layers misled before), and the other heads without an entry were left out by the
+    calibration (skip_layers), a note each. An older sidecar cannot tell the two apart.
+
+    Example:
+        >>> from amct_bridge.records.calibration import CalibrationStats
+        >>> from amct_bridge.records.model import LayerFactors, Record
+        >>> rec = Record({"a": LayerFactors(scale_d=0.1)}, source="r.txt")
+        >>> record_coverage(["a", "b"], rec, CalibrationStats(record_keys=["a", "b"]))
+        ... # doctest: +ELLIPSIS
+        ["r.txt: the record lacks 1 layer that the sidecar says were calibrated (truncated ...
+    """
+    if record is None:
+        return []
+    keys = set(record.layers)
+    absent = [h for h in heads if h not in keys and not any(k.startswith(h + "/") for k in keys)]
+    written = stats.record_keys if stats is not None else None
+    if written is not None and not any(k in keys for k in written):
+        written = None  # another key space (keys="tf_op", renamed back by the adapter)
+    notes, why = [], "skip_layers at calibration?"
+    if written is not None:
+        lacking = [k for k in written if k not in keys]
+        if lacking:
+            notes.append(record_lacks(lacking, record.source, stats.source))
+        calibrated = set(written)
+        absent = [
+            h
+            for h in absent
+            if h not in calibrated and not any(k.startswith(h + "/") for k in calibrated)
+        ]
+        why = "skip_layers at calibration: the sidecar says it was not calibrated"
+    return notes + [
+        f"layer {name!r} has no record entry ({why}): ESP-DL v1 has no float layers, so it is "
+        "exported quantized too (coefficient exponents from its weights, feature exponents "
+        "from the sidecar ranges); check its accuracy with espdl-eval"
+        for name in absent
+    ]
 
 
 def _where(record: Record, key: str, name: str, occurrence: int) -> str:

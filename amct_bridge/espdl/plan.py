@@ -8,7 +8,8 @@ ZeroPadding2D read only by a "valid" conv2d / depthwise_conv2d is folded into th
 (ESP-DL ``PADDING_NOT_SET`` with explicit ``{top, bottom, left, right}``: Keras MobileNet's
 ``conv_pad_*``); elsewhere it stays a runtime ``Pad`` layer.
 
-Refused (collected as :class:`Problem`, one per layer): ReLU6 (fused or standalone), depthwise
+Refused (collected as :class:`Problem`, one per layer): ReLU6 (fused or standalone; inside a
+hard sigmoid with its own reason, where replacing it with ReLU is no fix), depthwise
 multiplier > 1, activations ESP-DL lacks, BatchNormalization that cannot be folded, standalone
 PReLU (convert.py cannot write its alpha), a ``runtime`` kind the exporter has no ESP-DL class
 for (Subtract, Multiply...), and every ``unsupported`` op.
@@ -40,11 +41,16 @@ from amct_bridge.espdl.source import (
 
 @dataclass
 class Problem:
-    """Why one layer cannot be exported as ESP-DL v1 (``str()`` is the user message)."""
+    """Why one layer cannot be exported as ESP-DL v1 (``str()`` is the user message).
+
+    ``topic`` is the short name the refusal summary counts it under (e.g. ``ReLU6``; empty:
+    the kind, see :func:`amct_bridge.espdl.refusals.label`).
+    """
 
     layer: str
     kind: str
     reason: str
+    topic: str = field(default="", repr=False, compare=False)
 
     def __str__(self) -> str:
         return f"layer {self.layer!r} ({self.kind}): {self.reason}"
@@ -185,7 +191,7 @@ def plan_chains(
         if layer.op in WEIGHT_OPS:
             reason = _head_problem(layer)
             if reason:
-                problems.append(Problem(layer.name, layer.kind or layer.op, reason))
+                problems.append(_problem(layer, reason))
                 continue
             chain = _build_chain(layer, consumers, skip_fusion, by_name)
             fused.update(chain.fused)
@@ -195,12 +201,59 @@ def plan_chains(
     for layer in layers:
         if layer.name in fused:
             continue
+        if layer.op == "relu6" and _in_hard_sigmoid(layer, by_name, consumers):
+            problems.append(_problem(layer, HARD_SIGMOID, "ReLU6 in a hard sigmoid"))
+            continue
         reason = _standalone_problem(layer, skip_fusion, refused)
         if reason:
-            problems.append(Problem(layer.name, layer.kind or layer.op, reason))
+            problems.append(_problem(layer, reason))
     order = {layer.name: i for i, layer in enumerate(layers)}
     problems.sort(key=lambda p: order[p.layer])  # report in execution order
     return chains, problems
+
+
+#: A ReLU6 whose clip is the function: replacing it with ReLU is no fix (MobileNetV3).
+HARD_SIGMOID = (
+    "ReLU6 inside a hard sigmoid (relu6(x + 3) / 6, as MobileNetV3 computes it): here the clip "
+    "at 6 is what the block computes, so replacing it with ReLU would change the model's "
+    "function (no replace_relu6); ESP-DL v1 has no clip and no hard sigmoid: compute the block "
+    "on the host, or export ESP-DL v3 (--format espdl), whose runtime has HardSigmoid"
+)
+
+#: Classifier activations ESP-DL v1 lacks; both keep the arg max, so the host can apply them.
+_HEAD_ACTIVATIONS = ("softmax", "sigmoid")
+
+_HEAD_HINT = (
+    "; this is the model's output: build the model without it (keras.applications: "
+    "classifier_activation=None) and apply it on the host ({act} keeps the arg max)"
+)
+
+# elementwise ops with one tensor input: the other operand is a constant
+_ADD_KINDS = frozenset({"Add", "AddV2", "TensorAdd"})
+_MUL_KINDS = frozenset({"Multiply", "Mul", "Muls"})
+
+
+def _problem(layer: SourceLayer, reason: str, topic: str = "") -> Problem:
+    """A refusal of ``layer``; a softmax/sigmoid at the model's output gets the classifier
+    hint, a ReLU6 the topic ``ReLU6`` (the summary counts it apart from plain ReLU)."""
+    act = next((a for a in _HEAD_ACTIVATIONS if a in reason.lower()), None)
+    if act is not None and layer.attrs.get("model_output"):
+        reason += _HEAD_HINT.format(act=act)
+    if not topic and (layer.op == "relu6" or layer.attrs.get("activation") == "relu6"):
+        topic = "ReLU6"
+    return Problem(layer.name, layer.kind or layer.op, reason, topic)
+
+
+def _in_hard_sigmoid(
+    layer: SourceLayer, by_name: dict[str, SourceLayer], consumers: dict[str, list[SourceLayer]]
+) -> bool:
+    """``relu6(x + c) * k`` (MobileNetV3's hard sigmoid): a ReLU6 reading an Add of a constant
+    (one tensor input), or read only by a Multiply by a constant."""
+    src = by_name.get(layer.inputs[0]) if len(layer.inputs) == 1 else None
+    shifted = src is not None and src.kind in _ADD_KINDS and len(src.inputs) == 1
+    users = consumers.get(layer.name, [])
+    scaled = len(users) == 1 and users[0].kind in _MUL_KINDS and len(users[0].inputs) == 1
+    return shifted or scaled
 
 
 def _standalone_problem(

@@ -52,11 +52,21 @@ class LayerStats:
 
 @dataclass
 class CalibrationStats:
-    """All layers' statistics plus how they were gathered."""
+    """All layers' statistics plus how they were gathered.
+
+    ``record_keys``: the keys of the record written with this sidecar (None: not known, e.g. a
+    sidecar written before the field existed), so a record cut short or edited afterwards can
+    be told from layers the calibration skipped. ``warnings``: every warning of the
+    calibration, in full (the log folds a warning repeated for many layers into one line).
+    ``source``: the file it was read from (not written).
+    """
 
     algorithm: str = "ifmr"
     batches: int = 0
     layers: dict[str, LayerStats] = field(default_factory=dict)
+    record_keys: list[str] | None = None
+    warnings: list[str] = field(default_factory=list)
+    source: str | None = field(default=None, compare=False)
 
     def to_json(self) -> str:
         """Deterministic JSON text (keys in execution order)."""
@@ -73,6 +83,10 @@ class CalibrationStats:
                 for name, s in self.layers.items()
             },
         }
+        if self.record_keys is not None:
+            doc["record_keys"] = list(self.record_keys)
+        if self.warnings:
+            doc["warnings"] = list(self.warnings)
         return json.dumps(doc, indent=1) + "\n"
 
     @classmethod
@@ -90,7 +104,16 @@ class CalibrationStats:
             raise RecordError(f"{source}: batches: expected an integer, got {batches!r}")
         if not isinstance(layers, dict):
             raise RecordError(f"{source}: layers: expected an object of layers, got {layers!r}")
-        stats = cls(algorithm=str(doc.get("algorithm", "")), batches=batches)
+        named = source if source != "<string>" else None
+        stats = cls(algorithm=str(doc.get("algorithm", "")), batches=batches, source=named)
+        for key in ("record_keys", "warnings"):
+            value = doc.get(key)
+            if value is not None and not (
+                isinstance(value, list) and all(isinstance(v, str) for v in value)
+            ):
+                raise RecordError(f"{source}: {key}: expected a list of strings, got {value!r}")
+        stats.record_keys = doc.get("record_keys")
+        stats.warnings = doc.get("warnings") or []
         for name, entry in layers.items():
             try:
                 if not isinstance(entry, dict) or not isinstance(entry["kind"], str):
@@ -128,6 +151,26 @@ def sidecar_path(record_path: str | os.PathLike) -> Path:
     """
     path = Path(record_path)
     return path.with_name(path.name + ".calib.json")
+
+
+def record_lacks(lacking: list[str], record: str | None, sidecar: str | None) -> str:
+    """The message on record entries the sidecar says were written and the record lacks.
+
+    Example:
+        >>> record_lacks(["fc"], "r.txt", None)  # doctest: +ELLIPSIS
+        "r.txt: the record lacks 1 layer that the sidecar says were calibrated (truncated ...
+    """
+    where = f"{record}: " if record else ""
+    side = f" ({sidecar})" if sidecar else ""
+    shown = ", ".join(map(repr, lacking[:5])) + (
+        f" and {len(lacking) - 5} more" if len(lacking) > 5 else ""
+    )
+    count = f"{len(lacking)} layer{'s' if len(lacking) != 1 else ''}"
+    return (
+        f"{where}the record lacks {count} that the sidecar{side} says were "
+        f"calibrated (truncated or edited record?): {shown}; calibrate again, or restore the "
+        "record written with this sidecar"
+    )
 
 
 def save_stats(stats: CalibrationStats, path: str | os.PathLike) -> None:

@@ -73,10 +73,27 @@ def _parse_error_message(err: text_format.ParseError, text: str, source: str, fl
     where = f"{source}:{line}:{column}" if line else source
     lines = text.splitlines()
     snippet = f" (text: {lines[line - 1].strip()!r})" if line and line <= len(lines) else ""
+    cut = (
+        "; the error is at the end of the file: it looks truncated (cut short while being "
+        "written or copied?)"
+        if line and _at_end(text, line, column)
+        else ""
+    )
     return (
         f"{where}: {reason}{snippet}; the record cannot be parsed as {a_record(flav.name)} "
-        f"({flav.message.DESCRIPTOR.full_name})"
+        f"({flav.message.DESCRIPTOR.full_name}){cut}"
     )
+
+
+def _at_end(text: str, line: int, column: int) -> bool:
+    """Whether nothing but the token at ``line:column`` (1-based) and white space follows it:
+    a record cut mid-word reads ``has no field named "offset_"``, like a typo."""
+    lines = text.split("\n")
+    if line > len(lines):
+        return True
+    offset = sum(len(x) + 1 for x in lines[: line - 1]) + max(column - 1, 0)
+    rest = re.sub(r"^\S*", "", text[offset:])
+    return not rest.strip()
 
 
 def format_float(value: float) -> str:

@@ -30,12 +30,19 @@ import os
 from pathlib import Path
 
 from amct_bridge.errors import ExportError
-from amct_bridge.espdl.checks import check_record_keys, passthrough, unaccounted
+from amct_bridge.espdl.checks import (
+    check_record_keys,
+    check_sidecar_keys,
+    passthrough,
+    record_coverage,
+    unaccounted,
+)
 from amct_bridge.espdl.consistency import check_scale_w
 from amct_bridge.espdl.exponent_groups import shared_exponent_groups
 from amct_bridge.espdl.exponents import ExponentFinder
 from amct_bridge.espdl.naming import c_identifiers
 from amct_bridge.espdl.plan import Chain, plan_chains
+from amct_bridge.espdl.refusals import refusal_message
 from amct_bridge.espdl.source import OPS, WEIGHT_OPS, SourceLayer
 from amct_bridge.espdl.v1 import spec
 from amct_bridge.espdl.v1.checks import saturation_warnings, unresolved_concats
@@ -53,24 +60,6 @@ from amct_bridge.records.model import Record
 
 GRANULARITIES = ("per-tensor", "per-channel")
 REPORT_FORMAT = "amct_bridge.espdl_export/1"
-
-
-def _not_in_record(chains, record: Record) -> list[str]:
-    """A note per exported weight layer the record has no entry for (e.g. calibration's
-    skip_layers): ESP-DL v1 has no float layer, so it is exported quantized all the same."""
-    keys = set(record.layers)
-    heads = [c.head.name for c in chains]
-    absent = [
-        name
-        for name in heads
-        if name not in keys and not any(k.startswith(name + "/") for k in keys)
-    ]
-    return [
-        f"layer {name!r} has no record entry (skip_layers at calibration?): ESP-DL v1 has no "
-        "float layers, so it is exported quantized too (coefficient exponents from its weights, "
-        "feature exponents from the sidecar ranges); check its accuracy with espdl-eval"
-        for name in absent
-    ]
 
 
 def _check_links(layers: list[SourceLayer]) -> None:
@@ -270,8 +259,9 @@ def export_layers(
         >>> export_layers([lstm], None)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        amct_bridge.errors.ExportError: ESP-DL v1 cannot take these layers (...):
+        amct_bridge.errors.ExportError: ESP-DL v1 cannot take these layers:
           layer 'x' (LSTM): RNN
+        to export the rest, pass --skip-unsupported (Python: skip_unsupported=True): ...
     """
     check_options(feature_type, granularity, target)
     odd = [x for x in layers if x.op not in OPS]  # else only the bug guard below names them
@@ -282,6 +272,7 @@ def export_layers(
         )
     _check_links(layers)
     check_record_keys(record, layers)
+    check_sidecar_keys(stats, layers)
 
     def skip_fusion(name: str) -> bool:
         factors = record.layers.get(name) if record else None
@@ -289,10 +280,7 @@ def export_layers(
 
     chains, problems = plan_chains(layers, skip_fusion)
     if problems and not skip_unsupported:
-        listing = "\n".join(f"  {p}" for p in problems)
-        raise ExportError(
-            f"ESP-DL v1 cannot take these layers (skip_unsupported leaves them out):\n{listing}"
-        )
+        raise ExportError(refusal_message(problems))
     if not chains:
         raise ExportError("nothing to export: the model has no Conv2D / DepthwiseConv2D / Dense")
     fused = {name for c in chains for name in c.fused}
@@ -323,8 +311,7 @@ def export_layers(
         passthrough=passthrough(layers),
         inputs=[x.name for x in layers if x.op == "input"],
     )
-    if record is not None:
-        result.notes += _not_in_record(chains, record)
+    result.notes += record_coverage([c.head.name for c in chains], record, stats)
     if stats is not None:
         result.notes += _sidecar_strangers(layers, stats)
     missing = unaccounted(layers, _report(result))

@@ -1,0 +1,318 @@
+"""Messages a new user met on keras.applications models (issue 23, section 3), on tiny models."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import keras
+import numpy as np
+import pytest
+
+from amct_bridge.cli import main
+from amct_bridge.errors import ExportError
+from amct_bridge.espdl.plan import plan_chains
+from amct_bridge.espdl.source import SourceLayer
+from amct_bridge.keras import export_espdl
+from amct_bridge.keras.espdl_weights import source_layers
+from amct_bridge.records import LayerFactors, Record, save
+from amct_bridge.records.calibration import (
+    CalibrationStats,
+    LayerStats,
+    TensorRange,
+    save_stats,
+    sidecar_path,
+)
+
+
+def _stats(model: keras.Model) -> CalibrationStats:
+    """A range for every layer: the refusals come before any exponent is needed."""
+    r = TensorRange(-1.0, 1.0)
+    return CalibrationStats(layers={s.name: LayerStats(s.kind, r, r) for s in source_layers(model)})
+
+
+def _refusal(model: keras.Model) -> str:
+    with pytest.raises(ExportError) as err:
+        export_espdl(model, None, None, stats=_stats(model))
+    return str(err.value)
+
+
+def _hard_sigmoid(x, name):
+    """MobileNetV3's hard sigmoid, as keras.applications writes it."""
+    return keras.layers.ReLU(6.0, name=name)(x + 3.0) * (1.0 / 6.0)
+
+
+def _mixed_model() -> keras.Model:
+    """Many refused layers of several kinds (a small MobileNetV3 / EfficientNet)."""
+    x = keras.Input((8, 8, 3), name="img")
+    y = keras.layers.Conv2D(4, 3, padding="same", name="c0")(x)
+    for i in range(3):
+        y = keras.layers.Activation("hard_silu", name=f"hs{i}")(y)
+        gate = _hard_sigmoid(keras.layers.Conv2D(4, 1, name=f"se{i}")(y), f"hsig{i}")
+        y = keras.layers.Multiply(name=f"mul{i}")([y, gate])
+        y = keras.layers.Conv2D(4, 1, name=f"c{i + 1}")(y)
+    y = keras.layers.ReLU(6.0, name="plain_r6")(y)
+    y = keras.layers.GlobalAveragePooling2D(name="gap")(y)
+    return keras.Model(x, keras.layers.Dense(3, name="fc")(y))
+
+
+# --- refusals: flags, summary, each explanation once, hints ------------------------------------
+def test_refusal_names_the_cli_flag_the_python_argument_and_v3(tmp_path, capsys):
+    x = keras.Input((4, 4, 2))
+    y = keras.layers.Conv2D(2, 1, name="c")(x)
+    model = keras.Model(x, keras.layers.Activation("tanh", name="act")(y))
+    model.save(tmp_path / "m.keras")
+    save_stats(_stats(model), tmp_path / "s.json")
+    args = [
+        "export-espdl",
+        "--model",
+        str(tmp_path / "m.keras"),
+        "--stats",
+        str(tmp_path / "s.json"),
+    ]
+    assert main([*args, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "--skip-unsupported (Python: skip_unsupported=True)" in err
+    assert "--format espdl" in err
+    assert "skip_unsupported leaves them out" not in err  # the old text named the argument only
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_long_refusal_starts_with_a_summary_by_kind_that_counts_every_layer():
+    model = _mixed_model()
+    text = _refusal(model)
+    head, *lines = text.splitlines()
+    found = re.fullmatch(r"ESP-DL v1 cannot take (\d+) layers: (.*):", head)
+    assert found, head
+    summary = dict(
+        (kind, int(n)) for n, kind in (part.split(" ", 1) for part in found.group(2).split(", "))
+    )
+    # independent count: the model's operations by class (x + 3 and * (1 / 6) are ops)
+    ops = [(type(op).__name__, op.name) for op in model.operations]
+    expected = Counter()
+    expected["Activation (hard_silu)"] = sum(
+        n.startswith("hs") for k, n in ops if k == "Activation"
+    )
+    expected["ReLU6 in a hard sigmoid"] = sum(n.startswith("hsig") for k, n in ops if k == "ReLU")
+    expected["ReLU6"] = sum(n == "plain_r6" for k, n in ops if k == "ReLU")
+    expected["Multiply"] = sum(k == "Multiply" for k, _ in ops)
+    assert summary == dict(expected)
+    assert int(found.group(1)) == sum(expected.values()) == 3 + 3 + 1 + 6
+    # every refused layer is named in the body
+    for kind_names in (["hs0", "hs1", "hs2"], ["hsig0", "hsig1", "hsig2"], ["plain_r6"]):
+        for name in kind_names:
+            assert f"'{name}'" in "\n".join(lines)
+
+
+def test_the_same_explanation_is_printed_once_with_its_layers():
+    """ResNet50V2's pre-activation BatchNormalization: one explanation, every layer listed."""
+    x = keras.Input((8, 8, 4))
+    y = keras.layers.Conv2D(4, 3, padding="same", name="stem")(x)
+    for i in range(4):
+        pre = keras.layers.ReLU(name=f"pre_relu{i}")(
+            keras.layers.BatchNormalization(name=f"preact_bn{i}")(y)
+        )
+        y = keras.layers.Add(name=f"add{i}")([y, keras.layers.Conv2D(4, 1, name=f"c{i}")(pre)])
+    model = keras.Model(x, y)
+    text = _refusal(model)
+    bn_lines = [line for line in text.splitlines() if "BatchNormalization cannot be folded" in line]
+    assert len(bn_lines) == 1, text
+    assert bn_lines[0].startswith("  4 layers (BatchNormalization): ")
+    assert [f"preact_bn{i}" for i in range(4)] == re.findall(r"'(preact_bn\d)'", bn_lines[0])
+    assert text.count("ESP-DL v1 has no BatchNorm layer") == 1
+
+
+def test_relu6_in_a_hard_sigmoid_gets_no_replace_with_relu_hint():
+    model = _mixed_model()
+    lines = _refusal(model).splitlines()
+    hsig = [line for line in lines if "'hsig0'" in line]
+    plain = [line for line in lines if "'plain_r6'" in line]
+    assert len(hsig) == 1 and len(plain) == 1
+    assert "hard sigmoid" in hsig[0]
+    assert "replace it with ReLU" not in hsig[0] and "replace_relu6()" not in hsig[0]
+    assert "replace it with ReLU" in plain[0] and "replace_relu6()" in plain[0]
+
+
+def test_a_relu6_that_is_a_plain_activation_is_not_taken_for_a_hard_sigmoid():
+    """Negative control: a ReLU6 after an Add of two tensors (a residual) is plain."""
+    x = keras.Input((4, 4, 2))
+    a = keras.layers.Conv2D(2, 1, name="a")(x)
+    b = keras.layers.Conv2D(2, 1, name="b")(x)
+    y = keras.layers.ReLU(6.0, name="r6")(keras.layers.Add(name="add")([a, b]))
+    model = keras.Model(x, keras.layers.Conv2D(2, 1, name="c")(y))
+    line = next(line for line in _refusal(model).splitlines() if "'r6'" in line)
+    assert "replace_relu6()" in line and "hard sigmoid" not in line
+
+
+def test_a_softmax_at_the_model_output_suggests_classifier_activation_none():
+    x = SourceLayer("in", "input")
+    fc = SourceLayer("fc", "dense", ["in"], "Dense", {"kernel": np.ones((4, 3), np.float32)})
+    reason = "activation 'softmax': ESP-DL v1 has no such layer"
+    head = {"reason": reason, "model_output": True}
+    pred = SourceLayer("pred", "unsupported", ["fc"], "Activation", attrs=head)
+    mid = SourceLayer("mid", "unsupported", ["fc"], "Activation", attrs={"reason": reason})
+    _, problems = plan_chains([x, fc, pred, mid])
+    by_layer = {p.layer: p.reason for p in problems}
+    assert "classifier_activation=None" in by_layer["pred"]
+    assert "classifier_activation=None" not in by_layer["mid"]  # not the output: no head
+
+
+# --- skip-unsupported that leaves no runnable chip graph ---------------------------------------
+def _relu6_files(tmp_path, relu6: bool):
+    keras.utils.set_random_seed(3)
+    x = keras.Input((6, 6, 3))
+    y = keras.layers.Conv2D(4, 3, name="c1")(x)
+    y = keras.layers.ReLU(6.0 if relu6 else None, name="act")(y)
+    y = keras.layers.Conv2D(2, 1, name="c2")(y)
+    model = keras.Model(x, y)
+    model.save(tmp_path / "m.keras")
+    record = tmp_path / "r.txt"
+    save(Record({"c1": LayerFactors(scale_d=1 / 255, offset_d=-128)}), record)
+    save_stats(_stats(model), sidecar_path(record))
+    return ["export-espdl", "--model", str(tmp_path / "m.keras"), "--record", str(record)]
+
+
+def test_skip_unsupported_without_a_chip_graph_warns_at_the_end(tmp_path, capsys):
+    args = _relu6_files(tmp_path, relu6=True)
+    assert main([*args, "--out", str(tmp_path / "o"), "--skip-unsupported"]) == 0
+    out, err = capsys.readouterr()
+    assert "wrote 2 layers" in out
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("warning: the chip cannot run this export as one network: "), err
+    assert "'act'" in last  # why: the skipped ReLU6 sits between the two convs
+    assert "espdl-eval cannot simulate it" in last
+
+
+def test_an_export_with_a_chip_graph_has_no_such_warning(tmp_path, capsys):
+    args = _relu6_files(tmp_path, relu6=False)
+    assert main([*args, "--out", str(tmp_path / "o")]) == 0
+    assert "chip cannot run" not in capsys.readouterr().err
+
+
+# --- espdl-eval --data x.npy without --labels ----------------------------------------------------
+def test_espdl_eval_with_a_npy_and_no_labels_says_labels_are_missing(tmp_path, capsys):
+    (tmp_path / "export").mkdir()  # never read: the data is checked first
+    np.save(tmp_path / "x.npy", np.zeros((4, 6, 6, 3), np.float32))
+    args = ["espdl-eval", "--export", str(tmp_path / "export"), "--model", "m.keras"]
+    assert main([*args, "--data", str(tmp_path / "x.npy")]) == 2
+    err = capsys.readouterr().err
+    assert "--labels is missing" in err and f"{tmp_path / 'x.npy'}:" in err
+    assert "expected an .npz" not in err
+    np.savez(tmp_path / "d.npz", inputs=np.zeros((4, 3)), labels=np.zeros(4))
+    assert main([*args, "--data", str(tmp_path / "d.npz")]) == 2
+    err = capsys.readouterr().err
+    assert "expected an .npz with arrays 'x' and 'y' (it has 'inputs', 'labels')" in err
+
+
+# --- a record cut at an entry boundary; a sidecar of another model -------------------------------
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory):
+    """A 3-layer model calibrated by the CLI (record + sidecar), and a second, other model."""
+    d = tmp_path_factory.mktemp("cal")
+    keras.utils.set_random_seed(1)
+    x = keras.Input((8, 8, 3))
+    y = keras.layers.ReLU(name="r1")(keras.layers.Conv2D(4, 3, name="c1")(x))
+    y = keras.layers.Flatten(name="f")(keras.layers.Conv2D(4, 3, name="c2")(y))
+    keras.Model(x, keras.layers.Dense(3, name="fc")(y)).save(d / "m.keras")
+    x = keras.Input((8, 8, 3))
+    y = keras.layers.Dense(2, name="other")(keras.layers.Flatten(name="ff")(x))
+    keras.Model(x, y).save(d / "other.keras")
+    np.save(d / "x.npy", np.random.default_rng(0).uniform(0, 1, (8, 8, 8, 3)).astype("float32"))
+    for model, record in (("m", "r.txt"), ("other", "other.txt")):
+        args = ["calibrate", str(d / f"{model}.keras"), "--data", str(d / "x.npy")]
+        assert main([*args, "-o", str(d / record), "-q", "--algorithm", "minmax"]) == 0
+    return d
+
+
+def _cut_at_entry(d, name: str, keep: int) -> str:
+    """The record with its first ``keep`` entries only (cut at an entry boundary), beside a
+    copy of its sidecar."""
+    text = (d / "r.txt").read_text()
+    starts = [m.start() for m in re.finditer(r"^record \{", text, re.M)]
+    (d / name).write_text(text[: starts[keep]])
+    (d / f"{name}.calib.json").write_text((d / "r.txt.calib.json").read_text())
+    return str(d / name)
+
+
+def test_a_record_cut_at_an_entry_boundary_is_named_truncated_not_skip_layers(
+    calibrated, tmp_path, capsys
+):
+    d = calibrated
+    cut = _cut_at_entry(d, "cut.txt", 1)
+    from amct_bridge.records import load
+
+    assert list(load(cut).layers) == ["c1"]  # it parses: only the sidecar can tell
+    lacks = "the record lacks 2 layers that the sidecar"
+    assert main(["validate", cut]) == 1
+    out = capsys.readouterr().out
+    said = f"{cut}: {lacks} ({cut}.calib.json) says were calibrated (truncated or edited record?)"
+    assert said in out
+    assert "'c2', 'fc'" in out and "1 problem(s)" in out
+    args = ["export-espdl", "--model", str(d / "m.keras"), "--record", cut]
+    assert main([*args, "--out", str(tmp_path / "o")]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: {cut}: {lacks}" in err and "(truncated or edited record?)" in err
+    assert "skip_layers" not in err
+    # the full record validates, and exports without the warning
+    assert main(["validate", str(d / "r.txt")]) == 0
+    assert (
+        main(
+            [
+                "export-espdl",
+                "--model",
+                str(d / "m.keras"),
+                "--record",
+                str(d / "r.txt"),
+                "--out",
+                str(tmp_path / "o2"),
+            ]
+        )
+        == 0
+    )
+    assert "lacks" not in capsys.readouterr().err
+
+
+def test_layers_skipped_at_calibration_are_still_blamed_on_skip_layers(calibrated, tmp_path):
+    d = calibrated
+    args = ["calibrate", str(d / "m.keras"), "--data", str(d / "x.npy"), "-q"]
+    assert main([*args, "-o", str(tmp_path / "s.txt"), "--skip-layers", "c2"]) == 0
+    res = export_espdl(keras.models.load_model(d / "m.keras"), tmp_path / "s.txt", None)
+    notes = [w for w in res.warnings if "record" in w]
+    assert len(notes) == 1 and notes[0].startswith("layer 'c2' has no record entry (skip_layers")
+    assert "lacks" not in notes[0]
+
+
+def test_a_sidecar_of_another_model_says_none_of_its_layers_exist(calibrated, capsys):
+    d = calibrated
+    args = ["export-espdl", "--model", str(d / "m.keras"), "--record", str(d / "r.txt")]
+    assert main([*args, "--stats", str(d / "other.txt.calib.json"), "--preview"]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {d / 'other.txt.calib.json'}: calibration sidecar: " in err
+    assert "in this model (is it the sidecar of another model?): 'other'" in err
+    assert "cannot choose output_exponent" not in err
+
+
+# --- a record cut mid-word -----------------------------------------------------------------------
+@pytest.mark.parametrize("cut", ["offset_", "off", "scale_d: 0.0", "key:"])
+def test_a_parse_error_at_the_end_of_the_file_says_it_looks_truncated(calibrated, tmp_path, cut):
+    from amct_bridge.errors import RecordError
+    from amct_bridge.records import load
+
+    text = (calibrated / "r.txt").read_text()
+    prefix = {"offset_": "offset_d", "off": "offset_d", "scale_d: 0.0": "scale_d", "key:": "key"}
+    at = text.rindex(prefix[cut])
+    (tmp_path / "c.txt").write_text(text[:at] + cut)
+    with pytest.raises(RecordError) as err:
+        load(tmp_path / "c.txt")
+    assert "it looks truncated" in str(err.value)
+
+
+def test_a_typo_inside_the_file_is_not_called_truncated(calibrated, tmp_path):
+    from amct_bridge.errors import RecordError
+    from amct_bridge.records import load
+
+    text = (calibrated / "r.txt").read_text()
+    (tmp_path / "t.txt").write_text(text.replace("offset_d", "offset_", 1))
+    with pytest.raises(RecordError, match='has no field named "offset_"') as err:
+        load(tmp_path / "t.txt")
+    assert "truncated" not in str(err.value)
