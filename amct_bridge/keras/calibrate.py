@@ -47,7 +47,8 @@ def calibrate(
         verbose: predict's progress bar (0 silent, 1 bar).
         callbacks: more callbacks for the predict call (e.g. a progress bar).
         keep_step: keep the traced observed step for the next ``calibrate()`` of this model
-            object with the same plan (array data; like Keras' predict function: a layer
+            object with the same plan (array data; other data: the callback's, see
+            :class:`QuantCalibration`; like Keras' predict function: a layer
             changed in place later is not seen, weights are). It holds its buffers (with
             histograms: rings of at most 32 MiB plus 4 bytes per bin and tensor) until the
             model is deleted; False drops it.
@@ -59,7 +60,7 @@ def calibrate(
     Example:
         >>> # see the module docstring
     """
-    callback = QuantCalibration(record_path, **options)
+    callback = QuantCalibration(record_path, keep_step=keep_step, **options)
     if steps is None and callback.batch_num is not None:
         steps = callback.batch_num  # do not run the rest of the data uninstrumented
     if not callbacks and not verbose and _direct_ok(model, data, batch_size):

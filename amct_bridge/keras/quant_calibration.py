@@ -70,6 +70,13 @@ class QuantCalibration(keras.callbacks.Callback):
         accumulate: keep statistics across runs (repeated fit/evaluate calls) instead of
             starting fresh each run (default False).
         save_every_epoch: in fit, also write the record at every epoch end.
+        keep_step: keep the instrumented step function on the model for the next run with
+            the same plan (another callback too), as Keras keeps its own step functions: a
+            second run then traces nothing. A compile(), another distribution strategy, plan,
+            ``steps_per_execution`` or ``jit_compile`` makes a new one. It holds its buffers
+            (with histograms: rings of at most 32 MiB plus 4 bytes per bin and tensor) until
+            the model is deleted or the next run of another plan; False neither uses nor
+            keeps one.
 
     Example:
         >>> cb = QuantCalibration("/tmp/record.txt", algorithm="hfmg",
@@ -99,6 +106,7 @@ class QuantCalibration(keras.callbacks.Callback):
         on: str = "auto",
         accumulate: bool = False,
         save_every_epoch: bool = False,
+        keep_step: bool = True,
     ) -> None:
         super().__init__()
         self.config, from_file = resolve_config(
@@ -124,6 +132,7 @@ class QuantCalibration(keras.callbacks.Callback):
             _check_writable(self.frozen_graph_path)
         self.flavor, self.keys, self.on = flavor, keys, on
         self.accumulate, self.save_every_epoch = accumulate, save_every_epoch
+        self.keep_step = keep_step
         self._session: Session | None = None
         self._in_fit = False
 
@@ -189,7 +198,9 @@ class QuantCalibration(keras.callbacks.Callback):
 
     def _begin_run(self) -> None:
         if self._session is None or not self.accumulate or self._session.model is not self.model:
-            self._session = Session(self.model, self.config, self.batch_num)
+            self._session = Session(
+                self.model, self.config, self.batch_num, keep_step=self.keep_step
+            )
         self._session.new_run()
 
     def _end_run(self, mode: str) -> None:

@@ -5,7 +5,8 @@ counting and the write step. This subclass says how Keras does its part: the mod
 for the core (:func:`amct_bridge.keras.plan.describe_model`), weights
 (:class:`~amct_bridge.keras.weights.KerasWeights`), an :class:`~amct_bridge.keras.instrument.
 Instrumentation` per pass with the step function re-traced so it runs inside the compiled
-graph (and the user's step function put back when the pass ends), and the Keras-only outputs
+graph (and the user's step function put back when the pass ends; the instrumented one is kept
+on the model for the next run with the same plan, see ``keep_step``), and the Keras-only outputs
 (TF op keys, frozen graph) of :mod:`amct_bridge.keras.record_builder`.
 
 Example:
@@ -46,11 +47,29 @@ _NOT_SAVED = object()  # no step function saved yet (None is a valid saved one)
 
 @dataclass
 class _Kept:
-    """calibrate()'s observed step for one model and plan: its key, buffers and function."""
+    """An observed step kept for the next run on the same model and plan: its key, buffers
+    and function (calibrate()'s own traced step, or the callback's Keras step function)."""
 
     key: tuple
     inst: Instrumentation
     fn: object = None
+
+
+#: The callback's observed steps (Keras' own step functions re-made with the instrumentation
+#: in): kept on the model itself, in this untracked attribute, one per mode. Keras' step
+#: functions close over the model, so a weakly keyed table would keep it alive; on the model
+#: the function, its buffers and the model form a cycle the garbage collector takes.
+_KEPT_ATTR = "_amct_bridge_kept_steps"
+
+
+class _KeptSteps(dict):
+    """mode -> _Kept, on the model (see _KEPT_ATTR): not copied, pickled or saved with it."""
+
+    def __deepcopy__(self, memo):
+        return _KeptSteps()
+
+    def __reduce__(self):
+        return (_KeptSteps, ())
 
 
 #: calibrate() on arrays traces its own observed step (direct_step). Like Keras' predict
@@ -98,7 +117,7 @@ class Session(CalibrationSession):
         self.model = model
         # calibrate() on arrays: no Keras step function, the session traces its own (see
         # direct_step); ``direct_spec`` is the TensorSpec of its batches; ``keep_step``: keep
-        # it for the next calibrate() of this model (_KEPT)
+        # the observed step for the next run on this model (_KEPT, or the model's _KEPT_ATTR)
         self.direct_spec = direct_spec
         self.keep_step = keep_step
         self.step_function = None
@@ -131,9 +150,29 @@ class Session(CalibrationSession):
         hist = any(p.bins for p in points)
         if self.direct_spec is not None:
             return self._direct_instrumentation(points, every)
-        return Instrumentation(
-            self.model, points, every, steps=(f"{mode}_step",), native=hist or not jit
-        )
+        native = hist or not jit
+        key = _step_key(self.model, mode, points, every, native)
+        kept = self._kept_steps(create=False).pop(mode, None)  # keep_step=False drops it
+        if kept is not None and self.keep_step and _same_key(kept.key, key):
+            kept.inst.reset()
+        else:
+            inst = Instrumentation(
+                self.model, points, every, steps=(f"{mode}_step",), native=native
+            )
+            kept = _Kept(key, inst)
+        self._kept = kept
+        return kept.inst
+
+    def _kept_steps(self, create: bool) -> _KeptSteps:
+        """The model's kept step functions (an empty, unattached table if none and not
+        ``create``)."""
+        table = vars(self.model).get(_KEPT_ATTR)
+        if table is None:
+            table = _KeptSteps()
+            if create:
+                # object.__setattr__: no Keras tracking, nothing saved with the model
+                object.__setattr__(self.model, _KEPT_ATTR, table)
+        return table
 
     def _activate(self, mode: str) -> None:
         """Re-trace the ``mode`` step function so the instrumentation runs in its graph."""
@@ -144,6 +183,10 @@ class Session(CalibrationSession):
             self.step_function = kept.fn
             return
         self._saved_fn = getattr(self.model, f"{mode}_function")
+        kept = self._kept
+        if kept.fn is not None:  # the step function of an earlier run: no new trace
+            setattr(self.model, f"{mode}_function", kept.fn)
+            return
         jit_setting = getattr(self.model, "jit_compile", False)
         jit, hist = bool(jit_setting), any(p.bins for p in self.points)
         if jit and hist:
@@ -153,13 +196,14 @@ class Session(CalibrationSession):
         finally:
             if jit and hist:
                 self.model.jit_compile = jit_setting
+        kept.fn = getattr(self.model, f"{mode}_function")
 
     def _direct_instrumentation(self, points: list[Point], every: int) -> Instrumentation:
         """The kept observed step's buffers when the model and plan are the same, else new."""
         key = _plan_key(points, self.direct_spec, every)
         with _KEPT_LOCK:
             kept = _KEPT.pop(self.model, None)
-        if kept is not None and kept.key == key:
+        if kept is not None and self.keep_step and kept.key == key:
             kept.inst.reset()
             kept.inst.model = self.model
         else:
@@ -173,9 +217,12 @@ class Session(CalibrationSession):
         self.step_function = None
         kept, self._kept = self._kept, None
         if kept is not None and kept.fn is not None and self.keep_step:
-            kept.inst.model = None  # the entry must not keep the model alive
-            with _KEPT_LOCK:
-                _KEPT[self.model] = kept
+            if self.direct_spec is not None:
+                kept.inst.model = None  # the entry must not keep the model alive
+                with _KEPT_LOCK:
+                    _KEPT[self.model] = kept
+            else:
+                self._kept_steps(create=True)[mode] = kept
         if self._saved_fn is not _NOT_SAVED:
             setattr(self.model, f"{mode}_function", self._saved_fn)
         self._saved_fn = _NOT_SAVED
@@ -225,6 +272,29 @@ def _plan_key(points: list[Point], spec, every: int) -> tuple:
         for p in points
     )
     return observed, tuple(spec.shape.as_list()), spec.dtype.name, every
+
+
+def _step_key(model, mode: str, points: list[Point], every: int, native: bool) -> tuple:
+    """What a Keras step function re-made with the instrumentation depends on: the mode and
+    observed tensors, the reads, and the model's settings that ``make_<mode>_function`` reads
+    (a compile() makes a new config object; a strategy scope another strategy). The last
+    item holds objects, compared by identity (see _same_key)."""
+    observed = tuple(
+        (p.key, p.role, id(p.layer), p.bins, p.channel_axis, p.channels, p.calls, p.inner)
+        for p in points
+    )
+    settings = (
+        int(getattr(model, "steps_per_execution", 1) or 1),
+        bool(getattr(model, "jit_compile", False)),
+        bool(getattr(model, "run_eagerly", False)),
+    )
+    same = (model.distribute_strategy, getattr(model, "_compile_config", None))
+    return mode, observed, every, native, settings, same
+
+
+def _same_key(a: tuple, b: tuple) -> bool:
+    """Equal keys of :func:`_step_key`: the objects of the last item the same ones."""
+    return a[:-1] == b[:-1] and all(x is y for x, y in zip(a[-1], b[-1], strict=True))
 
 
 def _depthwise_output(layer, x):
