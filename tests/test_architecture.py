@@ -94,13 +94,13 @@ ESPDL_ROOT = Path(amct_bridge.espdl.__path__[0])
 #: ESP-DL v1 only: convert.py input and preview, C++ writers, chip graph and simulator.
 V1_MODULES = (
     "spec layout preview coefficients runtime checks result export report network chip_graph "
-    "chip chip_ops cpp cpp_app cpp_coefficients cpp_model cpp_render cpp_types"
+    "chip chip_ops cpp cpp_app cpp_coefficients cpp_model cpp_render cpp_types search"
 ).split()
 #: What every format shares (besides the package itself, which re-exports v1's names).
 SHARED_MODULES = (
-    "source plan exponents exponent_groups checks consistency naming writer evaluation "
-    "refusals".split()
-)
+    "source plan exponents exponent_groups exponent_search checks consistency naming writer "
+    "evaluation refusals"
+).split()
 #: Shared modules allowed to reach into a format, and where: the evaluation runs the v1 chip
 #: simulator (a lazy import inside evaluate_export / chip_network; nothing in v1 imports it).
 SHARED_INTO_FORMAT = {("amct_bridge.espdl.evaluation", "amct_bridge.espdl.v1.chip")}

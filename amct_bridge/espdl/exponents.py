@@ -56,6 +56,7 @@ class ExponentFinder:
         stats: CalibrationStats | None,
         *,
         bits: int,
+        overrides: dict[tuple[str, str], int] | None = None,
     ) -> None:
         self.layers = {layer.name: layer for layer in layers}
         self.consumers = consumers_map(layers)
@@ -64,11 +65,19 @@ class ExponentFinder:
         self.bits = bits
         self.chain_outputs: dict[str, int] = {}
         self.warnings: list[str] = []
+        #: chosen exponents that replace the range rule: ``(layer, "input" / "output")`` for
+        #: a range lookup, ``(conv, "filter")`` for a per-tensor filter (exponent_search)
+        self.overrides: dict[tuple[str, str], int] = dict(overrides or {})
 
     def range_exponent(self, name: str, side: str) -> Found | None:
-        """Exponent from the sidecar's ``side`` ("input"/"output") range of layer ``name``."""
+        """Exponent from the sidecar's ``side`` ("input"/"output") range of layer ``name``
+        (an entry of ``overrides`` first: a searched exponent)."""
         entry = self.stats.layers.get(name) if self.stats else None
         rng = getattr(entry, side, None) if entry else None
+        if (name, side) in self.overrides:
+            exp = int(self.overrides[(name, side)])
+            span = None if rng is None else (float(rng.min), float(rng.max))
+            return exp, f"searched on the calibration data ({side} of {name!r})", span
         if rng is None:
             return None
         try:

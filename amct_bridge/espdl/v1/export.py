@@ -29,6 +29,8 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
+
 from amct_bridge.errors import ExportError
 from amct_bridge.espdl.checks import (
     check_record_keys,
@@ -39,6 +41,7 @@ from amct_bridge.espdl.checks import (
 )
 from amct_bridge.espdl.consistency import check_scale_w
 from amct_bridge.espdl.exponent_groups import shared_exponent_groups
+from amct_bridge.espdl.exponent_search import Tuning
 from amct_bridge.espdl.exponents import ExponentFinder
 from amct_bridge.espdl.naming import c_identifiers
 from amct_bridge.espdl.plan import Chain, plan_chains
@@ -176,9 +179,13 @@ def _export_chain(
     out_found: tuple,
     warnings: list[str],
     options: tuple[str, bool, str],
+    offset: np.ndarray | None = None,
 ) -> ExportedLayer:
     feature_type, per_channel, target = options
     coef = chain_coefficients(chain)
+    if offset is not None:  # a searched bias correction (exponent_search.bias_offsets)
+        base = np.zeros(len(offset)) if coef.bias is None else coef.bias.astype(np.float64)
+        coef.bias = (base + offset).astype(np.float32)
     axis = spec.OPERATIONS[WEIGHT_OPS[chain.head.op]].channel_axis
     record = finder.record
     factors = record.layers.get(chain.head.name) if record else None
@@ -196,8 +203,11 @@ def _export_chain(
     if coef.alpha is not None:
         arrays[f"{c_name}_activation"] = coef.alpha
     bits = spec.FEATURE_BITS[feature_type]
+    searched_filter = finder.overrides.get((chain.head.name, "filter"))
     exps = {
-        "filter": auto_exponent(coef.filter, bits, name=f"{chain.head.name} filter"),
+        "filter": auto_exponent(coef.filter, bits, name=f"{chain.head.name} filter")
+        if searched_filter is None or per_channel  # per-channel: convert.py's own exponents
+        else int(searched_filter),
         "input": None if found_in is None else found_in[0],
         "output": out_exp,
     }
@@ -207,6 +217,13 @@ def _export_chain(
     sources = {"output_exponent": out_src}
     if found_in is not None:
         sources["input_exponent"] = found_in[1]
+    if searched_filter is not None and not per_channel:
+        sources["filter_exponent"] = "searched on the calibration data"
+    if offset is not None:
+        sources["bias"] = (
+            "corrected by the chip's mean error on the calibration data (largest change "
+            f"{float(np.max(np.abs(offset))):.3g})"
+        )
     attrs = chain.head.attrs
     if chain.pads is not None:  # a folded ZeroPadding2D: explicit pads
         attrs = {**attrs, "padding": "not_set", "pads": chain.pads}
@@ -238,6 +255,7 @@ def export_layers(
     skip_unsupported: bool = False,
     overwrite: bool = False,
     cpp: str | None = None,
+    tuning: Tuning | None = None,
 ) -> ExportResult:
     """Export framework-free ``layers`` (execution order) to ``out_dir`` (None = dry run).
 
@@ -253,6 +271,8 @@ def export_layers(
         overwrite: replace an existing non-empty ``out_dir``.
         cpp: also write convert.py's ``<cpp>.cpp``/``.hpp``, the model class and an
             ``app_main.cpp`` (:func:`amct_bridge.espdl.v1.cpp_app.cpp_outputs`).
+        tuning: searched exponents and bias corrections that replace the range rule's
+            (:func:`amct_bridge.espdl.v1.search.search_tuning`); None: the range rule.
 
     Example:
         >>> lstm = SourceLayer("x", "unsupported", kind="LSTM", attrs={"reason": "RNN"})
@@ -286,7 +306,10 @@ def export_layers(
     fused = {name for c in chains for name in c.fused}
     extra = [x.name for x in layers if runtime_class(x) and x.name not in fused]
     names = c_identifiers([c.head.name for c in chains] + extra)  # chains keep their names
-    finder = ExponentFinder(layers, record, stats, bits=spec.FEATURE_BITS[feature_type])
+    bits = spec.FEATURE_BITS[feature_type]
+    finder = ExponentFinder(
+        layers, record, stats, bits=bits, overrides=tuning.exponents if tuning else None
+    )
     options = (feature_type, granularity == "per-channel", target)
     outs, warnings, loose = _output_exponents(layers, chains, finder)
     # after the chains' outputs and before their inputs: a conv after an Add reads its exponent
@@ -295,8 +318,17 @@ def export_layers(
         old, src, rng = outs[end]
         outs[end] = (exp, f"{src}, raised from {old} to {exp} to match the inputs of {cat!r}", rng)
     loose = unresolved_concats(loose, runtime)
+    offsets = tuning.bias_offsets if tuning else {}
     exported = [
-        _export_chain(c, names[c.head.name], finder, outs[c.last], warnings[c.last], options)
+        _export_chain(
+            c,
+            names[c.head.name],
+            finder,
+            outs[c.last],
+            warnings[c.last],
+            options,
+            offsets.get(c.head.name),
+        )
         for c in chains
     ]
     result = ExportResult(
@@ -311,6 +343,8 @@ def export_layers(
         passthrough=passthrough(layers),
         inputs=[x.name for x in layers if x.op == "input"],
     )
+    if tuning is not None:
+        result.notes += tuning.notes
     result.notes += record_coverage([c.head.name for c in chains], record, stats)
     if stats is not None:
         result.notes += _sidecar_strangers(layers, stats)

@@ -1,0 +1,242 @@
+"""ESP-DL v1: exponents and bias corrections searched on calibration data, the chip as the judge.
+
+:func:`search_tuning` exports the model with the range rule (a dry run), then moves each
+exponent the runtime lets us choose (:func:`adjustable_exponents`) while the bit-exact chip
+simulator's output error on the calibration data drops
+(:func:`amct_bridge.espdl.exponent_search.coordinate_search`). Every candidate is a full
+export (convert.py's quantization of the coefficients, the Add2D / Concat rules, the bias at
+the chosen output exponent) run by :func:`amct_bridge.espdl.v1.chip.simulate_chip`: nothing is
+estimated. Then, layer by layer in execution order, the per-channel mean error of the chip's
+output is added to the bias (:func:`~amct_bridge.espdl.exponent_search.bias_offsets`) where
+that lowers the channel's error. The result never has a larger output error on the
+calibration data than the range rule (docs/espdl-export.md, "How exponents are chosen").
+
+Example:
+    >>> import numpy as np
+    >>> from amct_bridge.espdl.source import SourceLayer
+    >>> from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange
+    >>> w = np.float32([[0.3, -0.2], [0.1, 0.4]])
+    >>> layers = [SourceLayer("in", "input", attrs={"shape": (2,)}),
+    ...           SourceLayer("fc", "dense", ["in"], "Dense", {"kernel": w}, {"input_rank": 2})]
+    >>> x = np.random.default_rng(0).uniform(-1, 1, (64, 2)).astype(np.float32)
+    >>> r = TensorRange(-1, 1)
+    >>> stats = CalibrationStats(layers={"fc": LayerStats("Dense", r, r)})
+    >>> t = search_tuning(layers, x, {"fc": x @ w}, stats=stats)
+    >>> t.exponents[("fc", "output")] < -6  # finer than the range rule's -6 for [-1, 1]
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from amct_bridge.errors import ExportError
+from amct_bridge.espdl.exponent_search import (
+    SEARCH_SPAN,
+    Tuning,
+    bias_offsets,
+    channel_errors,
+    coordinate_search,
+    relative_error,
+)
+from amct_bridge.espdl.v1.chip import ChipResult, simulate_chip
+from amct_bridge.espdl.v1.export import export_layers
+from amct_bridge.espdl.v1.network import INPUT, REQUANTIZING, WEIGHTED, Network
+from amct_bridge.espdl.v1.network import network_from_result as _network
+
+Key = tuple[str, str]
+#: At most this many calibration samples are simulated per candidate.
+MAX_SAMPLES = 512
+
+
+def _source(layer: Any) -> str:
+    """The framework layer whose output the chip layer computes (its last fused one)."""
+    return layer.fused[-1] if layer.fused else layer.source
+
+
+def _reads_input(net: Network, layer: Any) -> bool:
+    """True when ``layer`` reads the model input, maybe through exponent-keeping layers."""
+    by_name = {x.name: x for x in net.layers}
+    name = layer.inputs[0]
+    while name != INPUT:
+        producer = by_name[name]
+        if not producer.keeps_exponent:
+            return False
+        name = producer.inputs[0]
+    return True
+
+
+def adjustable_exponents(net: Network) -> tuple[dict[Key, int], dict[Key, list[Key]]]:
+    """The exponents of ``net`` the runtime lets us choose, with their current values.
+
+    Returns (variables, keys): a variable is ``(layer, "output")`` for a requantizing layer
+    (conv, dense, Add2D, pools: the layer its output belongs to, as the sidecar names it),
+    ``(conv, "filter")`` for a per-tensor filter, ``("", "input")`` for the model input;
+    ``keys`` lists the :class:`~amct_bridge.espdl.exponent_search.Tuning` keys each one sets
+    (the input's exponent is the input exponent of every conv reading it).
+
+    Example:
+        >>> from amct_bridge.espdl.v1.network import NetLayer
+        >>> net = Network("s8", False, [NetLayer("r", "ReLU", [INPUT])], input_exponent=-7)
+        >>> adjustable_exponents(net)
+        ({}, {})
+    """
+    variables: dict[Key, int] = {}
+    keys: dict[Key, list[Key]] = {}
+    readers = [x.source for x in net.layers if x.kind in WEIGHTED and _reads_input(net, x)]
+    if readers and net.input_exponent is not None:
+        variables[("", "input")] = int(net.input_exponent)
+        keys[("", "input")] = [(name, "input") for name in readers]
+    for layer in net.layers:
+        if layer.kind not in REQUANTIZING or layer.output_exponent is None:
+            continue
+        key = (_source(layer), "output")
+        variables[key], keys[key] = int(layer.output_exponent), [key]
+        if layer.kind in WEIGHTED and not net.per_channel and layer.filter is not None:
+            fkey = (layer.source, "filter")
+            variables[fkey], keys[fkey] = int(layer.filter.exponent), [fkey]
+    return variables, keys
+
+
+class _Judge:
+    """Exports a candidate (dry run) and runs it on the calibration data."""
+
+    def __init__(self, layers: list, x: np.ndarray, options: dict, output: str | None) -> None:
+        self.export = lambda tuning: export_layers(layers, None, tuning=tuning, **options)
+        self.x = x
+        self.target = options.get("target")
+        self.output = output
+
+    def run(self, tuning: Tuning | None) -> tuple[Network, ChipResult]:
+        net = _network(self.export(tuning))
+        return net, simulate_chip(net, self.x, self.target)
+
+    def output_layer(self, net: Network) -> Any:
+        """The chip layer computing the model's (first) output."""
+        for name in net.outputs:
+            layer = net.layer(name)
+            if self.output in (layer.source, *layer.fused):
+                return layer
+        return net.layer(net.outputs[0])
+
+
+def _expand(values: dict[Key, int], keys: dict[Key, list[Key]]) -> dict[Key, int]:
+    return {k: v for var, v in values.items() for k in keys[var]}
+
+
+def _changes(start: dict[Key, int], best: dict[Key, int]) -> str:
+    moved = [
+        f"{name or 'model input'} {side} {start[(name, side)]}->{v}"
+        for (name, side), v in best.items()
+        if v != start[(name, side)]
+    ]
+    return ", ".join(moved) if moved else "none"
+
+
+def _db(err: float) -> str:
+    return "inf" if err == 0 else f"{-10 * np.log10(err):.1f}"
+
+
+def search_tuning(
+    layers: list,
+    x: np.ndarray,
+    floats: dict[str, np.ndarray] | Callable[[list[str]], dict[str, np.ndarray]],
+    *,
+    output: str | None = None,
+    bias_correction: bool = True,
+    span: int = SEARCH_SPAN,
+    passes: int = 2,
+    **options: Any,
+) -> Tuning:
+    """Exponents (and bias corrections) minimising the chip's output error on ``x``.
+
+    Args:
+        layers: the model as :class:`~amct_bridge.espdl.source.SourceLayer` list.
+        x: calibration inputs, float, NHWC as the chip takes them (the first
+            :data:`MAX_SAMPLES` are used).
+        floats: the float model's outputs on ``x`` (NHWC) by framework layer name, or a
+            function of the names wanted giving them: the model's output is the reference,
+            each conv/dense's output the reference of its bias correction.
+        output: the framework layer of the model's first output (None: the chip's first).
+        bias_correction: also correct the biases (see the module docstring).
+        span, passes: as :func:`~amct_bridge.espdl.exponent_search.coordinate_search`.
+        **options: :func:`~amct_bridge.espdl.v1.export.export_layers`'s options (record,
+            stats, feature_type, granularity, target, skip_unsupported).
+
+    Returns:
+        the :class:`~amct_bridge.espdl.exponent_search.Tuning` to export with (empty, with a
+        note, when the export has no chip graph or the float output is missing).
+
+    Example:
+        >>> # see the module docstring
+    """
+    x = np.asarray(x, np.float32)[:MAX_SAMPLES]
+    judge = _Judge(layers, x, options, output)
+    try:
+        net, chip = judge.run(None)
+    except ExportError as err:
+        return Tuning(notes=[f"exponents not searched: the chip cannot run the export ({err})"])
+    out = judge.output_layer(net)
+    wanted = [_source(layer) for layer in net.layers]
+    refs = floats(wanted) if callable(floats) else dict(floats)
+    if _source(out) not in refs:
+        return Tuning(notes=[f"exponents not searched: no float output of {_source(out)!r}"])
+    ref = np.asarray(refs[_source(out)], np.float64)
+
+    def error(result: ChipResult) -> float:
+        return relative_error(ref, result[out.name].to_float().reshape(ref.shape))
+
+    start, keys = adjustable_exponents(net)
+    base_error = error(chip)
+
+    def score(values: dict[Key, int]) -> float:
+        try:
+            return error(judge.run(Tuning(_expand(values, keys)))[1])
+        except ExportError:  # e.g. an exponent convert.py or the runtime would refuse
+            return float("inf")
+
+    best, best_error, tried = coordinate_search(start, score, span=span, passes=passes)
+    tuning = Tuning(_expand(best, keys))
+    if bias_correction:
+        best_error = _correct_biases(judge, tuning, refs, error, best_error)
+    tuning.notes.append(
+        f"exponents searched on {len(x)} calibration samples ({tried} candidates, the chip "
+        f"simulator as judge): output SNR {_db(base_error)} dB with the range rule, "
+        f"{_db(best_error)} dB searched; changed: {_changes(start, best)}"
+        + (f"; biases corrected: {', '.join(tuning.bias_offsets)}" if tuning.bias_offsets else "")
+    )
+    return tuning
+
+
+def _correct_biases(
+    judge: _Judge, tuning: Tuning, refs: dict, error: Callable[[ChipResult], float], err: float
+) -> float:
+    """Add each conv/dense's per-channel mean chip error to its bias, in execution order,
+    where it lowers that channel's error; drop all of it if the output error grows."""
+    net, chip = judge.run(tuning)
+    for layer in [x for x in net.layers if x.kind in WEIGHTED]:
+        source = _source(layer)
+        if source not in refs:
+            continue
+        ref = np.asarray(refs[source], np.float64)
+        got = chip[layer.name].to_float().reshape(ref.shape)
+        linear = None if layer.activation is None else 0.0
+        offset = bias_offsets(ref, got, linear_above=linear)
+        previous = tuning.bias_offsets.get(layer.source, np.zeros_like(offset))
+        trial = Tuning(tuning.exponents, {**tuning.bias_offsets, layer.source: previous + offset})
+        _, trial_chip = judge.run(trial)
+        before = channel_errors(ref, got)
+        after = channel_errors(ref, trial_chip[layer.name].to_float())
+        keep = after < before
+        if not keep.any():
+            continue
+        tuning.bias_offsets[layer.source] = previous + np.where(keep, offset, 0.0)
+        chip = trial_chip if keep.all() else judge.run(tuning)[1]
+    new_err = error(chip)
+    if new_err > err:
+        tuning.bias_offsets.clear()
+        return err
+    return new_err
