@@ -24,7 +24,7 @@ import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import dataset as ds
-from ms_dp_worker import BATCH, make_data, make_model, make_net, shard_batches
+from ms_dp_worker import ALL, BATCH, make_data, make_model, make_net, shard_batches
 
 from amct_bridge.mindspore import QuantCalibration
 from amct_bridge.records import load
@@ -104,26 +104,41 @@ def _reference(tmp: Path, case: str, algorithm: str, samples: int):
         ms.set_context(mode=before)
 
 
-def _check_ranks_agree_and_only_rank0_wrote(out: Path, reports: dict) -> None:
+@pytest.fixture(scope="module")
+def all_runs(tmp_path_factory):
+    """One msrun, three calibrations in turn (eval minmax, eval hfmg, train minmax): one
+    start-up of the workers instead of three."""
+    out = tmp_path_factory.mktemp("dp_all")
+    return out, run_msrun(out, "all", "-", SAMPLES, timeout=240)
+
+
+SAMPLES = 4 * WORLD * BATCH  # 4 batches per rank
+
+
+def _check_ranks_agree(reports: dict, run: str) -> None:
     for r in range(WORLD):
-        assert "error" not in reports[r], reports[r]["error"]
-    assert reports[0]["layers"] == reports[1]["layers"]  # every rank returns the same factors
-    # the only files besides the test's own (ranks/, log/) are rank 0's record and sidecar
-    assert sorted(p.name for p in (out / "record").iterdir()) == [
-        "record.txt",
-        "record.txt.calib.json",
-    ]
+        assert "error" not in reports[r]["runs"][run], reports[r]["runs"][run]["error"]
+    # every rank returns the same factors
+    assert reports[0]["runs"][run]["layers"] == reports[1]["runs"][run]["layers"]
+
+
+def test_only_rank0_writes(all_runs):
+    out, reports = all_runs
+    assert sorted(reports[0]["runs"]) == sorted(f"{t}-{a}" for t, a in ALL)
+    # the only files besides the test's own (ranks/, log/) are rank 0's records and sidecars
+    assert sorted(p.name for p in (out / "record").iterdir()) == sorted(
+        name for t, a in ALL for name in (f"{t}-{a}.txt", f"{t}-{a}.txt.calib.json")
+    )
     assert not [p for p in out.iterdir() if p.name not in ("record", "ranks", "log")]
 
 
 @pytest.mark.parametrize("algorithm", ["minmax", "hfmg"])
-def test_eval_calibration_merges_ranks(tmp_path, algorithm):
-    samples = 4 * WORLD * BATCH  # 4 batches per rank
-    reports = run_msrun(tmp_path, "eval", algorithm, samples)
-    _check_ranks_agree_and_only_rank0_wrote(tmp_path, reports)
-    merged = load(tmp_path / "record" / "record.txt")
-    single, single_stats, _ = _reference(tmp_path, "eval", algorithm, samples)
-    stats = load_stats(sidecar_path(tmp_path / "record" / "record.txt"))
+def test_eval_calibration_merges_ranks(all_runs, tmp_path, algorithm):
+    out, reports = all_runs
+    _check_ranks_agree(reports, f"eval-{algorithm}")
+    path = out / "record" / f"eval-{algorithm}.txt"
+    merged, stats = load(path), load_stats(sidecar_path(path))
+    single, single_stats, _ = _reference(tmp_path, "eval", algorithm, SAMPLES)
     assert stats.batches == 4 * WORLD  # every rank's batches (the reference counts 4 doubles)
     assert sorted(merged.layers) == sorted(single.layers)
     for key, ref in single.layers.items():
@@ -139,15 +154,15 @@ def test_eval_calibration_merges_ranks(tmp_path, algorithm):
         assert (got.output.min, got.output.max) == (ref.output.min, ref.output.max), key
 
 
-def test_train_calibration_merges_ranks(tmp_path):
-    samples = 3 * WORLD * BATCH
-    reports = run_msrun(tmp_path, "train", "minmax", samples)
-    _check_ranks_agree_and_only_rank0_wrote(tmp_path, reports)
-    merged = load(tmp_path / "record" / "record.txt")
-    single, _, weights = _reference(tmp_path, "train", "minmax", samples)
+def test_train_calibration_merges_ranks(all_runs, tmp_path):
+    out, reports = all_runs
+    _check_ranks_agree(reports, "train-minmax")
+    merged = load(out / "record" / "train-minmax.txt")
+    single, _, weights = _reference(tmp_path, "train", "minmax", SAMPLES)
+    mine = [reports[r]["runs"]["train-minmax"]["weights"] for r in range(WORLD)]
     for name, value in weights.items():  # the data-parallel steps are the single-process ones
-        np.testing.assert_allclose(reports[0]["weights"][name], value, rtol=1e-4, atol=1e-6)
-        assert reports[0]["weights"][name] == reports[1]["weights"][name]
+        np.testing.assert_allclose(mine[0][name], value, rtol=1e-4, atol=1e-6)
+        assert mine[0][name] == mine[1][name]
     for key, ref in single.layers.items():
         got = merged.layers[key]
         # float tolerance: the union steps' activations equal up to the gradient sum's order
@@ -158,21 +173,21 @@ def test_train_calibration_merges_ranks(tmp_path):
 
 def test_a_nan_on_one_rank_stops_every_rank_at_that_step(tmp_path):
     start = time.perf_counter()
-    reports = run_msrun(tmp_path, "nan", "minmax", 4 * WORLD * BATCH, timeout=90)
+    reports = run_msrun(tmp_path, "nan", "minmax", SAMPLES, timeout=90)
     elapsed = time.perf_counter() - start
     for r in range(WORLD):
-        error = reports[r].get("error", "")
+        error = reports[r]["runs"]["eval-minmax"].get("error", "")
         assert "rank 1 of 2 failed in calibration step 2" in error, error
         assert "contains NaN or Inf" in error and "batch 1" in error, error
-    assert not (tmp_path / "record" / "record.txt").exists()
+    assert not list((tmp_path / "record").iterdir())
     assert elapsed < 90
 
 
 def test_a_rank_count_that_does_not_divide_the_data_is_refused(tmp_path):
-    reports = run_msrun(tmp_path, "eval", "minmax", 4 * WORLD * BATCH + 1, timeout=90)
+    reports = run_msrun(tmp_path, "eval", "minmax", SAMPLES + 1, timeout=90)
     for r in range(WORLD):
-        error = reports[r].get("error", "")
+        error = reports[r]["runs"]["eval-minmax"].get("error", "")
         assert "all 2 ranks failed in the dataset check" in error, error
         assert "NumpySlicesDataset has 33 samples, which 2 ranks cannot share evenly" in error
         assert "drop 1 or add 1" in error
-    assert not (tmp_path / "record" / "record.txt").exists()
+    assert not list((tmp_path / "record").iterdir())
