@@ -182,7 +182,7 @@ def _check_dataset(dataset, group: Group) -> None:
         seen.add(id(node))
         stack.extend(getattr(node, "children", None) or [])
         shards = getattr(node, "num_shards", None)
-        if not shards:
+        if not shards or int(shards) == 1:  # MindSpore's sources say 1 when not sharded
             continue
         sharded = True
         name = type(node).__name__

@@ -191,3 +191,22 @@ def test_a_rank_count_that_does_not_divide_the_data_is_refused(tmp_path):
         assert "NumpySlicesDataset has 33 samples, which 2 ranks cannot share evenly" in error
         assert "drop 1 or add 1" in error
     assert not list((tmp_path / "record").iterdir())
+
+
+def test_dataset_check_without_msrun(caplog):
+    """The dataset rules themselves (no collective: the rank-local part of check_dataset)."""
+    from amct_bridge.errors import CalibrationError
+    from amct_bridge.mindspore.distributed import Group, _check_dataset
+
+    x, y = make_data(8)
+    group = Group(0, 2)
+
+    def data(**shards):
+        return ds.NumpySlicesDataset((x, y), ["x", "y"], shuffle=False, **shards).batch(2)
+
+    _check_dataset(data(num_shards=2, shard_id=0), group)  # 8 samples, 2 ranks: fine
+    with pytest.raises(CalibrationError, match=r"num_shards=4, but the run has 2 ranks"):
+        _check_dataset(data(num_shards=4, shard_id=0), group)
+    with caplog.at_level("WARNING", logger="amct_bridge.mindspore.distributed"):
+        _check_dataset(data(), group)
+    assert "the dataset is not sharded" in caplog.text and "counts 2 times" in caplog.text
