@@ -6,7 +6,8 @@ single-process references use (importable without MindSpore's communication).
 
 * ``eval``: ``Model.eval`` with QuantCalibration(ALGORITHM);
 * ``train``: ``Model.train`` (SGD, 1 epoch) with QuantCalibration(ALGORITHM);
-* ``all``: the runs of :data:`ALL` one after the other (eval minmax, eval hfmg, train minmax);
+* ``all``: the runs of :data:`ALL` one after the other (eval minmax, eval hfmg, train minmax,
+  eval minmax with ``merge_ranks=False``);
 * ``nan``: ``eval`` where rank 1's second batch holds a NaN;
 * ``bench`` / ``bench-train``: ``eval`` / ``train``, timing the cross-rank merge at the end and
   the per-step agreement.
@@ -79,7 +80,7 @@ def make_model(net, train: bool):
 
 
 #: case "all": the runs of one msrun (one start-up for three calibrations)
-ALL = (("eval", "minmax"), ("eval", "hfmg"), ("train", "minmax"))
+ALL = (("eval", "minmax"), ("eval", "hfmg"), ("train", "minmax"), ("local", "minmax"))
 
 
 def main(out: Path, case: str, algorithm: str, samples: int) -> None:
@@ -114,7 +115,8 @@ def main(out: Path, case: str, algorithm: str, samples: int) -> None:
 
 
 def _run(out: Path, case: str, task: str, algorithm: str, samples: int, rank: int, world: int):
-    """One Model.eval / train with QuantCalibration writing ``record/<task>-<algorithm>.txt``."""
+    """One Model.eval / train with QuantCalibration writing ``record/<task>-<algorithm>.txt``;
+    task "local": Model.eval with ``merge_ranks=False`` writing ``local/rank<r>.txt``."""
     from mindspore import dataset as ds
 
     from amct_bridge.mindspore import QuantCalibration
@@ -130,7 +132,12 @@ def _run(out: Path, case: str, task: str, algorithm: str, samples: int, rank: in
     model = make_model(net, train)
     options = {"num_of_bins": 1024} if algorithm == "hfmg" else None
     path = out / "record" / f"{task}-{algorithm}.txt"
-    cb = QuantCalibration(path, algorithm=algorithm, algorithm_options=options)
+    if task == "local":
+        path = out / "local" / f"rank{rank}.txt"
+        path.parent.mkdir(exist_ok=True)
+    cb = QuantCalibration(
+        path, algorithm=algorithm, algorithm_options=options, merge_ranks=task != "local"
+    )
     report: dict = {}
     run_start = time.perf_counter()
     try:

@@ -127,9 +127,9 @@ def test_only_rank0_writes(all_runs):
     assert sorted(reports[0]["runs"]) == sorted(f"{t}-{a}" for t, a in ALL)
     # the only files besides the test's own (ranks/, log/) are rank 0's records and sidecars
     assert sorted(p.name for p in (out / "record").iterdir()) == sorted(
-        name for t, a in ALL for name in (f"{t}-{a}.txt", f"{t}-{a}.txt.calib.json")
+        name for t, a in ALL if t != "local" for name in (f"{t}-{a}.txt", f"{t}-{a}.txt.calib.json")
     )
-    assert not [p for p in out.iterdir() if p.name not in ("record", "ranks", "log")]
+    assert not [p for p in out.iterdir() if p.name not in ("record", "local", "ranks", "log")]
 
 
 @pytest.mark.parametrize("algorithm", ["minmax", "hfmg"])
@@ -169,6 +169,28 @@ def test_train_calibration_merges_ranks(all_runs, tmp_path):
         assert got.scale_d == pytest.approx(ref.scale_d, rel=1e-5), key
         assert got.offset_d == ref.offset_d, key
         assert got.scale_w == pytest.approx(ref.scale_w, rel=1e-5), key
+
+
+def test_merge_ranks_false_calibrates_each_rank_alone(all_runs, tmp_path):
+    """merge_ranks=False: each rank's record is a single-process calibration of its own shard."""
+    out, reports = all_runs
+    before = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        x, y = make_data(SAMPLES)
+        for r in range(WORLD):
+            assert "error" not in reports[r]["runs"]["local-minmax"]
+            shard = ds.NumpySlicesDataset(
+                (x[r::WORLD], y[r::WORLD]), ["x", "y"], shuffle=False
+            ).batch(BATCH)
+            path = tmp_path / f"single{r}.txt"
+            make_model(make_net(), False).eval(
+                shard, callbacks=[QuantCalibration(path, algorithm="minmax")]
+            )
+            assert load(out / "local" / f"rank{r}.txt") == load(path)
+        assert load(out / "local" / "rank0.txt") != load(out / "local" / "rank1.txt")
+    finally:
+        ms.set_context(mode=before)
 
 
 def test_a_nan_on_one_rank_stops_every_rank_at_that_step(tmp_path):
