@@ -274,7 +274,15 @@ class QuantCalibration(Callback):
             return
         if self._pending == mode:
             self._pending = None
-            self._guard(self._start, run_context, mode)
+            if session.group is None:
+                self._guard(self._start, run_context, mode)
+            else:  # a rank failing to start must not leave the others waiting at the step end
+                error = None
+                try:
+                    self._start(run_context, mode)
+                except Exception as err:
+                    error = err
+                self._guard(agree, session.group.gather, error, "starting the calibration")
         if session.active:
             session.batch_begin(mode, 0)
 

@@ -7,7 +7,7 @@ single-process references use (importable without MindSpore's communication).
 * ``eval``: ``Model.eval`` with QuantCalibration(ALGORITHM);
 * ``train``: ``Model.train`` (SGD, 1 epoch) with QuantCalibration(ALGORITHM);
 * ``all``: the runs of :data:`ALL` one after the other (eval minmax, eval hfmg, train minmax,
-  eval minmax with ``merge_ranks=False``);
+  eval minmax with ``merge_ranks=False``, train with SelectivePruneCallback);
 * ``nan``: ``eval`` where rank 1's second batch holds a NaN;
 * ``bench`` / ``bench-train``: ``eval`` / ``train``, timing the cross-rank merge at the end and
   the per-step agreement.
@@ -80,7 +80,13 @@ def make_model(net, train: bool):
 
 
 #: case "all": the runs of one msrun (one start-up for three calibrations)
-ALL = (("eval", "minmax"), ("eval", "hfmg"), ("train", "minmax"), ("local", "minmax"))
+ALL = (
+    ("eval", "minmax"),
+    ("eval", "hfmg"),
+    ("train", "minmax"),
+    ("local", "minmax"),
+    ("prune", "-"),
+)
 
 
 def main(out: Path, case: str, algorithm: str, samples: int) -> None:
@@ -119,7 +125,7 @@ def _run(out: Path, case: str, task: str, algorithm: str, samples: int, rank: in
     task "local": Model.eval with ``merge_ranks=False`` writing ``local/rank<r>.txt``."""
     from mindspore import dataset as ds
 
-    from amct_bridge.mindspore import QuantCalibration
+    from amct_bridge.mindspore import QuantCalibration, SelectivePruneCallback
 
     x, y = make_data(samples)
     if case == "nan" and rank == 1:
@@ -128,8 +134,12 @@ def _run(out: Path, case: str, task: str, algorithm: str, samples: int, rank: in
         (x, y), ["x", "y"], shuffle=False, num_shards=world, shard_id=rank
     ).batch(BATCH)
     net = make_net()
-    train = task == "train"
+    train = task in ("train", "prune")
     model = make_model(net, train)
+    if task == "prune":  # SelectivePruneCallback: 2:4 on every rank, rank 0 writes the record
+        cb = SelectivePruneCallback(out / "record" / "prune.txt")
+        model.train(1, data, callbacks=[cb], dataset_sink_mode=False)
+        return {"weights": {n: p.asnumpy().tolist() for n, p in net.parameters_and_names()}}
     options = {"num_of_bins": 1024} if algorithm == "hfmg" else None
     path = out / "record" / f"{task}-{algorithm}.txt"
     if task == "local":

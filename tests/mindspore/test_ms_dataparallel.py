@@ -126,9 +126,9 @@ def test_only_rank0_writes(all_runs):
     out, reports = all_runs
     assert sorted(reports[0]["runs"]) == sorted(f"{t}-{a}" for t, a in ALL)
     # the only files besides the test's own (ranks/, log/) are rank 0's records and sidecars
-    assert sorted(p.name for p in (out / "record").iterdir()) == sorted(
-        name for t, a in ALL if t != "local" for name in (f"{t}-{a}.txt", f"{t}-{a}.txt.calib.json")
-    )
+    runs = [f"{t}-{a}.txt" for t, a in ALL if t not in ("local", "prune")]
+    expect = sorted([*runs, *(f"{r}.calib.json" for r in runs), "prune.txt"])
+    assert sorted(p.name for p in (out / "record").iterdir()) == expect
     assert not [p for p in out.iterdir() if p.name not in ("record", "local", "ranks", "log")]
 
 
@@ -191,6 +191,28 @@ def test_merge_ranks_false_calibrates_each_rank_alone(all_runs, tmp_path):
         assert load(out / "local" / "rank0.txt") != load(out / "local" / "rank1.txt")
     finally:
         ms.set_context(mode=before)
+
+
+def test_selective_prune_under_msrun(all_runs):
+    """SelectivePruneCallback in a data-parallel Model.train: both ranks keep the same 2:4
+    weights; rank 0's record (the only one written) is prune_record's for them."""
+    from amct_bridge.mindspore import prune_record, selective_masks
+
+    out, reports = all_runs
+    weights = [reports[r]["runs"]["prune--"]["weights"] for r in range(WORLD)]
+    assert weights[0] == weights[1]
+    net = make_net()
+    for name, p in net.parameters_and_names():
+        p.set_data(ms.Tensor(np.asarray(weights[0][name], np.float32)))
+    for cell in (net[0], net[2], net[5]):
+        w = np.moveaxis(cell.weight.asnumpy() != 0, 1, -1)  # input channels last
+        w = np.pad(w, [(0, 0)] * (w.ndim - 1) + [(0, -w.shape[-1] % 4)])  # 3 -> a run of 4
+        assert (w.reshape(*w.shape[:-1], -1, 4).sum(-1) == 2).all()
+    shape = (1, 3, 6, 6)
+    expect = prune_record(
+        net, shape, channel=False, selective=True, masks=selective_masks(net, shape)
+    )
+    assert load(out / "record" / "prune.txt", flavor="inner") == expect
 
 
 def test_a_nan_on_one_rank_stops_every_rank_at_that_step(tmp_path):
