@@ -79,7 +79,10 @@ def main() -> None:
     for r, rep in enumerate(reports):
         if "error" in rep:
             sys.exit(f"rank {r}: {rep['error']}")
-        run, merge, agree = rep["run_seconds"], rep["merge_seconds"], rep["steps_agree_seconds"]
+        (one,) = rep["runs"].values()
+        if "error" in one:
+            sys.exit(f"rank {r}: {one['error']}")
+        run, merge, agree = one["run_seconds"], rep["merge_seconds"], rep["steps_agree_seconds"]
         each = sorted(rep["agree_each"][1:]) or [0.0]
         first = rep["agree_each"][0] if rep["agree_each"] else 0.0
         # the first agreement also sets up the collective; each one also waits for the slower

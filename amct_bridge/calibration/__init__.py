@@ -21,6 +21,9 @@ module                                         what
                                                drains on a worker thread, grids, NaN/Inf, batches
 :mod:`amct_bridge.calibration.records`         record + sidecar building, flavor, atomic writes
 :mod:`amct_bridge.calibration.weights`         BN folding, ARQ scale_w, DMQ, shift_bit on numpy
+:mod:`amct_bridge.calibration.merge`           data-parallel runs: observers merged across
+                                               ranks from one ``gather`` collective, ok/error
+                                               agreement, rank-count check
 =============================================  ================================================
 
 The adapter contract

@@ -54,6 +54,7 @@ __all__ = [
     "agree",
     "check_shards",
     "in_threads",
+    "merge_means",
     "merge_observed",
     "merge_observers",
     "merge_ranges",
@@ -152,6 +153,25 @@ def merge_ranges(ranges: np.ndarray, gather: Gather) -> np.ndarray:
     ranges = np.asarray(ranges, np.float64)
     rows = np.asarray(gather(ranges))
     return np.stack([rows[:, 0].min(axis=0), rows[:, 1].max(axis=0)])
+
+
+def merge_means(values: np.ndarray, gather: Gather, weights: float = 1.0) -> np.ndarray:
+    """The mean of ``values`` over every rank, each rank's weighted by ``weights`` (e.g. its
+    batch count): for EMA ranges kept in the graph (QAT), merged as Keras merges replicas'
+    ``aggregation="mean"`` variables. A rank with weight 0 drops out.
+
+    Example:
+        >>> held = [(np.array([1.0, 2.0]), 1.0), (np.array([3.0, 6.0]), 3.0)]
+        >>> in_threads(2, lambda rank, gather: merge_means(*held[rank][:1], gather,
+        ...                                                 held[rank][1]).tolist())[0]
+        [2.5, 5.0]
+    """
+    values = np.asarray(values, np.float64)
+    rows = np.asarray(gather(np.concatenate([[float(weights)], values.reshape(-1)])))
+    w = rows[:, 0]
+    if w.sum() <= 0:
+        raise CalibrationError("merge_means: every rank's weight is 0 (nothing observed)")
+    return ((rows[:, 1:] * w[:, None]).sum(axis=0) / w.sum()).reshape(values.shape)
 
 
 def merge_observers(observers: Sequence[Observer], gather: Gather) -> list[Observer]:

@@ -82,6 +82,9 @@ class QuantCalibration(Callback):
         save_every_epoch: in ``train`` / ``fit``, also write the record at every epoch end.
         sample_input: the network's input for the graph export (shape, array, Tensor, list);
             default: the first batch's leading columns (as many as ``construct`` takes).
+        merge_ranks: in a data-parallel run, merge every rank's statistics (default; every
+            rank must run the callback). False: this rank calibrates its own batches alone and
+            writes its own record.
 
     Data-parallel runs (``msrun``, ``mindspore.communication.init()`` and
     ``ParallelMode.DATA_PARALLEL``): add the callback on every rank with the same arguments.
@@ -90,8 +93,9 @@ class QuantCalibration(Callback):
     alone writes record and sidecar, and every rank gets the same :attr:`written` record. Each
     step, the ranks agree that none failed (one small AllGather), so a NaN batch on one rank
     stops every rank at that step with the rank named. The data must be sharded
-    (``num_shards=get_group_size(), shard_id=get_rank()``) into equal shards. See
-    docs/mindspore.md, "Data-parallel runs".
+    (``num_shards=get_group_size(), shard_id=get_rank()``) into equal shards. A run on one rank
+    only (e.g. ``model.eval`` on rank 0 alone) needs ``merge_ranks=False``: the merge waits for
+    every rank. See docs/mindspore.md, "Data-parallel runs".
 
     Example:
         >>> cb = QuantCalibration("/tmp/record.txt", algorithm="hfmg", batch_num=8)
@@ -119,6 +123,7 @@ class QuantCalibration(Callback):
         accumulate: bool = False,
         save_every_epoch: bool = False,
         sample_input: Any = None,
+        merge_ranks: bool = True,
     ) -> None:
         super().__init__()
         self.config, from_file = resolve_config(
@@ -141,6 +146,7 @@ class QuantCalibration(Callback):
         self.flavor, self.on = flavor, on
         self.accumulate, self.save_every_epoch = accumulate, save_every_epoch
         self.sample_input = sample_input
+        self.merge_ranks = bool(merge_ranks)
         self.written: Record | None = None  # the record last written, as its file holds it
         self._session: Session | None = None
         self._in_train = False
@@ -250,7 +256,7 @@ class QuantCalibration(Callback):
                 "QuantCalibration: the run context has no 'network' (use it with "
                 "mindspore.train.Model.eval / train / fit)"
             )
-        group = distributed.current()
+        group = distributed.current() if self.merge_ranks else None
         if group is not None:
             args = run_context.original_args()
             data = args.get("train_dataset") if self._in_train else args.get("valid_dataset")
@@ -268,7 +274,15 @@ class QuantCalibration(Callback):
             return
         if self._pending == mode:
             self._pending = None
-            self._guard(self._start, run_context, mode)
+            if session.group is None:
+                self._guard(self._start, run_context, mode)
+            else:  # a rank failing to start must not leave the others waiting at the step end
+                error = None
+                try:
+                    self._start(run_context, mode)
+                except Exception as err:
+                    error = err
+                self._guard(agree, session.group.gather, error, "starting the calibration")
         if session.active:
             session.batch_begin(mode, 0)
 

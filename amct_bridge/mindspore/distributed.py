@@ -6,13 +6,15 @@ rank), :func:`current` gives a :class:`Group`; its :meth:`Group.gather` is ``ops
 (on CPU ``AllReduce`` only sums, so min/max are gathered). Everything else, what is gathered and
 how it is merged, is framework-free: :mod:`amct_bridge.calibration.merge`.
 
-For QAT observers (or any other statistic) in a data-parallel run::
+For QAT observers (or any other statistic) in a data-parallel run, :func:`merged_ranges`,
+:func:`merged_means` and :func:`merged_observers` return their argument unchanged outside one,
+and the merge over every rank inside one; or with the group itself::
 
     group = current()
     if group is not None:
+        agree(group.gather, error_or_None, "saving the QAT record")  # before the merge
         observers = merge_observers(observers, group.gather)  # amct_bridge.calibration.merge
         ranges = merge_ranges(np.stack([lo, hi]), group.gather)  # [2, n] min / max
-        agree(group.gather, error_or_None, "saving the QAT record")  # before anything collective
 
 Example:
     >>> current() is None  # a plain process: no group
@@ -25,10 +27,23 @@ import logging
 
 import numpy as np
 
-from amct_bridge.calibration.merge import agree, check_shards
+from amct_bridge.calibration.merge import (
+    agree,
+    check_shards,
+    merge_means,
+    merge_observers,
+    merge_ranges,
+)
 from amct_bridge.errors import CalibrationError
 
-__all__ = ["Group", "check_dataset", "current"]
+__all__ = [
+    "Group",
+    "check_dataset",
+    "current",
+    "merged_means",
+    "merged_observers",
+    "merged_ranges",
+]
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +111,44 @@ def current() -> Group | None:
     return Group(get_rank(), world)
 
 
+def merged_ranges(ranges: np.ndarray, group: Group | None = None) -> np.ndarray:
+    """``[2, ...]`` min / max ranges merged over the ranks of ``group`` (default
+    :func:`current`); unchanged outside a data-parallel run. Every rank must call it.
+
+    Example:
+        >>> merged_ranges(np.array([[0.0], [1.0]])).tolist()
+        [[0.0], [1.0]]
+    """
+    group = current() if group is None else group
+    return np.asarray(ranges) if group is None else merge_ranges(ranges, group.gather)
+
+
+def merged_means(values: np.ndarray, weight: float = 1.0, group: Group | None = None):
+    """``values`` averaged over the ranks (weighted by ``weight``, e.g. steps seen), for EMA
+    ranges; unchanged outside a data-parallel run. Every rank must call it.
+
+    Example:
+        >>> merged_means(np.array([0.5, 2.0])).tolist()
+        [0.5, 2.0]
+    """
+    group = current() if group is None else group
+    return np.asarray(values) if group is None else merge_means(values, group.gather, weight)
+
+
+def merged_observers(observers, group: Group | None = None) -> list:
+    """:func:`~amct_bridge.calibration.merge.merge_observers` over the ranks; the observers
+    themselves outside a data-parallel run. Every rank must call it.
+
+    Example:
+        >>> from amct_bridge.quant.observers import make_observer
+        >>> obs = make_observer("minmax"); obs.update(np.array([1.0, 2.0]))
+        >>> merged_observers([obs])[0] is obs
+        True
+    """
+    group = current() if group is None else group
+    return list(observers) if group is None else merge_observers(observers, group.gather)
+
+
 def check_dataset(dataset, group: Group) -> None:
     """Refuse sharded data whose sample count the rank count does not divide; warn when no
     source of ``dataset`` is sharded (every rank then calibrates on all the data). The ranks
@@ -129,7 +182,7 @@ def _check_dataset(dataset, group: Group) -> None:
         seen.add(id(node))
         stack.extend(getattr(node, "children", None) or [])
         shards = getattr(node, "num_shards", None)
-        if not shards:
+        if not shards or int(shards) == 1:  # MindSpore's sources say 1 when not sharded
             continue
         sharded = True
         name = type(node).__name__

@@ -8,7 +8,8 @@ step begins, its batch being the MindIR export's input, or are given. They are a
 the first step and re-applied after every step (``weight = weight * mask`` with ``ops.assign``
 on the Parameter): the optimizer's update of a pruned weight (momentum, weight decay) is undone
 before the next step reads it, in GRAPH_MODE and PyNative alike (the compiled train graph reads
-the Parameter).
+the Parameter). In a data-parallel run (``msrun``) every rank applies the same masks (the
+ranks' weights are the same) and rank 0 alone writes the record.
 
 Example:
     >>> import os, tempfile, numpy as np
@@ -38,6 +39,7 @@ from mindspore.train import Callback
 
 from amct_bridge.calibration.options import check_output
 from amct_bridge.errors import AmctBridgeError
+from amct_bridge.mindspore import distributed
 from amct_bridge.mindspore.graph import extract_graph
 from amct_bridge.mindspore.prune import prune_record, selective_masks
 from amct_bridge.mindspore.session import net_inputs
@@ -142,7 +144,9 @@ class SelectivePruneCallback(Callback):
         self.record = prune_record(
             self._net, channel=False, selective=True, masks=self.masks, graph=self._graph_of()
         )
-        save(self.record, self.record_path, flavor="inner")
+        group = distributed.current()
+        if group is None or group.rank == 0:  # data-parallel: the ranks' weights are the same
+            save(self.record, self.record_path, flavor="inner")
 
     # ---- helpers ------------------------------------------------------------------------------
 

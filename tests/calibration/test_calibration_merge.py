@@ -119,3 +119,26 @@ def test_rank_count_must_divide_the_data():
     check_shards(12, 3)
     with pytest.raises(CalibrationError, match=r"10 samples, which 4 ranks .*drop 2 or add 2"):
         check_shards(10, 4)
+
+
+def test_merge_observed_channel_and_site_ranges():
+    from amct_bridge.calibration.merge import merge_observed
+    from amct_bridge.calibration.protocol import Point
+    from amct_bridge.calibration.session import Observed
+
+    def rank(r, gather):
+        obs = make_observer("minmax")
+        obs.update(np.array([-1.0 - r, 2.0 + 3 * r]))
+        point = Point("conv", "input", None, channel_axis=1, channels=3, calls=2)
+        chans = np.array([[-1.0, -2.0 * r, 0.0], [1.0, 2.0, 3.0 + r]], np.float32)
+        sites = [[-1.0, 1.0 + r], [-1.0 - r, 2.0]]
+        mine = [Observed(point, obs, channel_range=chans, sites=sites)]
+        merged, total = merge_observed(mine, 3 + r, gather)
+        assert mine[0].sites == sites and mine[0].observer is obs  # inputs untouched
+        return merged[0], total
+
+    for merged, total in in_threads(2, rank):
+        assert total == 7
+        assert merged.observer.observed_range() == (-2.0, 5.0)
+        assert merged.channel_range.tolist() == [[-1.0, -2.0, 0.0], [1.0, 2.0, 4.0]]
+        assert merged.sites == [[-1.0, 2.0], [-2.0, 2.0]]

@@ -4,14 +4,17 @@ single-process references use (importable without MindSpore's communication).
 
 ``python ms_dp_worker.py OUT CASE ALGORITHM SAMPLES`` under msrun. CASE:
 
-* ``eval``: ``Model.eval`` with QuantCalibration;
-* ``train``: ``Model.train`` (SGD, 1 epoch) with QuantCalibration;
+* ``eval``: ``Model.eval`` with QuantCalibration(ALGORITHM);
+* ``train``: ``Model.train`` (SGD, 1 epoch) with QuantCalibration(ALGORITHM);
+* ``all``: the runs of :data:`ALL` one after the other (eval minmax, eval hfmg, train minmax,
+  eval minmax with ``merge_ranks=False``, train with SelectivePruneCallback);
 * ``nan``: ``eval`` where rank 1's second batch holds a NaN;
-* ``bench``: ``eval``, timing the cross-rank merge at the end and the per-step agreement.
+* ``bench`` / ``bench-train``: ``eval`` / ``train``, timing the cross-rank merge at the end and
+  the per-step agreement.
 
-Each rank writes ``OUT/ranks/rank<r>.json``: the record it got (``cb.written``: per layer
-scale_d, offset_d, scale_w), the error if any, the final weights (train), timings (bench). The
-record itself goes to ``OUT/record/record.txt`` (rank 0 only).
+Each rank writes ``OUT/ranks/rank<r>.json``: per run (``"<task>-<algorithm>"``) the record it got
+(``cb.written``: per layer scale_d, offset_d, scale_w), the error if any, the final weights
+(train); timings. The records go to ``OUT/record/<task>-<algorithm>.txt`` (rank 0 only).
 """
 
 from __future__ import annotations
@@ -76,19 +79,54 @@ def make_model(net, train: bool):
     return Model(net, loss, opt, metrics=None if train else {"acc"})
 
 
+#: case "all": the runs of one msrun (one start-up for three calibrations)
+ALL = (
+    ("eval", "minmax"),
+    ("eval", "hfmg"),
+    ("train", "minmax"),
+    ("local", "minmax"),
+    ("prune", "-"),
+)
+
+
 def main(out: Path, case: str, algorithm: str, samples: int) -> None:
     import mindspore as ms
-    from mindspore import dataset as ds
     from mindspore.communication import get_group_size, get_rank, init
     from mindspore.context import ParallelMode
-
-    from amct_bridge.mindspore import QuantCalibration
 
     start = time.perf_counter()
     ms.set_context(mode=ms.GRAPH_MODE)
     init()
     ms.set_auto_parallel_context(parallel_mode=ParallelMode.DATA_PARALLEL, gradients_mean=True)
     rank, world = get_rank(), get_group_size()
+    (out / "record").mkdir(parents=True, exist_ok=True)
+    timing = {"merge": 0.0, "steps_agree": 0.0}
+    agree_each: list[float] = []
+    if case.startswith("bench"):  # time the cross-rank work (what data parallelism adds to a run)
+        _time_collectives(timing, agree_each)
+    if case == "all":
+        runs = ALL
+    else:
+        runs = (("train" if case in ("train", "bench-train") else "eval", algorithm),)
+    report: dict = {"rank": rank, "world": world, "runs": {}}
+    for task, alg in runs:
+        one = _run(out, case, task, alg, samples, rank, world)
+        report["runs"][f"{task}-{alg}"] = one
+        if "error" in one:
+            break
+    report.update({f"{k}_seconds": v for k, v in timing.items()})
+    report["agree_each"] = agree_each
+    report["process_seconds"] = time.perf_counter() - start
+    _dump(out, rank, report)
+
+
+def _run(out: Path, case: str, task: str, algorithm: str, samples: int, rank: int, world: int):
+    """One Model.eval / train with QuantCalibration writing ``record/<task>-<algorithm>.txt``;
+    task "local": Model.eval with ``merge_ranks=False`` writing ``local/rank<r>.txt``."""
+    from mindspore import dataset as ds
+
+    from amct_bridge.mindspore import QuantCalibration, SelectivePruneCallback
+
     x, y = make_data(samples)
     if case == "nan" and rank == 1:
         x[1 + world * BATCH, 0, 0, 0] = np.nan  # rank 1's second batch
@@ -96,61 +134,63 @@ def main(out: Path, case: str, algorithm: str, samples: int) -> None:
         (x, y), ["x", "y"], shuffle=False, num_shards=world, shard_id=rank
     ).batch(BATCH)
     net = make_net()
-    train = case in ("train", "bench-train")
+    train = task in ("train", "prune")
     model = make_model(net, train)
-    (out / "record").mkdir(parents=True, exist_ok=True)
+    if task == "prune":  # SelectivePruneCallback: 2:4 on every rank, rank 0 writes the record
+        cb = SelectivePruneCallback(out / "record" / "prune.txt")
+        model.train(1, data, callbacks=[cb], dataset_sink_mode=False)
+        return {"weights": {n: p.asnumpy().tolist() for n, p in net.parameters_and_names()}}
     options = {"num_of_bins": 1024} if algorithm == "hfmg" else None
+    path = out / "record" / f"{task}-{algorithm}.txt"
+    if task == "local":
+        path = out / "local" / f"rank{rank}.txt"
+        path.parent.mkdir(exist_ok=True)
     cb = QuantCalibration(
-        out / "record" / "record.txt", algorithm=algorithm, algorithm_options=options
+        path, algorithm=algorithm, algorithm_options=options, merge_ranks=task != "local"
     )
-    report: dict = {"rank": rank, "world": world}
-    timing = {"merge": 0.0, "steps_agree": 0.0, "agree_calls": 0}
-    agree_each: list[float] = []
-    if case.startswith("bench"):  # time the cross-rank work (what data parallelism adds to a run)
-        from amct_bridge.mindspore import callback as callback_module
-        from amct_bridge.mindspore import session as session_module
-
-        def timed(fn, key):
-            def run(*args, **kwargs):
-                t0 = time.perf_counter()
-                try:
-                    return fn(*args, **kwargs)
-                finally:
-                    timing[key] += time.perf_counter() - t0
-                    if key == "steps_agree":
-                        agree_each.append(time.perf_counter() - t0)
-
-            return run
-
-        # the end-of-run merge: the agreement before it, the merge, the agreement after writing
-        session_module.agree = timed(session_module.agree, "merge")
-        session_module.merge_observed = timed(session_module.merge_observed, "merge")
-        callback_module.agree = timed(callback_module.agree, "steps_agree")  # once per step
+    report: dict = {}
+    run_start = time.perf_counter()
     try:
-        run_start = time.perf_counter()
         if train:
             model.train(1, data, callbacks=[cb], dataset_sink_mode=False)
         else:
             model.eval(data, callbacks=[cb])
-        report["run_seconds"] = time.perf_counter() - run_start
     except Exception as err:
         # recorded, and the process ends normally: msrun waits about a minute for ranks that
         # end with an exception (measured), the test needs only the messages and the step
         report["error"] = f"{type(err).__name__}: {err}"
         report["error_after_seconds"] = time.perf_counter() - run_start
-        _dump(out, rank, report)
-        return
-    record = cb.written
+        return report
+    report["run_seconds"] = time.perf_counter() - run_start
     report["layers"] = {
         k: {"scale_d": f.scale_d, "offset_d": f.offset_d, "scale_w": list(f.scale_w)}
-        for k, f in record.layers.items()
+        for k, f in cb.written.layers.items()
     }
     if train:
         report["weights"] = {n: p.asnumpy().tolist() for n, p in net.parameters_and_names()}
-    report.update({f"{k}_seconds": v for k, v in timing.items() if k != "agree_calls"})
-    report["agree_each"] = agree_each
-    report["process_seconds"] = time.perf_counter() - start
-    _dump(out, rank, report)
+    return report
+
+
+def _time_collectives(timing: dict, agree_each: list) -> None:
+    from amct_bridge.mindspore import callback as callback_module
+    from amct_bridge.mindspore import session as session_module
+
+    def timed(fn, key):
+        def run(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                timing[key] += time.perf_counter() - t0
+                if key == "steps_agree":
+                    agree_each.append(time.perf_counter() - t0)
+
+        return run
+
+    # the end-of-run merge: the agreement before it, the merge, the agreement after writing
+    session_module.agree = timed(session_module.agree, "merge")
+    session_module.merge_observed = timed(session_module.merge_observed, "merge")
+    callback_module.agree = timed(callback_module.agree, "steps_agree")  # once per step
 
 
 def _dump(out: Path, rank: int, report: dict) -> None:

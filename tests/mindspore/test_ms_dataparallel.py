@@ -24,7 +24,7 @@ import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import dataset as ds
-from ms_dp_worker import BATCH, make_data, make_model, make_net, shard_batches
+from ms_dp_worker import ALL, BATCH, make_data, make_model, make_net, shard_batches
 
 from amct_bridge.mindspore import QuantCalibration
 from amct_bridge.records import load
@@ -104,26 +104,41 @@ def _reference(tmp: Path, case: str, algorithm: str, samples: int):
         ms.set_context(mode=before)
 
 
-def _check_ranks_agree_and_only_rank0_wrote(out: Path, reports: dict) -> None:
+@pytest.fixture(scope="module")
+def all_runs(tmp_path_factory):
+    """One msrun, three calibrations in turn (eval minmax, eval hfmg, train minmax): one
+    start-up of the workers instead of three."""
+    out = tmp_path_factory.mktemp("dp_all")
+    return out, run_msrun(out, "all", "-", SAMPLES, timeout=240)
+
+
+SAMPLES = 4 * WORLD * BATCH  # 4 batches per rank
+
+
+def _check_ranks_agree(reports: dict, run: str) -> None:
     for r in range(WORLD):
-        assert "error" not in reports[r], reports[r]["error"]
-    assert reports[0]["layers"] == reports[1]["layers"]  # every rank returns the same factors
-    # the only files besides the test's own (ranks/, log/) are rank 0's record and sidecar
-    assert sorted(p.name for p in (out / "record").iterdir()) == [
-        "record.txt",
-        "record.txt.calib.json",
-    ]
-    assert not [p for p in out.iterdir() if p.name not in ("record", "ranks", "log")]
+        assert "error" not in reports[r]["runs"][run], reports[r]["runs"][run]["error"]
+    # every rank returns the same factors
+    assert reports[0]["runs"][run]["layers"] == reports[1]["runs"][run]["layers"]
+
+
+def test_only_rank0_writes(all_runs):
+    out, reports = all_runs
+    assert sorted(reports[0]["runs"]) == sorted(f"{t}-{a}" for t, a in ALL)
+    # the only files besides the test's own (ranks/, log/) are rank 0's records and sidecars
+    runs = [f"{t}-{a}.txt" for t, a in ALL if t not in ("local", "prune")]
+    expect = sorted([*runs, *(f"{r}.calib.json" for r in runs), "prune.txt"])
+    assert sorted(p.name for p in (out / "record").iterdir()) == expect
+    assert not [p for p in out.iterdir() if p.name not in ("record", "local", "ranks", "log")]
 
 
 @pytest.mark.parametrize("algorithm", ["minmax", "hfmg"])
-def test_eval_calibration_merges_ranks(tmp_path, algorithm):
-    samples = 4 * WORLD * BATCH  # 4 batches per rank
-    reports = run_msrun(tmp_path, "eval", algorithm, samples)
-    _check_ranks_agree_and_only_rank0_wrote(tmp_path, reports)
-    merged = load(tmp_path / "record" / "record.txt")
-    single, single_stats, _ = _reference(tmp_path, "eval", algorithm, samples)
-    stats = load_stats(sidecar_path(tmp_path / "record" / "record.txt"))
+def test_eval_calibration_merges_ranks(all_runs, tmp_path, algorithm):
+    out, reports = all_runs
+    _check_ranks_agree(reports, f"eval-{algorithm}")
+    path = out / "record" / f"eval-{algorithm}.txt"
+    merged, stats = load(path), load_stats(sidecar_path(path))
+    single, single_stats, _ = _reference(tmp_path, "eval", algorithm, SAMPLES)
     assert stats.batches == 4 * WORLD  # every rank's batches (the reference counts 4 doubles)
     assert sorted(merged.layers) == sorted(single.layers)
     for key, ref in single.layers.items():
@@ -139,15 +154,15 @@ def test_eval_calibration_merges_ranks(tmp_path, algorithm):
         assert (got.output.min, got.output.max) == (ref.output.min, ref.output.max), key
 
 
-def test_train_calibration_merges_ranks(tmp_path):
-    samples = 3 * WORLD * BATCH
-    reports = run_msrun(tmp_path, "train", "minmax", samples)
-    _check_ranks_agree_and_only_rank0_wrote(tmp_path, reports)
-    merged = load(tmp_path / "record" / "record.txt")
-    single, _, weights = _reference(tmp_path, "train", "minmax", samples)
+def test_train_calibration_merges_ranks(all_runs, tmp_path):
+    out, reports = all_runs
+    _check_ranks_agree(reports, "train-minmax")
+    merged = load(out / "record" / "train-minmax.txt")
+    single, _, weights = _reference(tmp_path, "train", "minmax", SAMPLES)
+    mine = [reports[r]["runs"]["train-minmax"]["weights"] for r in range(WORLD)]
     for name, value in weights.items():  # the data-parallel steps are the single-process ones
-        np.testing.assert_allclose(reports[0]["weights"][name], value, rtol=1e-4, atol=1e-6)
-        assert reports[0]["weights"][name] == reports[1]["weights"][name]
+        np.testing.assert_allclose(mine[0][name], value, rtol=1e-4, atol=1e-6)
+        assert mine[0][name] == mine[1][name]
     for key, ref in single.layers.items():
         got = merged.layers[key]
         # float tolerance: the union steps' activations equal up to the gradient sum's order
@@ -156,23 +171,86 @@ def test_train_calibration_merges_ranks(tmp_path):
         assert got.scale_w == pytest.approx(ref.scale_w, rel=1e-5), key
 
 
+def test_merge_ranks_false_calibrates_each_rank_alone(all_runs, tmp_path):
+    """merge_ranks=False: each rank's record is a single-process calibration of its own shard."""
+    out, reports = all_runs
+    before = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        x, y = make_data(SAMPLES)
+        for r in range(WORLD):
+            assert "error" not in reports[r]["runs"]["local-minmax"]
+            shard = ds.NumpySlicesDataset(
+                (x[r::WORLD], y[r::WORLD]), ["x", "y"], shuffle=False
+            ).batch(BATCH)
+            path = tmp_path / f"single{r}.txt"
+            make_model(make_net(), False).eval(
+                shard, callbacks=[QuantCalibration(path, algorithm="minmax")]
+            )
+            assert load(out / "local" / f"rank{r}.txt") == load(path)
+        assert load(out / "local" / "rank0.txt") != load(out / "local" / "rank1.txt")
+    finally:
+        ms.set_context(mode=before)
+
+
+def test_selective_prune_under_msrun(all_runs):
+    """SelectivePruneCallback in a data-parallel Model.train: both ranks keep the same 2:4
+    weights; rank 0's record (the only one written) is prune_record's for them."""
+    from amct_bridge.mindspore import prune_record, selective_masks
+
+    out, reports = all_runs
+    weights = [reports[r]["runs"]["prune--"]["weights"] for r in range(WORLD)]
+    assert weights[0] == weights[1]
+    net = make_net()
+    for name, p in net.parameters_and_names():
+        p.set_data(ms.Tensor(np.asarray(weights[0][name], np.float32)))
+    for cell in (net[0], net[2], net[5]):
+        w = np.moveaxis(cell.weight.asnumpy() != 0, 1, -1)  # input channels last
+        w = np.pad(w, [(0, 0)] * (w.ndim - 1) + [(0, -w.shape[-1] % 4)])  # 3 -> a run of 4
+        assert (w.reshape(*w.shape[:-1], -1, 4).sum(-1) == 2).all()
+    shape = (1, 3, 6, 6)
+    expect = prune_record(
+        net, shape, channel=False, selective=True, masks=selective_masks(net, shape)
+    )
+    assert load(out / "record" / "prune.txt", flavor="inner") == expect
+
+
 def test_a_nan_on_one_rank_stops_every_rank_at_that_step(tmp_path):
     start = time.perf_counter()
-    reports = run_msrun(tmp_path, "nan", "minmax", 4 * WORLD * BATCH, timeout=90)
+    reports = run_msrun(tmp_path, "nan", "minmax", SAMPLES, timeout=90)
     elapsed = time.perf_counter() - start
     for r in range(WORLD):
-        error = reports[r].get("error", "")
+        error = reports[r]["runs"]["eval-minmax"].get("error", "")
         assert "rank 1 of 2 failed in calibration step 2" in error, error
         assert "contains NaN or Inf" in error and "batch 1" in error, error
-    assert not (tmp_path / "record" / "record.txt").exists()
+    assert not list((tmp_path / "record").iterdir())
     assert elapsed < 90
 
 
 def test_a_rank_count_that_does_not_divide_the_data_is_refused(tmp_path):
-    reports = run_msrun(tmp_path, "eval", "minmax", 4 * WORLD * BATCH + 1, timeout=90)
+    reports = run_msrun(tmp_path, "eval", "minmax", SAMPLES + 1, timeout=90)
     for r in range(WORLD):
-        error = reports[r].get("error", "")
+        error = reports[r]["runs"]["eval-minmax"].get("error", "")
         assert "all 2 ranks failed in the dataset check" in error, error
         assert "NumpySlicesDataset has 33 samples, which 2 ranks cannot share evenly" in error
         assert "drop 1 or add 1" in error
-    assert not (tmp_path / "record" / "record.txt").exists()
+    assert not list((tmp_path / "record").iterdir())
+
+
+def test_dataset_check_without_msrun(caplog):
+    """The dataset rules themselves (no collective: the rank-local part of check_dataset)."""
+    from amct_bridge.errors import CalibrationError
+    from amct_bridge.mindspore.distributed import Group, _check_dataset
+
+    x, y = make_data(8)
+    group = Group(0, 2)
+
+    def data(**shards):
+        return ds.NumpySlicesDataset((x, y), ["x", "y"], shuffle=False, **shards).batch(2)
+
+    _check_dataset(data(num_shards=2, shard_id=0), group)  # 8 samples, 2 ranks: fine
+    with pytest.raises(CalibrationError, match=r"num_shards=4, but the run has 2 ranks"):
+        _check_dataset(data(num_shards=4, shard_id=0), group)
+    with caplog.at_level("WARNING", logger="amct_bridge.mindspore.distributed"):
+        _check_dataset(data(), group)
+    assert "the dataset is not sharded" in caplog.text and "counts 2 times" in caplog.text
