@@ -96,7 +96,8 @@ def evaluate_espdl_model(
         )
     target, _ = infer_target(model, target)
     producers = {out: node for node in model.nodes for out in node.outputs}
-    names = [v.name for v in model.value_info if v.name in producers and v.name == _layer(v.name)]
+    infos = {v.name: v for v in (*model.value_info, *model.outputs)}
+    names = [n for n in producers if n in infos and n == _layer(n)]
     parts: dict[str, list[np.ndarray]] = {n: [] for n in names}
     notes: list[str] = []
     for start in range(0, len(x), batch_size):
@@ -106,7 +107,6 @@ def evaluate_espdl_model(
         for name in names:
             parts[name].append(res.values[name])
     values = {n: np.concatenate(v) for n, v in parts.items() if v}
-    infos = {v.name: v for v in model.value_info}
     out = output if output in values else model.outputs[0].name
 
     def real(name: str) -> np.ndarray:
