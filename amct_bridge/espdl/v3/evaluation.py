@@ -11,7 +11,7 @@ copies) have no float counterpart and are not listed.
 Example:
     >>> import numpy as np
     >>> from amct_bridge.espdl.v3.model import EspdlModel, Node, Tensor, ValueInfo
-    >>> w = Tensor("w", np.array([[[[64, -64], [64, 64]]]], np.int8), [-6], "layout ==> NHWC")
+    >>> w = Tensor("w", np.array([[[[64, 64], [-64, 64]]]], np.int8), [-6], "layout ==> NHWC")
     >>> m = EspdlModel([Node("fc", "Gemm", ["x", "w"], ["fc"], {"quant_type": "S8"})],
     ...                {"w": w}, inputs=[ValueInfo("x", [1, 2], 3, [-6])],
     ...                outputs=[ValueInfo("fc", [1, 2], 3, [-5])], metadata={"target": "c"})
