@@ -577,7 +577,15 @@ class _Emitter:
         x_lo, x_hi = self._range_of(x)
         bound = interval_bound(flat, bias, x_lo, x_hi)  # depthwise: [N, kh*kw], one channel
         if separate is not None:
-            pre = preactivation_range(separate, found[2], bound)
+            shift = float(np.abs(bias).max(initial=0.0)) if bias is not None else 0.0
+            pre = preactivation_range(separate, found[2], bound, shift)
+            if separate == "softmax":
+                self.notes.append(
+                    f"layer {head.name!r}: the range of its logits (before softmax) is estimated "
+                    f"from the calibrated probabilities ({pre[0]:.3g}..{pre[1]:.3g}; the "
+                    "sidecar holds the softmax output only): for a measured range, end the "
+                    "model with Dense(activation=None) and a Softmax layer"
+                )
             e_out = self._range_exp(*pre, head.name)
             out_src = f"pre-activation range of {separate} (from {found[1]})"
             out_rng = pre
