@@ -188,6 +188,11 @@ def test_bad_input_is_refused_and_nothing_is_written(calibrated, tmp_path):
     other = Record({"conv_of_another_model": LayerFactors(scale_d=0.1, offset_d=0)})
     with pytest.raises(ExportError, match="record layers not found in the model"):
         export_espdl(model, other, out, format="espdl", stats=f"{record}.calib.json")
+    from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange
+
+    stranger = CalibrationStats(layers={"conv9": LayerStats("Conv2D", TensorRange(0, 1))})
+    with pytest.raises(ExportError, match="model input 'img': no calibrated range"):
+        export_espdl(model, None, out, format="espdl", stats=stranger)
     with pytest.raises(ExportError, match="format 'espdl3'"):
         export_espdl(model, record, out, format="espdl3")
     assert not out.exists() and not list(tmp_path.iterdir())
