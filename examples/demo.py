@@ -2,7 +2,8 @@
 calibrate it with the QuantCalibration callback, check and convert the AMCT record, measure the
 INT8 accuracy it gives with a per-layer report (HTML with plots), find pruning groups, export
 ESP-DL v1 coefficients with a preview and the C++ files (coefficients, model class, app_main),
-and measure the accuracy of the simulated chip next to float and fake-quant. Then the same chain
+and measure the accuracy of the simulated chip next to float and fake-quant; export the same
+model as ESP-DL v3 ``.espdl`` files and measure the simulated v3 chip too. Then the same chain
 on a MindSpore network (``examples/mindspore_calibrate_export.py``).
 
 Everything runs on the CPU in well under a minute; outputs go to ``out/demo/`` (or argv[1]).
@@ -143,6 +144,25 @@ def demo(out: Path) -> None:
         print(
             f"{ftype + ' ' + gran:<15} float {ev.float_acc:.4f}   fake-quant "
             f"{ev.fake_quant_acc:.4f}   chip {ev.chip_acc:.4f}"
+        )
+
+    print("\n== 7b. ESP-DL v3: one .espdl file per target (docs/espdl-v3.md)")
+    v3_file = out / "digits_esp32s3.espdl"
+    v3_args = ["--record", str(record_path), "--model", str(model_path), "--format", "espdl"]
+    cli(["export-espdl", *v3_args, "--target", "esp32s3", "-o", str(v3_file)])
+    cli(["espdl-run", str(v3_file), "--check"])  # the embedded test values, our simulator
+    for target, ftype in (("esp32s3", "s8"), ("esp32p4", "s8"), ("esp32p4", "s16")):
+        path = out / f"digits_{target}_{ftype}.espdl"
+        export_espdl(
+            model, record_path, path, format="espdl", target=target, feature_type=ftype,
+            test_input=x_test[:1], overwrite=True,
+        )  # fmt: skip
+        ev = evaluate_espdl(path, model, x_test, y_test, record=load(record_path))
+        worst = min(ev.layers, key=lambda e: e.snr_db)
+        print(
+            f"v3 {target} {ftype:<4} float {ev.float_acc:.4f}   fake-quant "
+            f"{ev.fake_quant_acc:.4f}   v3 chip {ev.chip_acc:.4f}   lowest SNR "
+            f"{worst.name} {worst.snr_db:.1f} dB"
         )
 
     print(

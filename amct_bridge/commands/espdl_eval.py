@@ -57,8 +57,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--labels", help="y.npy (class indices or one-hot) when --data is x.npy")
     parser.add_argument(
         "--target",
-        choices=("esp32", "esp32s2", "esp32c3", "esp32s3"),
+        choices=("esp32", "esp32s2", "esp32c3", "esp32s3", "esp32p4", "c"),
         help="chip to simulate (default: the one the export was made for)",
+    )
+    parser.add_argument(
+        "--format",
+        choices=("v1", "espdl"),
+        default="v1",
+        help="v1: --export is an export directory (default); espdl: an ESP-DL v3 .espdl file",
     )
     parser.add_argument("--input-exponent", type=int, help="override the export's input exponent")
     parser.add_argument("--limit", type=int, help="use the first N samples only")
@@ -105,7 +111,16 @@ def run(args: argparse.Namespace) -> int:
     """Run the evaluation; returns the exit code."""
     from amct_bridge.commands.common import load_keras_model
 
-    if not Path(args.export).is_dir():
+    if args.format == "espdl":
+        if not Path(args.export).is_file() or Path(args.export).suffix != ".espdl":
+            raise ExportError(f"{args.export}: expected an .espdl file with --format espdl")
+        if args.mindspore or args.input_exponent is not None:
+            raise AmctBridgeError(
+                "--format espdl evaluates Keras models (--model) only, at the file's input exponent"
+            )
+    elif args.target in ("esp32p4", "c"):
+        raise AmctBridgeError(f"--target {args.target} is an ESP-DL v3 target: add --format espdl")
+    elif not Path(args.export).is_dir():
         raise ExportError(f"{args.export}: export directory not found")
     x, y = load_dataset(args.data, args.labels)
     if args.limit is not None:

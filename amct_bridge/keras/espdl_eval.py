@@ -18,6 +18,8 @@ import keras
 import numpy as np
 
 from amct_bridge.espdl.evaluation import Evaluation, chip_network, evaluate_export
+from amct_bridge.espdl.v3.evaluation import evaluate_espdl_model, is_espdl_file
+from amct_bridge.keras.espdl_weights import chip_input
 from amct_bridge.keras.simulate import forward_batches, simulate
 from amct_bridge.records.model import Record
 
@@ -36,7 +38,9 @@ def evaluate_espdl(
     """Float, fake-quant (if ``record``) and chip accuracy of ``model`` / its export on (x, y).
 
     Args:
-        export_dir: the ``export_espdl`` output directory (or its ExportResult).
+        export_dir: the ``export_espdl`` output directory (or its ExportResult), or an
+            ESP-DL v3 ``.espdl`` file (``format="espdl"``: its simulator, the chip's input
+            after any host-side Rescaling / Normalization).
         model: the float Keras model that was exported (not modified).
         x: inputs, NHWC as the model and the chip take them; y: class indices.
         record: the AMCT record: adds the fake-quant accuracy (:func:`simulate`).
@@ -45,6 +49,22 @@ def evaluate_espdl(
     Example:
         >>> # see the module docstring
     """
+    if is_espdl_file(export_dir):  # ESP-DL v3: the .espdl file and its simulator
+        float_scores = forward_batches(model, [x], batch_size)[0]
+        fq_scores = None
+        if record is not None:
+            fq_scores = forward_batches(simulate(model, record), [x], batch_size)[0]
+        return evaluate_espdl_model(
+            export_dir,
+            chip_input(model, x),
+            y,
+            float_scores=float_scores,
+            fake_quant_scores=fq_scores,
+            floats=lambda names: _float_outputs(model, x, names, batch_size),
+            output=model.outputs[0]._keras_history.operation.name,
+            target=target,
+            batch_size=batch_size,
+        )
     net = chip_network(export_dir, x)  # before the model meets data of another shape
     float_scores = forward_batches(model, [x], batch_size)[0]
     fq_scores = None

@@ -360,17 +360,32 @@ def export_espdl(
     return export(record, layers, out_dir, **options)
 
 
+def chip_input(model: keras.Model, x: np.ndarray, layers: list[SourceLayer] | None = None):
+    """``x`` through the Rescaling / Normalization layers right after the model input: the
+    ESP-DL v3 export runs them on the host, so the chip's input is their output.
+
+    Example:
+        >>> x = keras.Input((2,)); y = keras.layers.Rescaling(0.5, name="r")(x)
+        >>> m = keras.Model(x, keras.layers.Dense(1)(y))
+        >>> chip_input(m, np.float32([[2, 4]])).tolist()
+        [[1.0, 2.0]]
+    """
+    layers = layers if layers is not None else source_layers(model)
+    host = [s for s in layers if s.kind in HOST_INPUT_KINDS and s.inputs == [layers[0].name]]
+    while host:
+        x = np.asarray(keras.ops.convert_to_numpy(find_layer(model, host[0].name)(x)))
+        host = [s for s in layers if s.kind in HOST_INPUT_KINDS and s.inputs == [host[0].name]]
+    return x
+
+
 def _export_v3(model: keras.Model, layers, record, out, options: dict) -> V3ExportResult:
     """The v3 export; a test input goes through the host-side Rescaling/Normalization first."""
     stats = options.pop("stats", None)
     if stats is not None and not isinstance(stats, CalibrationStats):
         stats = load_stats(stats)
     test_input = options.pop("test_input", None)
-    host = [x for x in layers if x.kind in HOST_INPUT_KINDS and x.inputs == [layers[0].name]]
-    while host and test_input is not None:  # the chip's input is the host layers' output
-        layer = find_layer(model, host[0].name)
-        test_input = np.asarray(keras.ops.convert_to_numpy(layer(np.asarray(test_input)[:1])))
-        host = [x for x in layers if x.kind in HOST_INPUT_KINDS and x.inputs == [host[0].name]]
+    if test_input is not None:
+        test_input = chip_input(model, np.asarray(test_input)[:1], layers)
     unknown = set(options) - {"target", "feature_type", "seed", "skip_unsupported", "overwrite"}
     if unknown:
         raise ExportError(f"format 'espdl' does not take {', '.join(sorted(unknown))}")

@@ -188,6 +188,11 @@ def test_bad_input_is_refused_and_nothing_is_written(calibrated, tmp_path):
     other = Record({"conv_of_another_model": LayerFactors(scale_d=0.1, offset_d=0)})
     with pytest.raises(ExportError, match="record layers not found in the model"):
         export_espdl(model, other, out, format="espdl", stats=f"{record}.calib.json")
+    from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange
+
+    stranger = CalibrationStats(layers={"conv9": LayerStats("Conv2D", TensorRange(0, 1))})
+    with pytest.raises(ExportError, match="model input 'img': no calibrated range"):
+        export_espdl(model, None, out, format="espdl", stats=stranger)
     with pytest.raises(ExportError, match="format 'espdl3'"):
         export_espdl(model, record, out, format="espdl3")
     assert not out.exists() and not list(tmp_path.iterdir())
@@ -238,3 +243,31 @@ def test_mobilenet_v3_small_exports_without_skipping(tmp_path):
     sim = simulate_espdl(back, None)
     for t in back.test_outputs:
         np.testing.assert_array_equal(sim.outputs[t.name], t.data)
+
+
+def test_espdl_eval_format_espdl(calibrated, tmp_path, capsys):
+    """espdl-eval --format espdl: float / fake-quant / simulated-v3 accuracy and a row per
+    named tensor; the logits' SNR recomputed here from the simulator and Keras."""
+    model, data, record = calibrated
+    path = tmp_path / "m.keras"
+    model.save(path)
+    out = tmp_path / "m.espdl"
+    export_espdl(model, record, out, format="espdl", target="esp32s3", feature_type="s16")
+    labels = _float_outputs(model, data)[0].argmax(axis=1)
+    np.savez(tmp_path / "d.npz", x=data, y=labels)
+    args = ["espdl-eval", "--format", "espdl", "--export", str(out), "--model", str(path)]
+    assert main([*args, "--record", str(record), "--data", str(tmp_path / "d.npz")]) == 0
+    text = capsys.readouterr().out
+    assert "float accuracy:      1.0000" in text
+    assert "fake-quant accuracy: " in text and "(esp32s3, bit-exact simulator)" in text
+    rows = {line.split()[0]: line.split() for line in text.splitlines() if line[:1].isalpha()}
+    assert {"bn", "sw", "se", "mul", "cat", "dw_relu", "fc", "sm"} <= set(rows)  # chain ends
+    back = read_espdl(out)
+    e_in = back.inputs[0].exponent
+    q = np.clip(np.floor(data * 2.0**-e_in + 0.5), -32768, 32767).astype(np.int16)
+    chip = simulate_espdl(back, q).outputs["fc"] * 2.0 ** back.value("fc").exponent
+    ref = _float_outputs(model, data)[0]
+    snr = 10 * np.log10(np.sum(ref**2) / np.sum((ref - chip) ** 2))
+    assert float(rows["fc"][3]) == pytest.approx(snr, abs=0.06)
+    assert main([*args[:-4], "--export", str(tmp_path), "--model", str(path), "--data",
+                 str(tmp_path / "d.npz")]) == 2  # fmt: skip

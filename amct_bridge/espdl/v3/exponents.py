@@ -90,7 +90,10 @@ def _sigmoid(x: float) -> float:
 
 
 def preactivation_range(
-    activation: str, post: tuple[float, float] | None, bound: tuple[float, float]
+    activation: str,
+    post: tuple[float, float] | None,
+    bound: tuple[float, float],
+    spread_shift: float | None = None,
 ) -> tuple[float, float]:
     """Range of a Conv/Gemm output that an activation node reads, from the calibrated range
     ``post`` of the activation's output (the sidecar holds the layer's output only) and the
@@ -98,8 +101,9 @@ def preactivation_range(
 
     For monotonic activations the calibrated output range inverts exactly; where an
     activation saturates (sigmoid near 0 or 1, swish for x < -6) the pre-activation is
-    clipped where the output changes by less than ~0.015. Softmax and unknown activations
-    take the bound.
+    clipped where the output changes by less than ~0.015. Softmax (given ``spread_shift``,
+    the largest |bias|): ``±(ln(p_max / p_min) + spread_shift)``, an estimate; unknown
+    activations take the bound.
 
     Example:
         >>> lo, hi = preactivation_range("sigmoid", (0.5, 0.75), (-50.0, 50.0))
@@ -137,6 +141,12 @@ def preactivation_range(
         low, high = min(y_lo, 0.0), 6.0 if y_hi >= 6.0 else y_hi
     elif activation == "relu":
         low, high = b_lo, y_hi
+    elif activation == "softmax" and spread_shift is not None:
+        # z_i - z_j = ln(p_i / p_j): the calibrated probabilities bound the logits' spread;
+        # their common shift is taken as at most the bias's (an estimate, with a warning)
+        p_lo, p_hi = max(y_lo, 1e-6), max(y_hi, 1e-6)
+        reach = math.log(p_hi / p_lo) + spread_shift
+        low, high = -reach, reach
     else:
         return bound
     low, high = max(b_lo, low), min(b_hi, high)

@@ -248,6 +248,26 @@ def _plan(layers: list[SourceLayer], skip_fusion) -> tuple[dict[str, Chain], dic
     return chains, fused
 
 
+def _sidecar_strangers(layers: list[SourceLayer], stats: CalibrationStats) -> list[str]:
+    """A note when sidecar entries name no layer (a sidecar of another model gives its ranges
+    to nobody; the layers fall back to bounds)."""
+    names = {x.name for x in layers} | {x.name.split("@")[0] for x in layers}
+    strangers = [
+        key
+        for key, entry in stats.layers.items()
+        if key not in names and key.split("/")[0] not in names
+        and "BatchNorm" not in (entry.kind or "")  # a BN folded away by strip_qat
+    ]  # fmt: skip
+    if not strangers:
+        return []
+    more = f" and {len(strangers) - 5} more" if len(strangers) > 5 else ""
+    listing = ", ".join(repr(k) for k in strangers[:5])
+    return [
+        f"sidecar entries name no layer of this model: {listing}{more}; their ranges are not "
+        "used (is the sidecar of another model?)"
+    ]
+
+
 def _round(x: np.ndarray, half_even: bool) -> np.ndarray:
     if half_even:
         return np.rint(x)
@@ -577,7 +597,15 @@ class _Emitter:
         x_lo, x_hi = self._range_of(x)
         bound = interval_bound(flat, bias, x_lo, x_hi)  # depthwise: [N, kh*kw], one channel
         if separate is not None:
-            pre = preactivation_range(separate, found[2], bound)
+            shift = float(np.abs(bias).max(initial=0.0)) if bias is not None else 0.0
+            pre = preactivation_range(separate, found[2], bound, shift)
+            if separate == "softmax":
+                self.notes.append(
+                    f"layer {head.name!r}: the range of its logits (before softmax) is estimated "
+                    f"from the calibrated probabilities ({pre[0]:.3g}..{pre[1]:.3g}; the "
+                    "sidecar holds the softmax output only): for a measured range, end the "
+                    "model with Dense(activation=None) and a Softmax layer"
+                )
             e_out = self._range_exp(*pre, head.name)
             out_src = f"pre-activation range of {separate} (from {found[1]})"
             out_rng = pre
@@ -1041,6 +1069,8 @@ def export_layers_v3(
 
     chains, fused = _plan(layers, skip_fusion)
     em = _Emitter(layers, record, stats, bits, target, chains, fused)
+    if stats is not None:
+        em.notes += _sidecar_strangers(layers, stats)
     for layer in layers:
         em.emit(layer)
     # a fused member whose head was refused is refused too

@@ -106,6 +106,20 @@ def shift_round(x: np.ndarray, shift: int | np.ndarray, half_even: bool) -> np.n
         [0, 2, 0, -2]
     """
     x = np.asarray(x, np.int64)
+    if np.ndim(shift) == 0:  # one shift for the whole tensor: scalar arithmetic, in place
+        s = int(shift)
+        if s <= 0:
+            return np.left_shift(x, -s)
+        if not half_even:
+            out = x + np.int64(1 << (s - 1))
+            np.right_shift(out, s, out=out)
+            return out
+        floor = np.right_shift(x, s)
+        rem = x & np.int64((1 << s) - 1)
+        half = np.int64(1 << (s - 1))
+        up = (rem > half) | ((rem == half) & ((floor & 1) == 1))
+        floor += up
+        return floor
     shift = np.broadcast_to(np.asarray(shift, np.int64), x.shape)
     right = np.maximum(shift, 1)
     half = np.left_shift(np.int64(1), right - 1)
@@ -384,18 +398,26 @@ def _conv_core(ctx: _Context, node: Node, x: np.ndarray, rank: int) -> np.ndarra
     ho = (xp.shape[1] - dh * (kh - 1) - 1) // sh + 1
     wo = (xp.shape[2] - dw * (kw - 1) - 1) // sw + 1
     n = w.shape[0]
-    acc = np.zeros((x.shape[0], ho, wo, n), np.int64)
+    # float64 sums are exact while every partial sum stays below 2^53: then BLAS computes the
+    # integer sums (the int64 matmul of numpy has no BLAS and is ~20x slower)
+    bound = 1 << (8 * x.dtype.itemsize - 1) if x.dtype.kind == "i" else int(np.abs(x).max())
+    reach = bound * int(np.abs(w).max(initial=0))  # the type's bound: no pass over the data
+    exact = reach * kh * kw * (1 if depthwise else w.shape[-1]) < 2**53
+    work = np.float64 if exact else np.int64
+    acc = np.zeros((x.shape[0], ho, wo, n), work)
+    xw, ww = xp.astype(work, copy=False), w.astype(work, copy=False)
     for i in range(kh):
         for j in range(kw):
-            patch = xp[
+            patch = xw[
                 :,
                 i * dh : i * dh + sh * (ho - 1) + 1 : sh,
                 j * dw : j * dw + sw * (wo - 1) + 1 : sw,
             ]
             if depthwise:
-                acc += patch * w[:, i, j, 0]
+                acc += patch * ww[:, i, j, 0]
             else:
-                acc += patch @ w[:, i, j, :].T
+                acc += patch @ ww[:, i, j, :].T
+    acc = acc.astype(np.int64) if exact else acc
     bias = _bias(ctx, node, n, depthwise)
     if bias is not None:
         acc += bias
@@ -403,7 +425,7 @@ def _conv_core(ctx: _Context, node: Node, x: np.ndarray, rank: int) -> np.ndarra
         # the TIE728 kernels accumulate the aligned channels in 20-bit QACC lanes; the exact
         # int64 sums here may then differ from the chip's: say so rather than guess the wrap
         lanes = acc if depthwise else acc[..., : n // 16 * 16]
-        peak = int(np.abs(lanes).max(initial=0))
+        peak = max(int(lanes.max(initial=0)), -int(lanes.min(initial=0)))
         if peak >= 1 << 19:
             ctx.notes.append(
                 f"node {node.name!r} ({node.op_type}): an accumulator reaches {peak}, beyond the "

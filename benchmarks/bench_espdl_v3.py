@@ -1,0 +1,149 @@
+"""ESP-DL v3 simulator speed: simulate_espdl vs the float Keras predict of the same batch.
+
+Run: .venv/bin/python benchmarks/bench_espdl_v3.py [--batch 32] [--alpha 0.35] [--size 96]
+
+Model: keras.applications.MobileNetV2 (weights=None, seeded, BatchNorm statistics randomised so
+activations do not vanish), alpha 0.35, 96x96, its own ReLU6 (Clip in v3) and softmax head.
+Calibrated with amct_bridge.keras.calibrate (minmax) on the batch, exported to ``.espdl`` for
+esp32s3 / esp32p4 / c, s8 and s16. Prints for each the best-of-3 wall time of
+``model.predict(batch)`` (baseline, same run) and of ``simulate_espdl(model, batch)``, their
+ratio (goal: <= 5), the chip-vs-float error of the probabilities and the top-1 agreement.
+Then exports MobileNetV3Small and EfficientNetV2B0 (weights=None, 96x96) and prints what
+became of their layers (nothing refused).
+
+``--accuracy``: instead, trains MobileNetV2 (alpha 0.35, 32x32, weights=None) on scikit-learn's
+digits (upscaled to 32x32x3, 8 epochs), calibrates it (IFMR) and prints float, fake-quant and
+simulated v3 chip accuracy on the held-out digits per target and feature type, with the three
+layers of lowest SNR (where the power-of-two exponents cost most).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+from amct_bridge.espdl.v3 import read_espdl, simulate_espdl  # noqa: E402
+from amct_bridge.espdl.v3.evaluation import quantize_input  # noqa: E402
+from amct_bridge.keras import calibrate, export_espdl  # noqa: E402
+
+
+def randomize_bn(model: keras.Model) -> None:
+    rng = np.random.default_rng(1)
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            c = layer.gamma.shape[0]
+            layer.set_weights(
+                [
+                    rng.uniform(0.5, 1.5, c),
+                    rng.normal(0, 0.1, c),
+                    rng.normal(0, 0.1, c),
+                    rng.uniform(0.5, 1.5, c),
+                ]
+            )
+
+
+def best_of(fn, repeats: int = 3) -> float:
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def accuracy(tmp: Path, epochs: int = 8) -> None:
+    """A small MobileNetV2 trained on digits: float / fake-quant / v3 chip accuracy."""
+    from sklearn.datasets import load_digits
+
+    from amct_bridge.keras import evaluate_espdl
+
+    digits = load_digits()
+    x = np.repeat(np.kron(digits.images / 16.0, np.ones((4, 4)))[..., None], 3, axis=-1)
+    x = (x * 2 - 1).astype("float32")
+    y = digits.target
+    idx = np.random.default_rng(0).permutation(len(x))
+    train, test = idx[:1400], idx[1400:]
+    keras.utils.set_random_seed(0)
+    model = keras.applications.MobileNetV2(
+        input_shape=(32, 32, 3), alpha=0.35, weights=None, classes=10
+    )
+    model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+    model.fit(x[train], y[train], epochs=epochs, batch_size=32, verbose=0)
+    record = tmp / "mnv2_digits.txt"
+    calibrate(model, x[train[:256]], record)
+    print(f"MobileNetV2 a0.35 32x32 on digits ({len(test)} test images)")
+    for target, ftype in (("esp32s3", "s8"), ("esp32p4", "s8"), ("esp32s3", "s16")):
+        out = tmp / f"digits_{target}_{ftype}.espdl"
+        export_espdl(model, record, out, format="espdl", target=target, feature_type=ftype)
+        ev = evaluate_espdl(out, model, x[test], y[test], record=record)
+        worst = sorted(ev.layers, key=lambda e: e.snr_db)[:3]
+        lows = ", ".join(f"{e.name} {e.snr_db:.1f} dB (exp {e.exponent})" for e in worst)
+        print(
+            f"{target:<8} {ftype:<4} float {ev.float_acc:.4f}  fake-quant {ev.fake_quant_acc:.4f}"
+            f"  v3 chip {ev.chip_acc:.4f}  lowest SNR: {lows}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--size", type=int, default=96)
+    parser.add_argument("--alpha", type=float, default=0.35)
+    parser.add_argument("--accuracy", action="store_true", help="the trained-digits accuracy")
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp())
+    if args.accuracy:
+        accuracy(tmp)
+        return
+    data = np.random.default_rng(0).uniform(-1, 1, (args.batch, args.size, args.size, 3))
+    data = data.astype("float32")
+    keras.utils.set_random_seed(0)
+    model = keras.applications.MobileNetV2(
+        input_shape=(args.size, args.size, 3), alpha=args.alpha, weights=None, classes=10
+    )
+    randomize_bn(model)
+    record = tmp / "mobilenet_v2.txt"
+    calibrate(model, data, record, algorithm="minmax")
+    want = model.predict(data, verbose=0)
+    keras_s = best_of(lambda: model.predict(data, batch_size=args.batch, verbose=0))
+    print(f"MobileNetV2 alpha {args.alpha}, batch {args.batch} x {args.size}x{args.size}x3")
+    print(
+        f"{'export':<12} {'target':<8} {'keras s':>8} {'sim s':>8} {'ratio':>6} "
+        f"{'max err':>8} {'top-1 =':>7}"
+    )
+    for target, ftype in (("esp32s3", "s8"), ("esp32p4", "s8"), ("c", "s8"), ("esp32s3", "s16")):
+        out = tmp / f"mnv2_{target}_{ftype}.espdl"
+        export_espdl(model, record, out, format="espdl", target=target, feature_type=ftype)
+        espdl = read_espdl(out)
+        ints = quantize_input(espdl, data, target)
+        sim_s = best_of(lambda m=espdl, q=ints: simulate_espdl(m, q))
+        got = simulate_espdl(espdl, ints).outputs[espdl.outputs[0].name]
+        err = float(np.abs(got - want).max())
+        agree = float(np.mean(got.argmax(1) == want.argmax(1)))
+        print(
+            f"{ftype:<12} {target:<8} {keras_s:>8.3f} {sim_s:>8.3f} {sim_s / keras_s:>6.2f} "
+            f"{err:>8.4f} {agree:>7.2f}"
+        )
+    for name in ("MobileNetV3Small", "EfficientNetV2B0"):
+        keras.utils.set_random_seed(0)
+        app = getattr(keras.applications, name)(weights=None, input_shape=(96, 96, 3))
+        images = np.random.default_rng(0).uniform(0, 255, (4, 96, 96, 3)).astype("float32")
+        rec = tmp / f"{name}.txt"
+        calibrate(app, images, rec, algorithm="minmax")
+        res = export_espdl(app, rec, tmp / f"{name}.espdl", format="espdl", target="esp32s3")
+        counts = collections.Counter(x.status for x in res.layers)
+        ops = collections.Counter(n.op_type for n in res.model.nodes)
+        print(f"{name}: {dict(counts)}; nodes {dict(ops)}")
+
+
+if __name__ == "__main__":
+    main()
