@@ -211,7 +211,7 @@ def test_fold_batchnorm_is_exact_and_skip_fusion(pynative):
     assert rec.layers["conv1"].skip_fusion is True and not rec.layers["dw"].skip_fusion
 
 
-def test_learned_ranges_train(pynative):
+def test_learned_ranges_train(mode):
     net = nn.SequentialCell([nn.Dense(6, 3), nn.ReLU()])
     qat = quantize_aware(net, "INT4", activation_range="learned")
     lo = qat[0].in_min
