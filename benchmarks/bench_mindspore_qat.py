@@ -63,20 +63,19 @@ def main() -> None:
     args = parser.parse_args()
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_seed(0)
-    make_data = data(args.steps, args.size)
-    dataset = make_data() if callable(make_data) else make_data
+    datasets = {"plain": data(args.steps, args.size), "qat": data(args.steps, args.size)}
     plain = SmallResNet()
     qat = quantize_aware(SmallResNet(), "INT8", sample_input=(1, 3, args.size, args.size))
     models = {"plain": model_of(plain), "qat": model_of(qat)}
     start = time.perf_counter()
-    for model in models.values():  # compile
-        intervals(model, dataset)
+    for name, model in models.items():  # compile (a Model keeps its own dataset)
+        intervals(model, datasets[name])
     print(f"warm-up (compile both) {time.perf_counter() - start:.1f} s")
     pooled: dict[str, list[float]] = {name: [] for name in models}
     for r in range(args.repeat):
         order = list(models) if r % 2 == 0 else list(models)[::-1]
         for name in order:
-            pooled[name] += intervals(models[name], dataset)
+            pooled[name] += intervals(models[name], datasets[name])
     step = {name: float(np.median(v)) for name, v in pooled.items()}
     print(f"steps per run {args.steps}, rounds {args.repeat}, input {args.size}x{args.size}")
     print(f"plain step  {step['plain'] * 1e3:8.2f} ms")
