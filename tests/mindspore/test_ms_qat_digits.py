@@ -32,3 +32,26 @@ def test_int4_qat_beats_the_control_where_post_training_int4_loses(example):
     assert res["control"] <= res["float"] - 0.04  # more float training does not help
     assert res["QAT INT4"] >= res["control"] + 0.04
     assert res["QAT INT4"] >= res["float"] - 0.02
+
+
+def test_int8_example_exports_to_espdl(example, tmp_path):
+    """QAT INT8 -> save_qat_record -> strip_qat -> export_espdl -> chip simulator; the stripped
+    checkpoint loads into a freshly built DigitsCNN."""
+    import mindspore as ms
+    import numpy as np
+    from mindspore import Tensor
+
+    fig = example.run_int8(tmp_path, epochs=6, qat_epochs=1)
+    print(fig)
+    assert fig["ESP-DL layers"] == 3  # conv1 (+bn1, relu1), conv2 (+bn2, relu2), logits
+    assert fig["float (stripped QAT)"] > 0.85
+    assert abs(fig["fake-quant (record)"] - fig["float (stripped QAT)"]) <= 0.02
+    assert abs(fig["chip (ESP-DL v1 s8)"] - fig["fake-quant (record)"]) <= 0.03
+    assert (tmp_path / "qat_record.txt.calib.json").exists()
+    fresh = example.DigitsCNN()
+    not_loaded, _ = ms.load_param_into_net(fresh, ms.load_checkpoint(str(tmp_path / "deploy.ckpt")))
+    assert not_loaded == []
+    x = example.digits(0, standardize=False)[1][:50]
+    fresh.set_train(False)
+    acc = float(np.mean(fresh(Tensor(x)).asnumpy().argmax(1) == example.digits(0, False)[3][:50]))
+    assert acc > 0.8
