@@ -24,7 +24,8 @@ Example:
     >>> from mindspore import Tensor, nn
     >>> net = nn.SequentialCell([nn.Dense(4, 3)])
     >>> qat = quantize_aware(net, "INT4")
-    >>> qat.set_train(True); _ = qat(Tensor(np.ones((2, 4), np.float32)))
+    >>> _ = qat.set_train(True)
+    >>> _ = qat(Tensor(np.ones((2, 4), np.float32)))
     >>> qat_record(qat).layers["0"].dst_type
     'INT4'
 """
