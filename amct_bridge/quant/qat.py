@@ -52,6 +52,7 @@ __all__ = [
     "ema_update",
     "fake_quant_range",
     "layer_factors",
+    "record_range",
 ]
 
 
@@ -193,3 +194,20 @@ def layer_factors(
         if skip_fusion:
             f.skip_fusion = True
     return f
+
+
+def record_range(scale_d: float, offset_d: int, bits: int) -> tuple[float, float]:
+    """The clip range whose AMCT activation factors are ``(scale_d, offset_d)`` (``init_record``:
+    QAT starts from a PTQ record's ranges): ``lo = (qmin - offset) * scale``,
+    ``hi = (qmax - offset) * scale``, on the record's own bit width.
+
+    Example:
+        >>> record_range(0.5, -128, 8)
+        (0.0, 127.5)
+        >>> lo, hi = record_range(0.02, -3, 8)
+        >>> activation_factors(lo, hi, 8)[1]
+        -3
+    """
+    qmin, qmax = quant_limits(bits)
+    s = float(np.float32(scale_d))
+    return (qmin - int(offset_d)) * s, (qmax - int(offset_d)) * s

@@ -428,3 +428,30 @@ def test_strip_qat_carries_no_optimizer_state(kind, tmp_path):
         groups = list(h5py.File(f).keys())
     assert "optimizer" not in groups, groups
     assert qat.compiled  # the QAT model keeps training
+
+
+def test_init_record_first_step_quantizes_with_its_ranges(conv_bn, tmp_path):
+    """QAT from a PTQ record (AMCT's UlqInitializer): the first training step's outputs equal
+    simulate(float model, record) on the calibration batch (the EMA update then keeps the first
+    layer's range; deeper layers see fake-quantized inputs, a step or so off the float range)."""
+    from amct_bridge.errors import RecordError
+    from amct_bridge.keras.calibrate import calibrate
+    from amct_bridge.records import LayerFactors, Record
+
+    x = np.random.default_rng(5).normal(0, 1, (8, 6, 6, 2)).astype("float32")
+    rec = calibrate(conv_bn, x, tmp_path / "ptq.txt", algorithm="minmax", batch_size=8)
+    want = simulate(conv_bn, rec).predict(x, verbose=0)
+    qat = quantize_aware(conv_bn, "INT8", init_record=tmp_path / "ptq.txt")
+    for key in rec.layers:
+        lo, hi, seen = (float(np.asarray(v)) for v in qat.get_layer(key).ranges["input"])
+        assert seen == 1 and lo < hi
+    got = np.asarray(qat(x, training=True))
+    err = np.abs(got - want).max()
+    cold = np.abs(np.asarray(quantize_aware(conv_bn, "INT8")(x, training=True)) - want).max()
+    assert err < 1e-2 * np.abs(want).max(), err
+    assert err <= cold
+    np.testing.assert_allclose(
+        qat_record(qat).layers["conv"].scale_d, rec.layers["conv"].scale_d, rtol=1e-6
+    )
+    with pytest.raises(RecordError, match="'nope'"):
+        quantize_aware(conv_bn, init_record=Record({"nope": LayerFactors(0.1, 0)}))

@@ -211,7 +211,7 @@ def test_fold_batchnorm_is_exact_and_skip_fusion(pynative):
     assert rec.layers["conv1"].skip_fusion is True and not rec.layers["dw"].skip_fusion
 
 
-def test_learned_ranges_train(pynative):
+def test_learned_ranges_train(mode):
     net = nn.SequentialCell([nn.Dense(6, 3), nn.ReLU()])
     qat = quantize_aware(net, "INT4", activation_range="learned")
     lo = qat[0].in_min
@@ -282,3 +282,24 @@ def test_bad_input_nothing_written(pynative, tmp_path):
     with pytest.raises(QuantError, match="not a QAT network"):
         save_qat_record(nn.SequentialCell([nn.Dense(2, 2)]), path)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "amct_bridge.mindspore.qat",
+        "amct_bridge.mindspore.qat.fake_quant",
+        "amct_bridge.mindspore.qat.cells",
+        "amct_bridge.mindspore.qat.model",
+        "amct_bridge.mindspore.qat.strip",
+    ],
+)
+def test_docstring_examples_run(pynative, name):
+    import doctest
+    import importlib
+
+    module = importlib.import_module(name)
+    failures, tried = doctest.testmod(
+        module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+    )
+    assert failures == 0 and tried > 0

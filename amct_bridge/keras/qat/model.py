@@ -60,8 +60,9 @@ from amct_bridge.keras.rewrite import (
     plain_copy,
     quantizable_layers,
 )
+from amct_bridge.quant.factors import bits_of
 from amct_bridge.quant.fold import fold_batchnorm
-from amct_bridge.quant.qat import check_options
+from amct_bridge.quant.qat import check_options, record_range
 from amct_bridge.records.model import Record
 
 __all__ = [
@@ -87,6 +88,7 @@ def quantize_aware(
     channel_wise: bool = True,
     skip_layers: tuple[str, ...] | list[str] = (),
     fold_batchnorm: bool = True,
+    init_record: Record | str | os.PathLike | None = None,
 ) -> keras.Model:
     """A trainable copy of ``model`` with fake-quantized inputs and kernels (module docstring).
 
@@ -99,12 +101,17 @@ def quantize_aware(
         channel_wise: per-output-channel weight scales for convolutions (AMCT default True).
         skip_layers: record keys (Keras layer names, "outer/inner") of layers to leave float.
         fold_batchnorm: fold a BatchNormalization following a quantized layer into it (default).
+        init_record: a PTQ record (path or Record, Keras-keyed): its scale_d / offset_d set the
+            starting input ranges, so the first training step already quantizes with
+            calibrated ranges (AMCT's ``UlqInitializer(record)``); layers it omits start from
+            their first batch.
 
     Returns:
         An uncompiled ``keras.Model``; compile and ``fit`` it, then :func:`save_qat_record`.
 
     Raises:
         QuantError: bad option, unknown name in ``skip_layers``, or no quantizable layer.
+        RecordError: an ``init_record`` key names no quantized layer part of the QAT model.
 
     Example:
         >>> qat = quantize_aware(model, dst_type="INT4", skip_layers=["logits"])  # doctest: +SKIP
@@ -152,7 +159,36 @@ def quantize_aware(
             copy_weights(orig, new.layer)
         elif orig.weights and id(orig) not in folded:
             copy_weights(orig, new)
+    if init_record is not None:
+        _init_ranges(clone, init_record)
     return clone
+
+
+def _init_ranges(qat_model: keras.Model, init_record: Record | str | os.PathLike) -> None:
+    """Each quantized part's input range from the record's scale_d / offset_d."""
+    from amct_bridge.errors import RecordError
+    from amct_bridge.records import load
+
+    record = init_record if isinstance(init_record, Record) else load(init_record)
+    parts = {}
+    for key, layer in _qat_layers(qat_model).items():
+        for i, name in enumerate(layer.ranges):  # "input", then "mid" (separable)
+            parts[layer.spec.key(key, i)] = layer.ranges[name]
+    unknown = [k for k in record.layers if k not in parts]
+    if unknown:
+        raise RecordError(
+            f"init_record: keys name no quantized layer of {qat_model.name!r}: {unknown}; "
+            f"quantized: {list(parts)}"
+        )
+    for key, f in record.layers.items():
+        if f.scale_d is None or f.offset_d is None:
+            continue
+        bits = bits_of(f.dst_type or f.act_type or "INT8")
+        lo, hi = record_range(f.scale_d, f.offset_d, bits)
+        lo_var, hi_var, seen = parts[key]
+        lo_var.assign(np.float32(lo))
+        hi_var.assign(np.float32(hi))
+        seen.assign(np.float32(1.0))
 
 
 def _observed(layer: keras.layers.Layer) -> bool:

@@ -24,7 +24,8 @@ Example:
     >>> from mindspore import Tensor, nn
     >>> net = nn.SequentialCell([nn.Dense(4, 3)])
     >>> qat = quantize_aware(net, "INT4")
-    >>> qat.set_train(True); _ = qat(Tensor(np.ones((2, 4), np.float32)))
+    >>> _ = qat.set_train(True)
+    >>> _ = qat(Tensor(np.ones((2, 4), np.float32)))
     >>> qat_record(qat).layers["0"].dst_type
     'INT4'
 """
@@ -53,9 +54,9 @@ from amct_bridge.mindspore.cells import (
 from amct_bridge.mindspore.instrument_cells import places, put
 from amct_bridge.mindspore.qat.cells import QATObserve, QATQuant
 from amct_bridge.mindspore.weights import batch_norm_params, bias_of, kernel_of
-from amct_bridge.quant.factors import bits_of, quant_limits
+from amct_bridge.quant.factors import bits_of
 from amct_bridge.quant.fold import fold_batchnorm
-from amct_bridge.quant.qat import check_options, layer_factors
+from amct_bridge.quant.qat import check_options, layer_factors, record_range
 from amct_bridge.records.calibration import CalibrationStats, LayerStats
 from amct_bridge.records.model import Record
 
@@ -301,22 +302,8 @@ def _init_ranges(qat: nn.Cell, init_record: Record | str | os.PathLike) -> None:
     for key, f in record.layers.items():
         if f.scale_d is None or f.offset_d is None:
             continue
-        lo, hi = record_range(f.scale_d, f.offset_d, f.dst_type or f.act_type or "INT8")
+        lo, hi = record_range(f.scale_d, f.offset_d, bits_of(f.dst_type or f.act_type or "INT8"))
         wrappers[key].set_input_range(lo, hi)
-
-
-def record_range(scale_d: float, offset_d: int, type_name: str) -> tuple[float, float]:
-    """The clip range ``[lo, hi]`` whose AMCT factors are ``(scale_d, offset_d)``.
-
-    ``lo = (qmin - offset) * scale``, ``hi = (qmax - offset) * scale``.
-
-    Example:
-        >>> record_range(0.5, -128, "INT8")
-        (0.0, 127.5)
-    """
-    qmin, qmax = quant_limits(bits_of(type_name))
-    s = float(np.float32(scale_d))
-    return (qmin - int(offset_d)) * s, (qmax - int(offset_d)) * s
 
 
 def qat_record(qat_net: nn.Cell) -> Record:
