@@ -240,6 +240,8 @@ def run(args: argparse.Namespace) -> int:
         print(format_preview(result))
         return 0
     print(f"wrote {len(result.layers)} layers to {result.out_dir}")
+    for item in result.host:  # a final softmax / sigmoid (export.json "host")
+        print(f"left to the host: {item}")
     for problem in result.skipped:
         print(f"skipped: {problem}")
     return 0

@@ -116,7 +116,9 @@ def _activation(node: Node) -> tuple[str, dict]:
         return "leaky_relu", {"alpha": LEAKY_RELU_DEFAULT}
     if name == "linear":
         return "runtime", {"keeps_exponent": True}
-    return "unsupported", {"reason": f"activation {name!r}: ESP-DL v1 has no such layer"}
+    # "function": a final softmax / sigmoid is left to the host (amct_bridge.espdl.v1.head)
+    reason = f"activation {name!r}: ESP-DL v1 has no such layer"
+    return "unsupported", {"reason": reason, "function": name}
 
 
 def _prelu(layer: Any) -> tuple[str, dict, dict]:

@@ -328,7 +328,10 @@ def _translate(cell: Any, node: Node, graph: Graph) -> Translated:
     own = type(cell).__module__.startswith("mindspore.")
     reason = f"{'MindSpore nn.' if own else 'cell class '}{name} has no ESP-DL v1 equivalent"
     hint = HINTS.get(kind if kind in HINTS else name)
-    return _unsupported(f"{reason} ({hint})" if hint else reason)
+    op, weights, attrs = _unsupported(f"{reason} ({hint})" if hint else reason)
+    if kind == "Activation":  # a final nn.Sigmoid is left to the host (espdl.v1.head)
+        attrs["function"] = node.params.get("activation")
+    return op, weights, attrs
 
 
 def _input_name(graph: Graph, tid: str) -> str:
