@@ -80,6 +80,9 @@ class Evaluation:
     #: chip layers without a row, each "name (source): why" (nothing is left out silently)
     not_compared: list[str] = field(default_factory=list)
     chip_note: str = ""
+    #: a same-padded AvgPool2D's error split into border and inner positions (the chip divides
+    #: by the full window at the border, the framework by the real cells)
+    border: list[str] = field(default_factory=list)
 
 
 def snr_db(ref: np.ndarray, got: np.ndarray) -> float:
@@ -197,7 +200,7 @@ def evaluate_export(
     scores, note = _chip_scores(net, output, chip, host_rest)
     refs = floats(source_names(net)) if callable(floats) else (floats or {})
     not_compared: list[str] = []
-    return Evaluation(
+    ev = Evaluation(
         len(y),
         accuracy(float_scores, y),
         None if fake_quant_scores is None else accuracy(fake_quant_scores, y),
@@ -209,6 +212,37 @@ def evaluate_export(
         not_compared,
         note,
     )
+    ev.border = _border_errors(net, chip, refs, tuple(x.shape[1:3]))
+    return ev
+
+
+def _border_errors(net: Any, chip: dict, floats: dict, input_hw: tuple) -> list[str]:
+    """SNR of a same-padded AvgPool2D at the border positions and inside, on this data."""
+    from amct_bridge.espdl.v1.chip import border_ratios
+
+    same = ("SAME_END", "SAME_BEGIN")
+    lines = []
+    for layer, source in zip(net.layers, source_names(net), strict=True):
+        if layer.kind != "AvgPool2D" or layer.attrs.get("padding") not in same:
+            continue
+        ref = floats.get(source)
+        got = np.ldexp(chip[layer.name].astype(np.float64), chip["exp:" + layer.name])
+        src = layer.inputs[0]
+        hw = input_hw if src not in chip else chip[src].shape[1:3]  # "input": the model's
+        if ref is None or ref.size != got.size or got.ndim != 4:
+            continue
+        ratio = border_ratios(hw, layer.attrs)
+        if ratio.shape != got.shape[1:3] or not (ratio < 1).any():
+            continue
+        edge = np.broadcast_to((ratio < 1)[None, :, :, None], got.shape)
+        ref = ref.reshape(got.shape)
+        lines.append(
+            f"{layer.name} ({source}): SNR {snr_db(ref[edge], got[edge]):.1f} dB at the "
+            f"{int((ratio < 1).sum())} border positions, {snr_db(ref[~edge], got[~edge]):.1f} dB "
+            "inside (ESP-DL v1 divides by the full window at the border, the model by the real "
+            "cells: see docs/espdl-export.md)"
+        )
+    return lines
 
 
 def chip_network(export: str | Path | Any, x: np.ndarray) -> Any:
@@ -386,4 +420,5 @@ def format_evaluation(ev: Evaluation) -> str:
         worst = min(ev.layers, key=lambda e: e.snr_db)
         lines.append(f"lowest SNR: {worst.name} ({worst.snr_db:.1f} dB)")
     lines += [f"not compared: {line}" for line in ev.not_compared]
+    lines += [f"border of a same-padded average pool: {line}" for line in ev.border]
     return "\n".join(lines)

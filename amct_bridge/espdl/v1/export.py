@@ -38,6 +38,7 @@ from amct_bridge.espdl.naming import c_identifiers
 from amct_bridge.espdl.plan import Chain, plan_chains
 from amct_bridge.espdl.source import OPS, WEIGHT_OPS, SourceLayer
 from amct_bridge.espdl.v1 import spec
+from amct_bridge.espdl.v1.border import border_warnings
 from amct_bridge.espdl.v1.checks import saturation_warnings, unresolved_concats
 from amct_bridge.espdl.v1.chip_graph import chip_graph
 from amct_bridge.espdl.v1.coefficients import Coefficients, chain_coefficients
@@ -370,6 +371,7 @@ def export_layers(
         result.graph = chip_graph(layers, result)
     except ExportError as err:  # the export stays usable; the simulator says why it cannot run
         result.graph_error = str(err)
+    result.notes += border_warnings(result)  # same-padded average pools: measured at the border
     extra: dict[str, bytes] = {}
     if cpp is not None:
         extra, notes = cpp_outputs(result, cpp)
