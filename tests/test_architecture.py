@@ -94,7 +94,7 @@ ESPDL_ROOT = Path(amct_bridge.espdl.__path__[0])
 #: ESP-DL v1 only: convert.py input and preview, C++ writers, chip graph and simulator.
 V1_MODULES = (
     "spec layout preview coefficients runtime checks result export report network chip_graph "
-    "chip chip_ops cpp cpp_app cpp_coefficients cpp_model cpp_render cpp_types search"
+    "chip chip_ops cpp cpp_app cpp_coefficients cpp_model cpp_render cpp_types search head border"
 ).split()
 #: What every format shares (besides the package itself, which re-exports v1's names).
 SHARED_MODULES = (

@@ -312,6 +312,8 @@ def run(args: argparse.Namespace) -> int:
         print(format_preview(result))
     else:
         print(f"wrote {len(result.layers)} layers to {result.out_dir}")
+        for item in result.host:  # a final softmax / sigmoid (export.json "host")
+            print(f"left to the host: {item}")
         for line in grouped_lines(result.skipped, "skipped: "):  # an explanation once
             print(line)
     if result.graph is None:  # said last: the run looked fine up to here

@@ -59,6 +59,11 @@ class LayerError:
 class Evaluation:
     """Accuracies (None: not computed) and the per-layer errors.
 
+    ``chip_acc`` is None when no chip output computes the model's output (a skipped last
+    layer the host cannot run): ``chip_note`` says why. Otherwise ``chip_note`` says what was
+    scored when it is not plainly the model's output (the logits of a head whose softmax is
+    left to the host, a chip output followed by float layers on the host).
+
     Example:
         >>> Evaluation(10, 0.9, None, 0.8, "esp32").chip_acc
         0.8
@@ -67,13 +72,17 @@ class Evaluation:
     samples: int
     float_acc: float
     fake_quant_acc: float | None
-    chip_acc: float
+    chip_acc: float | None
     target: str
     layers: list[LayerError] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     source_label: str = "keras layer"  # the last column's header: whose names it lists
     #: chip layers without a row, each "name (source): why" (nothing is left out silently)
     not_compared: list[str] = field(default_factory=list)
+    chip_note: str = ""
+    #: a same-padded AvgPool2D's error split into border and inner positions (the chip divides
+    #: by the full window at the border, the framework by the real cells)
+    border: list[str] = field(default_factory=list)
 
 
 def snr_db(ref: np.ndarray, got: np.ndarray) -> float:
@@ -91,13 +100,37 @@ def snr_db(ref: np.ndarray, got: np.ndarray) -> float:
 
 
 def accuracy(scores: np.ndarray, y: np.ndarray) -> float:
-    """Top-1 accuracy of ``scores`` (one row per sample) against class indices ``y``.
+    """Top-1 accuracy of ``scores`` (one row per sample) against class indices ``y``; one score
+    per sample is a probability: class 1 when > 0.5 (as the report's accuracy).
 
     Example:
         >>> accuracy(np.array([[0.1, 0.9], [0.8, 0.2]]), np.array([1, 1]))
         0.5
+        >>> accuracy(np.array([[0.7], [0.2]]), np.array([1, 1]))
+        0.5
     """
-    return float(np.mean(np.asarray(scores).reshape(len(y), -1).argmax(axis=1) == y))
+    flat = np.asarray(scores).reshape(len(y), -1)
+    predicted = (flat[:, 0] > 0.5).astype(np.int64) if flat.shape[1] == 1 else flat.argmax(axis=1)
+    return float(np.mean(predicted == y))
+
+
+def host_function(name: str, logits: np.ndarray) -> np.ndarray:
+    """A head function the export left to the host, in float64 over the last axis.
+
+    Example:
+        >>> host_function("sigmoid", np.array([[0.0]])).tolist()
+        [[0.5]]
+    """
+    z = np.asarray(logits, np.float64)
+    if name == "sigmoid":
+        return 1.0 / (1.0 + np.exp(-z))
+    shifted = z - z.max(axis=-1, keepdims=True)
+    if name == "log_softmax":
+        return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    if name == "softmax":
+        e = np.exp(shifted)
+        return e / e.sum(axis=-1, keepdims=True)
+    raise ExportError(f"export: host function {name!r} is not softmax, log_softmax or sigmoid")
 
 
 def source_names(net: Any) -> list[str]:
@@ -124,6 +157,7 @@ def evaluate_export(
     batch_size: int = 64,
     source_label: str = "keras layer",
     missing_reasons: dict[str, str] | None = None,
+    host_rest: Callable[[str, np.ndarray], np.ndarray | None] | None = None,
 ) -> Evaluation:
     """Run the chip simulator on ``x`` (NHWC, as the chip takes it) and compare.
 
@@ -134,10 +168,15 @@ def evaluate_export(
         floats: the float outputs (NHWC) by framework layer name, or a function of the names
             wanted (:func:`source_names`) giving them; a layer without one gets a "not
             compared" line instead of a row, with ``missing_reasons[source]`` if given.
-        output: the framework layer of the model's first output (None: the chip's first).
+        output: the framework layer of the model's first output (None: unknown; the chip's
+            output is scored only when it is the only one and no model output was skipped).
         target, input_exponent: as :func:`~amct_bridge.espdl.simulate_chip`.
         batch_size: samples per chip call.
         source_label: header of the layer-name column.
+        host_rest: ``host_rest(layer, values)``: the model's output computed in float from
+            framework layer ``layer``'s output ``values`` (the dequantized chip output, NHWC),
+            or None when the model cannot be run from there. Used when a model output was
+            skipped at export: the chip's part, then the rest on the host, is scored.
 
     Example:
         >>> # see the module docstring
@@ -158,21 +197,52 @@ def evaluate_export(
             chip["approx:" + name] = tensor.approximate
     for name, values in parts.items():
         chip[name] = np.concatenate(values) if values else np.zeros(0)
-    out = _chip_output(net, output)
-    scores = np.ldexp(chip[out].astype(np.float64), chip["exp:" + out])
+    scores, note = _chip_scores(net, output, chip, host_rest)
     refs = floats(source_names(net)) if callable(floats) else (floats or {})
     not_compared: list[str] = []
-    return Evaluation(
+    ev = Evaluation(
         len(y),
         accuracy(float_scores, y),
         None if fake_quant_scores is None else accuracy(fake_quant_scores, y),
-        accuracy(scores, y),
+        None if scores is None else accuracy(scores, y),
         simulated,
         _layer_errors(net, chip, refs, net.bits, not_compared, missing_reasons),
         warnings,
         source_label,
         not_compared,
+        note,
     )
+    ev.border = _border_errors(net, chip, refs, tuple(x.shape[1:3]))
+    return ev
+
+
+def _border_errors(net: Any, chip: dict, floats: dict, input_hw: tuple) -> list[str]:
+    """SNR of a same-padded AvgPool2D at the border positions and inside, on this data."""
+    from amct_bridge.espdl.v1.chip import border_ratios
+
+    same = ("SAME_END", "SAME_BEGIN")
+    lines = []
+    for layer, source in zip(net.layers, source_names(net), strict=True):
+        if layer.kind != "AvgPool2D" or layer.attrs.get("padding") not in same:
+            continue
+        ref = floats.get(source)
+        got = np.ldexp(chip[layer.name].astype(np.float64), chip["exp:" + layer.name])
+        src = layer.inputs[0]
+        hw = input_hw if src not in chip else chip[src].shape[1:3]  # "input": the model's
+        if ref is None or ref.size != got.size or got.ndim != 4:
+            continue
+        ratio = border_ratios(hw, layer.attrs)
+        if ratio.shape != got.shape[1:3] or not (ratio < 1).any():
+            continue
+        edge = np.broadcast_to((ratio < 1)[None, :, :, None], got.shape)
+        ref = ref.reshape(got.shape)
+        lines.append(
+            f"{layer.name} ({source}): SNR {snr_db(ref[edge], got[edge]):.1f} dB at the "
+            f"{int((ratio < 1).sum())} border positions, {snr_db(ref[~edge], got[~edge]):.1f} dB "
+            "inside (ESP-DL v1 divides by the full window at the border, the model by the real "
+            "cells: see docs/espdl-export.md)"
+        )
+    return lines
 
 
 def chip_network(export: str | Path | Any, x: np.ndarray) -> Any:
@@ -197,14 +267,70 @@ def chip_network(export: str | Path | Any, x: np.ndarray) -> Any:
     return net
 
 
-def _chip_output(net: Any, output: str | None) -> str:
-    """The chip output computing the model's first output: the graph lists its outputs in
-    execution order, which need not be the model's output order."""
+def _chip_scores(
+    net: Any, output: str | None, chip: dict, host_rest: Callable | None
+) -> tuple[np.ndarray | None, str]:
+    """What to score as the chip's prediction of the model's first output, and a note; (None,
+    why) when no chip output computes it. The graph lists its outputs in execution order, which
+    need not be the model's output order."""
+    layers = {x.name: x for x in net.layers}
+    heads = {h.get("layer"): h for h in getattr(net, "host", [])}
+    skipped = {s.get("layer"): s for s in getattr(net, "skipped_outputs", [])}
+
+    def values(name: str) -> np.ndarray:
+        return np.ldexp(chip[name].astype(np.float64), chip["exp:" + name])
+
+    if output is None:  # the model's output is not known: only an unambiguous chip output
+        if len(net.outputs) == 1 and not skipped:
+            return values(net.outputs[0]), ""
+        return None, (
+            f"the model's output layer is not known and the chip has outputs "
+            f"{', '.join(map(repr, net.outputs))}"
+            + (f" and skipped model outputs {', '.join(map(repr, skipped))}" if skipped else "")
+        )
     for name in net.outputs:
-        layer = next(x for x in net.layers if x.name == name)
+        layer = layers[name]
         if output in (layer.source, *layer.fused):
-            return name
-    return net.outputs[0]  # e.g. a skipped final Softmax: the chip's output is its input
+            head = heads.get(output)
+            if head is None:
+                return values(name), ""
+            return _on_host(head, values(name)), (
+                f"the chip computes the logits of {output!r}, its {head['function']} is "
+                f"applied on the host ({head['why']})"
+            )
+    head = heads.get(output)  # a final Softmax layer left to the host: the chip computes its input
+    if head is not None and head.get("chip") in layers:
+        return _on_host(head, values(head["chip"])), (
+            f"the chip computes {head['chip']!r}, the input of {output!r}, whose "
+            f"{head['function']} is applied on the host ({head['why']})"
+        )
+    if host_rest is not None:
+        for name in net.outputs:
+            layer = layers[name]
+            source = layer.fused[-1] if layer.fused else layer.source
+            scores = host_rest(source, values(name))
+            if scores is not None:
+                return np.asarray(scores), (
+                    f"chip output {name!r} ({source}), then the layers after it to the model "
+                    f"output {output!r} run in float on the host"
+                )
+    if output in skipped:
+        entry = skipped[output]
+        why = (
+            f"the model output {output!r} ({entry.get('kind')}) was skipped at export "
+            f"({entry.get('reason')}), so the chip's output {entry.get('chip')!r} is its "
+            "input, not the model's output"
+        )
+    else:
+        outs = ", ".join(f"{n!r} ({layers[n].source})" for n in net.outputs)
+        why = f"no chip output computes the model output {output!r} (the chip's outputs: {outs})"
+    rest = "" if host_rest is None else ", and the rest of the model cannot run from it"
+    return None, why + rest
+
+
+def _on_host(head: dict, logits: np.ndarray) -> np.ndarray:
+    flat = logits.reshape(len(logits), -1)  # the function's axis: the classes
+    return host_function(str(head.get("function")), flat)
 
 
 def _layer_errors(
@@ -215,10 +341,13 @@ def _layer_errors(
     missing: list[str] | None = None,
     reasons: dict[str, str] | None = None,
 ) -> list[LayerError]:
-    """A row per chip layer with a float counterpart; the others go to ``missing`` with why."""
+    """A row per chip layer with a float counterpart; the others go to ``missing`` with why.
+    A layer whose softmax / sigmoid the export left to the host is compared with it applied
+    (the float layer's output is after it)."""
     top, bottom = 2 ** (bits - 1) - 1, -(2 ** (bits - 1))
     result = []
     missing = [] if missing is None else missing
+    fused_heads = {h.get("chip"): h for h in getattr(net, "host", []) if h["layer"] == h["reads"]}
     for layer, source in zip(net.layers, source_names(net), strict=True):
         if source not in floats:
             why = (reasons or {}).get(source, "no float output of it was recorded")
@@ -234,10 +363,13 @@ def _layer_errors(
             )
             continue
         got = got.reshape(ref.shape)
+        head = fused_heads.get(layer.name)
+        if head is not None:
+            got = _on_host(head, got).reshape(ref.shape)
         result.append(
             LayerError(
                 layer.name,
-                source,
+                source if head is None else f"{source} (its {head['function']} on the host)",
                 layer.kind,
                 chip["exp:" + layer.name],
                 snr_db(ref, got),
@@ -261,11 +393,16 @@ def format_evaluation(ev: Evaluation) -> str:
         chip accuracy:       0.8000 (esp32, bit-exact simulator)
     """
     fq = "n/a (no --record)" if ev.fake_quant_acc is None else f"{ev.fake_quant_acc:.4f}"
+    if ev.chip_acc is None:
+        chip = f"n/a ({ev.chip_note})"
+    else:
+        note = f"; {ev.chip_note}" if ev.chip_note else ""
+        chip = f"{ev.chip_acc:.4f} ({ev.target}, bit-exact simulator{note})"
     lines = [
         f"samples: {ev.samples}",
         f"float accuracy:      {ev.float_acc:.4f}",
         f"fake-quant accuracy: {fq}",
-        f"chip accuracy:       {ev.chip_acc:.4f} ({ev.target}, bit-exact simulator)",
+        f"chip accuracy:       {chip}",
     ]
     if ev.layers:
         width = max(len("layer"), *(len(e.name) for e in ev.layers))
@@ -283,4 +420,5 @@ def format_evaluation(ev: Evaluation) -> str:
         worst = min(ev.layers, key=lambda e: e.snr_db)
         lines.append(f"lowest SNR: {worst.name} ({worst.snr_db:.1f} dB)")
     lines += [f"not compared: {line}" for line in ev.not_compared]
+    lines += [f"border of a same-padded average pool: {line}" for line in ev.border]
     return "\n".join(lines)

@@ -118,8 +118,10 @@ def _activation(node: Node) -> tuple[str, dict]:
         return "leaky_relu", {"alpha": LEAKY_RELU_DEFAULT}
     if name == "linear":
         return "runtime", {"keeps_exponent": True}
+    # the v3 export reads "activation"; a final softmax / sigmoid is left to the host by v1
+    # (amct_bridge.espdl.v1.head)
     reason = f"activation {name!r}: ESP-DL v1 has no such layer"
-    return "unsupported", {"reason": reason, "activation": name}  # the v3 export reads it
+    return "unsupported", {"reason": reason, "activation": name}
 
 
 def _prelu(layer: Any) -> tuple[str, dict, dict]:

@@ -56,7 +56,7 @@ def evaluate_espdl(
     x = np.asarray(x, np.float32)
     x_chip = x.transpose(0, 2, 3, 1) if x.ndim == 4 else x  # the chip runs NHWC
     chip = chip_network(export_dir, x_chip)  # before the network meets data of another shape
-    floats, float_scores, reasons = _float_run(net, x, batch_size)
+    floats, float_scores, reasons, output = _float_run(net, x, batch_size)
     fq = None
     if record is not None:
         outputs = simulate(net, record, x, batch_size=batch_size).outputs
@@ -68,6 +68,7 @@ def evaluate_espdl(
         float_scores=float_scores,
         fake_quant_scores=fq,
         floats=floats,
+        output=output,  # its chip layer is scored (a skipped one: "n/a" with the reason)
         target=target,
         input_exponent=input_exponent,
         batch_size=batch_size,
@@ -78,9 +79,10 @@ def evaluate_espdl(
 
 def _float_run(
     net: nn.Cell, x: np.ndarray, batch: int
-) -> tuple[dict[str, np.ndarray], Any, dict[str, str]]:
+) -> tuple[dict[str, np.ndarray], Any, dict[str, str], str | None]:
     """The float outputs (NHWC where 4-D) of every leaf cell call site and of the functional
-    ops a cell site reads, the network's output, and why the others have none."""
+    ops a cell site reads, the network's output, why the others have none, and the graph name
+    of the node computing the network's (first) output."""
     cells = leaf_cells(net)
     finals = []
     with pynative_inference(net), recorded(cells, inputs=True) as (outs, ins):
@@ -105,18 +107,20 @@ def _float_run(
                 reasons[name] += "after it is compared)"
                 continue
             floats[name] = _nhwc(np.concatenate(values[site::calls]))
-    floats.update(_functional_floats(net, x[:1], site_inputs, reasons))
-    return floats, np.concatenate(finals), reasons
+    functional, output = _functional_floats(net, x[:1], site_inputs, reasons)
+    floats.update(functional)
+    return floats, np.concatenate(finals), reasons, output
 
 
 def _functional_floats(
     net: nn.Cell, sample: np.ndarray, site_inputs: dict[str, np.ndarray], reasons: dict
-) -> dict[str, np.ndarray]:
+) -> tuple[dict[str, np.ndarray], str | None]:
     """A functional op's output is the input of the cell site reading it (``add_op0`` feeds
-    ``relu@1``): the graph says which."""
+    ``relu@1``): the graph says which. Also the name of the node computing the output."""
     from amct_bridge.mindspore.graph import extract_graph
 
     graph = extract_graph(net, sample)  # the export needed it too: it compiles
+    producer = graph.producer_of(graph.outputs[0]) if graph.outputs else None
     out = {}
     for node in graph.nodes:
         if node.is_layer or not node.outputs:
@@ -132,7 +136,7 @@ def _functional_floats(
             reasons[node.name] = (
                 "a functional op whose output no cell reads alone (so no hook sees it)"
             )
-    return out
+    return out, None if producer is None else producer.name
 
 
 def _nhwc(value: np.ndarray) -> np.ndarray:

@@ -335,6 +335,8 @@ def _translate(cell: Any, node: Node, graph: Graph) -> Translated:
         value = cell.softmax.attrs.get("axis", -1)  # the primitive holds it: ops.Softmax(axis)
         axis = int(np.ravel(value)[0]) % rank if np.size(value) == 1 else None
         attrs["axis"] = {2: {1: -1}, 4: {1: -1, 2: 1, 3: 2}}.get(rank, {}).get(axis, "nchw")
+    if kind == "Activation":  # a final nn.Sigmoid is left to the host (espdl.v1.head)
+        attrs["activation"] = node.params.get("activation")
     return op, weights, attrs
 
 

@@ -204,6 +204,7 @@ def test_keras_refusals():
     d = keras.layers.ReLU(max_value=3.0, name="clip3")(x)
     e = keras.layers.BatchNormalization(name="lonely_bn")(x)
     f = keras.layers.Dense(4, activation="sigmoid", name="sig")(x)
+    f = keras.layers.ReLU(name="after_sig")(f)  # not the model's head: refused
     g = keras.layers.PReLU(name="pp")(keras.layers.Conv2D(4, 1, name="before_pp")(x))
     model = keras.Model(x, [a, b, c, d, e, f, g])
     _randomize_bn_and_prelu(model)  # alpha differs per position

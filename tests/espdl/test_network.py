@@ -281,10 +281,15 @@ def test_skipped_softmax_at_the_end_leaves_the_logits_as_output(tmp_path):
     model = keras.Model(x, y)
     data = np.random.default_rng(4).uniform(-1, 1, (6, 4, 4, 1)).astype("float32")
     stats = sidecar_from(layer_activations(model, data))
-    res = export_layers(source_layers(model), None, stats=stats, skip_unsupported=True)
-    assert res.graph["outputs"] == ["fc"]
-    (note,) = res.graph["notes"]
-    assert note.startswith("model output 'sm' (Softmax) was skipped (Keras Softmax has no ")
-    assert note.endswith("the chip's output is its input 'fc'; apply it on the host")
+    # a final Softmax is no longer refused (nor skipped): it is left to the host (issue 23 §2)
+    res = export_layers(source_layers(model), None, stats=stats)
+    assert res.graph["outputs"] == ["fc"] and not res.skipped and "notes" not in res.graph
+    (host,) = res.graph["host"]
+    assert (host["layer"], host["function"], host["reads"], host["chip"]) == (
+        "sm",
+        "softmax",
+        "fc",
+        "fc",
+    )
     got = simulate_chip(res, data).output.values.argmax(axis=1)
     assert np.mean(got == model.predict(data, verbose=0).argmax(axis=1)) >= 5 / 6

@@ -10,6 +10,8 @@ directory writer) lives in :mod:`amct_bridge.espdl`. Modules:
   order and integers; :mod:`~amct_bridge.espdl.v1.coefficients`: float coefficients in its layouts;
 - :mod:`~amct_bridge.espdl.v1.runtime`: the coefficient-free runtime layers (Add2D, pools...);
 - :mod:`~amct_bridge.espdl.v1.checks`: the v1 warnings (saturation, Concat exponents);
+  :mod:`~amct_bridge.espdl.v1.border`: a same-padded average pool's border, measured;
+- :mod:`~amct_bridge.espdl.v1.head`: a final softmax / sigmoid left to the host;
 - :mod:`~amct_bridge.espdl.v1.result`: :class:`ExportResult`, what an export produced (data
   only: the chip graph, C++ writers, simulator and report read it without importing the export);
 - :mod:`~amct_bridge.espdl.v1.export`: the export itself (config.json, npy, export.json);

@@ -127,6 +127,18 @@ class ChipResult:
         return self.layers[self.outputs[0]]
 
 
+def border_ratios(hw: tuple[int, int], attrs: dict) -> np.ndarray:
+    """Per output position of a same-padded AvgPool2D on an (H, W) map: real cells / window
+    cells, the chip's value over the model's on a constant map (see
+    :mod:`amct_bridge.espdl.v1.border`).
+
+    Example:
+        >>> border_ratios((3, 3), {"pool": [3, 3], "strides": [1, 1], "padding": "SAME_END"})[1, 1]
+        1.0
+    """
+    return ops.border_ratios(hw, attrs)
+
+
 def quantize_input(x: np.ndarray, exponent: int, bits: int) -> np.ndarray:
     """Float input -> chip integers: ``sat(rint(x · 2^-exponent))`` (round half to even).
 

@@ -96,6 +96,7 @@ class _Walk:
         self.nodes: list[dict] = []
         self.outputs: list[str] = []
         self.notes: list[str] = []
+        self.skipped_outputs: list[dict] = []  # model outputs the chip does not compute
         self.input: dict = {}
         self.from_input = {INPUT}  # chip tensors carrying the input's exponent (ReLU, Pad...)
 
@@ -178,6 +179,10 @@ class _Walk:
             raise ExportError(f"layer {layer.describe()} was skipped: {self.skipped[layer.name]}")
         if ins[0] not in self.outputs:
             self.outputs.append(ins[0])
+        problem = self.skipped[layer.name]
+        self.skipped_outputs.append(
+            {"layer": layer.name, "kind": problem.kind, "reason": problem.reason, "chip": ins[0]}
+        )
         self.notes.append(
             f"model output {layer.describe()} was skipped ({self.skipped[layer.name].reason}): "
             f"the chip's output is its input {ins[0]!r}; apply it on the host"
@@ -259,4 +264,8 @@ def chip_graph(layers: list[SourceLayer], result: ExportResult) -> dict:
         "layers": walk.nodes,
         "outputs": walk.outputs or [walk.nodes[-1]["name"]],
         **({"notes": walk.notes} if walk.notes else {}),
+        # what the host computes after the chip: a final softmax / sigmoid (it keeps the arg
+        # max), a skipped model output (the chip's output is its input); espdl-eval reads them
+        "host": [h.to_json(walk.producer.get(h.reads)) for h in getattr(result, "host", [])],
+        "skipped_outputs": walk.skipped_outputs,
     }

@@ -245,6 +245,19 @@ def pool_windows(x: np.ndarray, attrs: dict, what: str, pad_value: int) -> np.nd
     return _windows(_pad_hw(x, pads, pad_value), (kh, kw), strides)
 
 
+def border_ratios(hw: tuple[int, int], attrs: dict) -> np.ndarray:
+    """Per output position of an average pool on an (H, W) map: real cells / window cells,
+    i.e. the chip's value over the model's for a constant map (1 inside, < 1 at the border).
+
+    Example:
+        >>> border_ratios((2, 2), {"pool": [2, 2], "strides": [2, 2], "padding": "SAME_END"})
+        array([[1.]])
+    """
+    ones = np.ones((1, int(hw[0]), int(hw[1]), 1))
+    windows = pool_windows(ones, attrs, "border", 0)
+    return windows.sum(axis=(-2, -1))[0, :, :, 0] / (windows.shape[-1] * windows.shape[-2])
+
+
 def calculate_exponent(n: int, max_value: int) -> int:
     """Largest k with ⌊2^k / n⌋ < max_value (ESP-DL ``dl::tool::calculate_exponent``).
 

@@ -48,16 +48,18 @@ from amct_bridge.espdl.plan import Chain, plan_chains
 from amct_bridge.espdl.refusals import refusal_message
 from amct_bridge.espdl.source import OPS, WEIGHT_OPS, SourceLayer
 from amct_bridge.espdl.v1 import spec
+from amct_bridge.espdl.v1.border import border_warnings
 from amct_bridge.espdl.v1.checks import saturation_warnings, unresolved_concats
 from amct_bridge.espdl.v1.chip_graph import chip_graph
 from amct_bridge.espdl.v1.coefficients import Coefficients, chain_coefficients
 from amct_bridge.espdl.v1.cpp import constructor
 from amct_bridge.espdl.v1.cpp_app import cpp_outputs
+from amct_bridge.espdl.v1.head import host_heads, logit_bound
 from amct_bridge.espdl.v1.preview import preview_layer
 from amct_bridge.espdl.v1.result import ExportedLayer, ExportResult
 from amct_bridge.espdl.v1.runtime import runtime_class, runtime_layers
 from amct_bridge.espdl.writer import npy_bytes, write_directory
-from amct_bridge.quant.espdl import auto_exponent
+from amct_bridge.quant.espdl import auto_exponent, range_to_exponent
 from amct_bridge.records.calibration import CalibrationStats
 from amct_bridge.records.model import Record
 
@@ -158,7 +160,10 @@ def _output_exponents(
     warnings: dict[str, list[str]] = {}
     for chain in chains:
         finder.warnings.clear()
-        found[chain.last] = finder.output_exponent(chain)
+        if chain.head.attrs.get("host_activation"):  # the sidecar has the probabilities' range
+            found[chain.last] = _logit_exponent(chain, finder)
+        else:
+            found[chain.last] = finder.output_exponent(chain)
         warnings[chain.last] = list(finder.warnings)
     groups, loose = shared_exponent_groups(layers, chains)
     for group in groups:
@@ -170,6 +175,35 @@ def _output_exponents(
                 found[end] = (top, f"{src}, raised from {exp} to match {others}", rng)
             finder.chain_outputs[end] = top
     return found, warnings, loose
+
+
+def _logit_exponent(chain: Chain, finder: ExponentFinder) -> tuple:
+    """Output exponent of a head whose softmax/sigmoid is left to the host: its calibrated
+    output range is after that function, so bound the logits from the input range instead."""
+    head = chain.head
+    found = finder.range_exponent(head.name, "input") or finder.record_exponent(head.name)
+    if found is None or found[2] is None:
+        feeding = finder.input_exponent(chain)
+        if feeding is None:
+            raise ExportError(
+                f"layer {head.name!r}: cannot choose output_exponent for its logits (its "
+                f"{head.attrs['host_activation']} is left to the host): no input range in the "
+                "calibration sidecar, no scale_d in the record, no exported layer before it"
+            )
+        top = float(2 ** (finder.bits - 1) - 1) * 2.0 ** feeding[0]
+        found = (feeding[0], feeding[1], (-top, top))
+    rng = logit_bound(head, found[2])
+    exp = range_to_exponent(rng[0], rng[1], finder.bits)
+    finder.chain_outputs[chain.last] = exp
+    func = head.attrs["host_activation"]
+    finder.warnings.append(
+        f"layer {head.name!r}: exported without its {func} (left to the host); its calibrated "
+        f"output range is the {func}'s, so output_exponent {exp} bounds the logits from the "
+        f"input range [{found[2][0]:.4g}, {found[2][1]:.4g}] and the weights (coarser than a "
+        "calibrated range: calibrate the model with the function as a layer of its own, "
+        "Dense + Softmax, or classifier_activation=None, for a tighter one)"
+    )
+    return exp, f"bound of the logits from the {found[1]} through the weights", rng
 
 
 def _export_chain(
@@ -293,6 +327,8 @@ def export_layers(
     _check_links(layers)
     check_record_keys(record, layers)
     check_sidecar_keys(stats, layers)
+    every_layer = layers
+    layers, host = host_heads(layers)  # a final softmax / sigmoid: left to the host
 
     def skip_fusion(name: str) -> bool:
         factors = record.layers.get(name) if record else None
@@ -342,12 +378,13 @@ def export_layers(
         runtime,
         passthrough=passthrough(layers),
         inputs=[x.name for x in layers if x.op == "input"],
+        host=host,
     )
     if tuning is not None:
         result.notes += tuning.notes
     result.notes += record_coverage([c.head.name for c in chains], record, stats)
     if stats is not None:
-        result.notes += _sidecar_strangers(layers, stats)
+        result.notes += _sidecar_strangers(every_layer, stats)
     missing = unaccounted(layers, _report(result))
     if missing:  # a bug guard: the rules above must place every layer somewhere
         raise ExportError(f"layers neither exported, fused, skipped nor refused: {missing}")
@@ -355,6 +392,7 @@ def export_layers(
         result.graph = chip_graph(layers, result)
     except ExportError as err:  # the export stays usable; the simulator says why it cannot run
         result.graph_error = str(err)
+    result.notes += border_warnings(result)  # same-padded average pools: measured at the border
     extra: dict[str, bytes] = {}
     if cpp is not None:
         extra, notes = cpp_outputs(result, cpp)
@@ -395,6 +433,7 @@ def _report(result: ExportResult) -> dict:
         "runtime_layers": [item.to_json() for item in result.runtime],
         "passthrough": result.passthrough,
         "inputs": result.inputs,
+        "host": [item.to_json() for item in result.host],
         "skipped": [{"layer": p.layer, "kind": p.kind, "reason": p.reason} for p in result.skipped],
         "warnings": result.warnings,
         "graph": result.graph,

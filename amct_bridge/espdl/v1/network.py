@@ -157,6 +157,10 @@ class Network:
     outputs: list[str] = field(default_factory=list)
     input_source: str = INPUT
     target: str | None = None  # the chip the export was made for (export.json), if known
+    #: graph["host"]: a final softmax / sigmoid left to the host, with the chip layer it reads
+    host: list[dict] = field(default_factory=list)
+    #: graph["skipped_outputs"]: model outputs skipped at export, with the chip layer they read
+    skipped_outputs: list[dict] = field(default_factory=list)
 
     @property
     def bits(self) -> int:
@@ -319,6 +323,10 @@ def network_from_parts(
         [str(s) for s in graph.get("outputs", [])],
         str(inp.get("source", INPUT)),
     )
+    net.host = [dict(h) for h in graph.get("host") or [] if isinstance(h, dict)]
+    net.skipped_outputs = [
+        dict(h) for h in graph.get("skipped_outputs") or [] if isinstance(h, dict)
+    ]
     for layer in net.layers:
         if layer.kind not in WEIGHTED:
             continue

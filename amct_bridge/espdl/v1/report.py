@@ -159,5 +159,6 @@ def format_preview(result: ExportResult) -> str:
     ]
     lines.extend(warn)
     lines.extend(f"warning: {w}" for w in result.warnings)
+    lines.extend(f"left to the host: {h}" for h in getattr(result, "host", []))
     lines.extend(f"skipped: {p}" for p in result.skipped)
     return "\n".join(lines)

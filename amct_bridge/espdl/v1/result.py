@@ -77,6 +77,8 @@ class ExportResult:
     graph_error: str | None = None
     passthrough: list[dict] = field(default_factory=list)  # Dropout & co.: compute nothing
     inputs: list[str] = field(default_factory=list)  # the model's input layers
+    #: a final softmax / sigmoid the chip leaves to the host (amct_bridge.espdl.v1.head.HostOp)
+    host: list = field(default_factory=list)
 
     @property
     def warnings(self) -> list[str]:
