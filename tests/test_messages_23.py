@@ -316,3 +316,110 @@ def test_a_typo_inside_the_file_is_not_called_truncated(calibrated, tmp_path):
     with pytest.raises(RecordError, match='has no field named "offset_"') as err:
         load(tmp_path / "t.txt")
     assert "truncated" not in str(err.value)
+
+
+# --- Python calibrate() with a wrong input shape --------------------------------------------------
+def test_python_calibrate_with_a_wrong_shape_raises_the_clis_calibration_error(
+    calibrated, tmp_path, capsys
+):
+    from amct_bridge.errors import CalibrationError
+    from amct_bridge.keras import calibrate
+
+    model = keras.models.load_model(calibrated / "m.keras")
+    bad = np.zeros((4, 6, 8, 3), np.float32)
+    np.save(tmp_path / "bad.npy", bad)
+    args = ["calibrate", str(calibrated / "m.keras"), "--data", str(tmp_path / "bad.npy")]
+    assert main([*args, "-o", str(tmp_path / "cli.txt"), "-q"]) == 2
+    cli = capsys.readouterr().err.strip().split(": error: ", 1)[1]
+    with pytest.raises(CalibrationError) as err:
+        calibrate(model, bad, tmp_path / "api.txt")
+    # the same words, the data named as the API got it instead of the file
+    assert cli == f"{tmp_path / 'bad.npy'}: array {str(err.value).removeprefix('data ')}"
+    assert str(err.value).startswith("data of shape (4, 6, 8, 3) does not fit model input ")
+    assert not (tmp_path / "api.txt").exists()
+    import tensorflow as tf
+
+    batches = tf.data.Dataset.from_tensor_slices(np.zeros((4, 8, 8), np.float32)).batch(2)
+    with pytest.raises(CalibrationError, match=r"dataset element of shape \(N, 8, 8\) does not"):
+        calibrate(model, batches, tmp_path / "api.txt")
+    with pytest.raises(CalibrationError, match="data holds 2 arrays for a model with 1 input"):
+        calibrate(model, [bad, bad], tmp_path / "api.txt")
+    good = np.random.default_rng(0).uniform(0, 1, (4, 8, 8, 3)).astype("float32")
+    assert list(calibrate(model, good, tmp_path / "api.txt", algorithm="minmax").layers) == [
+        "c1",
+        "c2",
+        "fc",
+    ]
+
+
+# --- a coefficient .npy of the wrong shape in a convert set ---------------------------------------
+@pytest.fixture(scope="module")
+def exported(calibrated, tmp_path_factory):
+    out = tmp_path_factory.mktemp("exp") / "set"
+    args = ["export-espdl", "--model", str(calibrated / "m.keras")]
+    assert main([*args, "--record", str(calibrated / "r.txt"), "--out", str(out)]) == 0
+    return out
+
+
+def _broken_copy(exported, tmp_path, name, change):
+    import shutil
+
+    broken = tmp_path / "set"
+    shutil.copytree(exported, broken)
+    np.save(broken / name, change(np.load(broken / name)))
+    return broken
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["espdl-convert", "-t", "esp32", "-i", "{set}", "-n", "m_coefficient", "-o", "{out}"],
+        [
+            "espdl-convert",
+            "-t",
+            "esp32",
+            "-i",
+            "{set}",
+            "-n",
+            "m_coefficient",
+            "-o",
+            "{out}",
+            "--model-class",
+        ],
+        ["export-espdl", "--preview", "--set", "{set}"],
+    ],
+    ids=["convert", "model-class", "preview"],
+)
+def test_a_filter_of_another_width_is_named_at_conversion(exported, tmp_path, capsys, argv):
+    broken = _broken_copy(exported, tmp_path, "c2_filter.npy", lambda w: w[:, :, :3, :])
+    out = tmp_path / "cpp"
+    filled = [a.replace("{set}", str(broken)).replace("{out}", str(out)) for a in argv]
+    assert main(filled) == 2
+    err = capsys.readouterr().err
+    assert f"error: {broken / 'c2_filter.npy'}: filter of shape (3, 3, 3, 4) does not fit " in err
+    assert "input has 4 channels, filter 3" in err
+    assert not out.exists()  # nothing written
+    assert main([a.replace("{set}", str(exported)).replace("{out}", str(out)) for a in argv]) == 0
+
+
+def test_a_widened_filter_is_named_with_the_layer_it_feeds(exported, tmp_path, capsys):
+    def widen(w):
+        return np.concatenate([w, w[..., :1]], axis=-1)
+
+    broken = _broken_copy(exported, tmp_path, "c1_filter.npy", widen)
+    np.save(broken / "c1_bias.npy", widen(np.load(broken / "c1_bias.npy")))
+    assert main(["export-espdl", "--preview", "--set", str(broken)]) == 2
+    err = capsys.readouterr().err
+    assert "c2_filter.npy: filter of shape (3, 3, 4, 4)" in err
+    assert "input has 5 channels, filter 4" in err
+    assert "'c1' (Conv2D), whose c1_filter.npy has shape (3, 3, 3, 5)" in err
+
+
+def test_a_bias_of_another_length_is_named_even_without_a_graph(exported, tmp_path, capsys):
+    broken = _broken_copy(exported, tmp_path, "fc_bias.npy", lambda b: b[:2])
+    (broken / "export.json").unlink()  # a set made by hand: no chip graph
+    argv = ["espdl-convert", "-t", "esp32", "-i", str(broken), "-n", "m", "-o", str(tmp_path / "o")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"error: {broken / 'fc_bias.npy'}: 2 values of shape (2,), but fc_filter.npy" in err
+    assert "has 3 output channels: one bias value per channel" in err

@@ -132,6 +132,9 @@ def run(args: argparse.Namespace) -> int:
         from amct_bridge.keras.espdl_eval import evaluate_espdl as run_eval
 
         model = load_keras_model(args.model, unsafe=args.unsafe_load)
+    from amct_bridge.commands.espdl_convert import check_set_shapes
+
+    check_set_shapes(args.export)  # names the .npy that does not fit, not only its layer
     ev = run_eval(
         args.export,
         model,
