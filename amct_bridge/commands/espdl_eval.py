@@ -19,7 +19,6 @@ Example:
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -145,7 +144,8 @@ def run(args: argparse.Namespace) -> int:
         input_exponent=args.input_exponent,
         batch_size=args.batch_size,
     )
-    for warning in ev.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
+    from amct_bridge.commands.common import print_warnings
+
+    print_warnings(ev.warnings)  # a warning many layers get: one line, the layers at -v
     print(format_evaluation(ev))
     return 0
