@@ -60,10 +60,10 @@ def calibrate(
     Example:
         >>> # see the module docstring
     """
-    check_data_shapes(model, data)  # Keras' own ValueError is a traceback about 'functional'
     callback = QuantCalibration(record_path, **options)
     if steps is None and callback.batch_num is not None:
         steps = callback.batch_num  # do not run the rest of the data uninstrumented
+    check_data_shapes(model, data)  # Keras' own ValueError is a traceback about 'functional'
     if not callbacks and not verbose and _direct_ok(model, data, batch_size):
         return _calibrate_direct(model, data, batch_size, steps, callback, keep_step)
     try:
