@@ -316,3 +316,234 @@ def test_a_typo_inside_the_file_is_not_called_truncated(calibrated, tmp_path):
     with pytest.raises(RecordError, match='has no field named "offset_"') as err:
         load(tmp_path / "t.txt")
     assert "truncated" not in str(err.value)
+
+
+# --- Python calibrate() with a wrong input shape --------------------------------------------------
+def test_python_calibrate_with_a_wrong_shape_raises_the_clis_calibration_error(
+    calibrated, tmp_path, capsys
+):
+    from amct_bridge.errors import CalibrationError
+    from amct_bridge.keras import calibrate
+
+    model = keras.models.load_model(calibrated / "m.keras")
+    bad = np.zeros((4, 6, 8, 3), np.float32)
+    np.save(tmp_path / "bad.npy", bad)
+    args = ["calibrate", str(calibrated / "m.keras"), "--data", str(tmp_path / "bad.npy")]
+    assert main([*args, "-o", str(tmp_path / "cli.txt"), "-q"]) == 2
+    cli = capsys.readouterr().err.strip().split(": error: ", 1)[1]
+    with pytest.raises(CalibrationError) as err:
+        calibrate(model, bad, tmp_path / "api.txt")
+    # the same words, the data named as the API got it instead of the file
+    assert cli == f"{tmp_path / 'bad.npy'}: array {str(err.value).removeprefix('data ')}"
+    assert str(err.value).startswith("data of shape (4, 6, 8, 3) does not fit model input ")
+    assert not (tmp_path / "api.txt").exists()
+    import tensorflow as tf
+
+    batches = tf.data.Dataset.from_tensor_slices(np.zeros((4, 8, 8), np.float32)).batch(2)
+    with pytest.raises(CalibrationError, match=r"dataset element of shape \(N, 8, 8\) does not"):
+        calibrate(model, batches, tmp_path / "api.txt")
+    with pytest.raises(CalibrationError, match="data holds 2 arrays for a model with 1 input"):
+        calibrate(model, [bad, bad], tmp_path / "api.txt")
+    good = np.random.default_rng(0).uniform(0, 1, (4, 8, 8, 3)).astype("float32")
+    assert list(calibrate(model, good, tmp_path / "api.txt", algorithm="minmax").layers) == [
+        "c1",
+        "c2",
+        "fc",
+    ]
+
+
+# --- a coefficient .npy of the wrong shape in a convert set ---------------------------------------
+@pytest.fixture(scope="module")
+def exported(calibrated, tmp_path_factory):
+    out = tmp_path_factory.mktemp("exp") / "set"
+    args = ["export-espdl", "--model", str(calibrated / "m.keras")]
+    assert main([*args, "--record", str(calibrated / "r.txt"), "--out", str(out)]) == 0
+    return out
+
+
+def _broken_copy(exported, tmp_path, name, change):
+    import shutil
+
+    broken = tmp_path / "set"
+    shutil.copytree(exported, broken)
+    np.save(broken / name, change(np.load(broken / name)))
+    return broken
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["espdl-convert", "-t", "esp32", "-i", "{set}", "-n", "m_coefficient", "-o", "{out}"],
+        [
+            "espdl-convert",
+            "-t",
+            "esp32",
+            "-i",
+            "{set}",
+            "-n",
+            "m_coefficient",
+            "-o",
+            "{out}",
+            "--model-class",
+        ],
+        ["export-espdl", "--preview", "--set", "{set}"],
+    ],
+    ids=["convert", "model-class", "preview"],
+)
+def test_a_filter_of_another_width_is_named_at_conversion(exported, tmp_path, capsys, argv):
+    broken = _broken_copy(exported, tmp_path, "c2_filter.npy", lambda w: w[:, :, :3, :])
+    out = tmp_path / "cpp"
+    filled = [a.replace("{set}", str(broken)).replace("{out}", str(out)) for a in argv]
+    assert main(filled) == 2
+    err = capsys.readouterr().err
+    assert f"error: {broken / 'c2_filter.npy'}: filter of shape (3, 3, 3, 4) does not fit " in err
+    assert "input has 4 channels, filter 3" in err
+    assert not out.exists()  # nothing written
+    assert main([a.replace("{set}", str(exported)).replace("{out}", str(out)) for a in argv]) == 0
+
+
+def test_a_widened_filter_is_named_with_the_layer_it_feeds(exported, tmp_path, capsys):
+    def widen(w):
+        return np.concatenate([w, w[..., :1]], axis=-1)
+
+    broken = _broken_copy(exported, tmp_path, "c1_filter.npy", widen)
+    np.save(broken / "c1_bias.npy", widen(np.load(broken / "c1_bias.npy")))
+    assert main(["export-espdl", "--preview", "--set", str(broken)]) == 2
+    err = capsys.readouterr().err
+    assert "c2_filter.npy: filter of shape (3, 3, 4, 4)" in err
+    assert "input has 5 channels, filter 4" in err
+    assert "'c1' (Conv2D), whose c1_filter.npy has shape (3, 3, 3, 5)" in err
+
+
+def test_a_bias_of_another_length_is_named_even_without_a_graph(exported, tmp_path, capsys):
+    broken = _broken_copy(exported, tmp_path, "fc_bias.npy", lambda b: b[:2])
+    (broken / "export.json").unlink()  # a set made by hand: no chip graph
+    argv = ["espdl-convert", "-t", "esp32", "-i", str(broken), "-n", "m", "-o", str(tmp_path / "o")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"error: {broken / 'fc_bias.npy'}: 2 values of shape (2,), but fc_filter.npy" in err
+    assert "has 3 output channels: one bias value per channel" in err
+
+
+# --- warnings that repeat per layer: one line, the full list at -v and in the sidecar ------------
+def _vanishing_model(depth: int = 7) -> keras.Model:
+    """Dense layers whose activations are ~4e-6 from the second one on (untrained-like)."""
+    x = keras.Input((4,), name="x")
+    y = keras.layers.Dense(4, name="d0", kernel_initializer=keras.initializers.Constant(1e-6))(x)
+    for i in range(1, depth):
+        init = keras.initializers.Constant(0.25)  # 4 inputs x 0.25: the range stays put
+        y = keras.layers.Dense(4, name=f"d{i}", kernel_initializer=init)(y)
+    return keras.Model(x, y)
+
+
+def test_the_flt_epsilon_warning_is_one_line_with_every_layer_at_debug_and_in_the_sidecar(
+    tmp_path, caplog
+):
+    import logging
+
+    from amct_bridge.keras import calibrate
+    from amct_bridge.quant.factors import FLT_EPSILON
+    from amct_bridge.records.calibration import load_stats
+
+    model = _vanishing_model()
+    data = np.random.default_rng(0).uniform(0, 1, (16, 4)).astype("float32")
+    # independent: each layer's input range -> the asymmetric INT8 scale (hi - lo) / 255
+    expected, h = [], data
+    for layer in model.layers[1:]:
+        lo, hi = min(0.0, float(h.min())), max(0.0, float(h.max()))
+        scale_sym, scale_asym = max(abs(lo), abs(hi)) / 127, (hi - lo) / 255
+        assert (scale_sym < FLT_EPSILON) == (scale_asym < FLT_EPSILON)  # far from the edge
+        if 0 < scale_asym < FLT_EPSILON:
+            expected.append(layer.name)
+        kernel, bias = (np.asarray(w) for w in layer.get_weights())
+        h = h @ kernel + bias
+    assert expected == [f"d{i}" for i in range(1, 7)]  # six layers, more than the first few
+    with caplog.at_level(logging.DEBUG, logger="amct_bridge"):
+        calibrate(model, data, tmp_path / "r.txt", algorithm="minmax")
+    warns = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    folded = [m for m in warns if "FLT_EPSILON" in m]
+    assert len(folded) == 1, warns
+    assert folded[0].startswith("6 layers: their input ranges give scale_d below FLT_EPSILON")
+    assert re.findall(r"'(d\d)' \(\[", folded[0]) == expected[:5]
+    assert "and 1 more" in folded[0] and "-v" in folded[0]
+    debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    per_layer = [m for m in debug if "below FLT_EPSILON" in m]
+    assert [m.split("'")[1] for m in per_layer] == expected
+    assert load_stats(tmp_path / "r.txt.calib.json").warnings == per_layer
+
+
+def test_one_layer_below_flt_epsilon_keeps_its_own_line(tmp_path, caplog):
+    import logging
+
+    from amct_bridge.keras import calibrate
+
+    model = _vanishing_model(depth=2)
+    data = np.random.default_rng(0).uniform(0, 1, (16, 4)).astype("float32")
+    with caplog.at_level(logging.WARNING, logger="amct_bridge"):
+        calibrate(model, data, tmp_path / "r.txt", algorithm="minmax")
+    warns = [r.getMessage() for r in caplog.records if "FLT_EPSILON" in r.getMessage()]
+    assert len(warns) == 1 and warns[0].startswith("layer 'd1': its input range [")
+
+
+def test_verbose_cli_shows_the_folded_layers_and_the_default_does_not(calibrated, tmp_path, caplog):
+    """-v turns on amct_bridge's DEBUG lines (the full lists); without it they stay off."""
+    import logging
+
+    args = ["calibrate", str(calibrated / "m.keras"), "--data", str(calibrated / "x.npy"), "-q"]
+    args += ["--joint-quant", "--flavor", "tf", "--algorithm", "minmax"]
+    found = {}
+    for run, extra in (("default", []), ("verbose", ["-v"])):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):  # the root logger at WARNING, as the CLI sets it
+            caplog.handler.setLevel(logging.DEBUG)  # but capture whatever gets through
+            assert main([*args, "-o", str(tmp_path / f"{run}.txt"), *extra]) == 0
+        found[run] = [
+            (r.levelno, r.getMessage()) for r in caplog.records if "cannot hold" in r.getMessage()
+        ]
+    folded = (
+        logging.WARNING,
+        "record flavor 'tf' cannot hold shift_bit: dropped for 3 layers: 'c1', 'c2', 'fc'",
+    )
+    assert found["default"] == [folded]
+    assert found["verbose"] == [folded] + [
+        (
+            logging.DEBUG,
+            f"record flavor 'tf' cannot hold layer {name!r}: shift_bit ({n} values): dropped",
+        )
+        for name, n in (("c1", 4), ("c2", 4), ("fc", 1))
+    ]
+
+
+def test_an_export_warning_many_layers_get_is_printed_once(tmp_path, capsys):
+    import json
+
+    keras.utils.set_random_seed(2)
+    x = keras.Input((6,))
+    y = x
+    for i in range(4):
+        y = keras.layers.Dense(6, name=f"d{i}")(y)
+    keras.Model(x, y).save(tmp_path / "m.keras")
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).uniform(0, 1, (8, 6)).astype("float32"))
+    cal = ["calibrate", str(tmp_path / "m.keras"), "--data", str(tmp_path / "x.npy"), "-q"]
+    assert main([*cal, "-o", str(tmp_path / "r.txt"), "--skip-layers", "d1,d2,d3"]) == 0
+    exp = [
+        "export-espdl",
+        "--model",
+        str(tmp_path / "m.keras"),
+        "--record",
+        str(tmp_path / "r.txt"),
+    ]
+    capsys.readouterr()
+    assert main([*exp, "--out", str(tmp_path / "o")]) == 0
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "has no record entry" in line]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("warning: layer 'd1' has no record entry (skip_layers")
+    assert lines[0].endswith("(and 2 more layers alike: 'd2', 'd3')")
+    assert "note: -v lists every folded warning; all of them in export.json" in err
+    report = json.loads((tmp_path / "o" / "export.json").read_text())
+    assert [w.split("'")[1] for w in report["warnings"] if "has no record entry" in w] == [
+        "d1",
+        "d2",
+        "d3",
+    ]

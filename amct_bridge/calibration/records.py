@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,25 +99,42 @@ def finish_record(record: Record, flavor: str) -> tuple[Record, str]:
     """
     if flavor != "inner":
         record, dropped = convert(record, flavor)
-        messages = [f"record flavor {flavor!r} cannot hold {line}: dropped" for line in dropped]
-        if len(messages) <= 1:
-            for message in messages:
-                log.warning("%s", message)
-        else:  # one line per layer before (act_type of every layer, say)
-            log.warning(
-                "record flavor %r cannot hold %d fields, dropped: %s%s (every one: -v)",
-                flavor,
-                len(dropped),
-                "; ".join(dropped[:FIRST_FEW]),
-                f"; and {len(dropped) - FIRST_FEW} more" if len(dropped) > FIRST_FEW else "",
-            )
-            for message in messages:
-                log.debug("%s", message)
+        _warn_dropped(flavor, dropped)
     record.flavor = flavor
     text = dumps(record, flavor)
     if not record.layers:
         raise CalibrationError("no record entry was produced; nothing written")
     return record, text
+
+
+def _warn_dropped(flavor: str, dropped: list[str]) -> None:
+    """One warning per field the flavor cannot hold, naming its first layers (one line per
+    layer before: shift_bit of every layer, say); each layer's line at DEBUG (-v)."""
+    by_field: dict[str, list[str]] = {}
+    for line in dropped:
+        found = re.match(r"layer '(.*)': (\w+) \(", line)
+        if found is None:  # prune records: one line already
+            log.warning("record flavor %r cannot hold %s: dropped", flavor, line)
+            continue
+        by_field.setdefault(found.group(2), []).append(found.group(1))
+    for name, layers in by_field.items():
+        shown = ", ".join(map(repr, layers[:FIRST_FEW]))
+        more = (
+            f" and {len(layers) - FIRST_FEW} more (-v lists them)"
+            if len(layers) > FIRST_FEW
+            else ""
+        )
+        count = f"{len(layers)} layer{'s' if len(layers) != 1 else ''}"
+        log.warning(
+            "record flavor %r cannot hold %s: dropped for %s: %s%s",
+            flavor,
+            name,
+            count,
+            shown,
+            more,
+        )
+    for line in dropped:
+        log.debug("record flavor %r cannot hold %s: dropped", flavor, line)
 
 
 def write_outputs(built: Built, record_path: str | os.PathLike) -> None:

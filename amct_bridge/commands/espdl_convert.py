@@ -16,7 +16,9 @@ Example:
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+from pathlib import Path
 
 from amct_bridge.errors import ExportError
 from amct_bridge.espdl.v1.spec import TARGETS
@@ -77,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
         raise ExportError("-n app_main would overwrite app_main.cpp: choose another name")
     options = {"per_channel": args.quant == 1, "config_name": args.json_file_name}
     files = set_files(args.input_root, args.name, target=args.target_chip, **options)
+    # convert.py checks no shapes: a bias or filter of another layer converts silently
+    check_set_shapes(args.input_root, args.graph, config_name=args.json_file_name)
     notes: list[str] = []
     if args.model_class:
         more, notes = set_model_files(args.input_root, args.name, graph=args.graph, **options)
@@ -86,3 +90,106 @@ def run(args: argparse.Namespace) -> int:
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     return 0
+
+
+#: The chip simulator's words for coefficients that do not fit their layer's input.
+_SHAPE_ERROR = re.compile(
+    r"^chip layer '([^']+)' \(\w+\): (input has \d+ channels|input .* does not give)"
+)
+
+
+def check_set_shapes(
+    directory: str | Path, graph: str | Path | None = None, config_name: str = "config.json"
+) -> None:
+    """Refuse a set whose coefficient arrays do not fit together, naming the file: convert.py
+    converts any array shape, and the runtime reads past the end of a short bias.
+
+    Every bias (and PReLU/LeakyReLU alpha of more than one value) must have one value per
+    output channel of its filter. With a chip graph (``directory``'s export.json, or
+    ``graph``), each filter must also take its input's channels: they come from the graph, by
+    one zero sample through the chip simulator (its per-layer shape checks). A set without a
+    graph has no input widths to check against; the last layer's output width is in no file.
+
+    Example:
+        >>> check_set_shapes("/nonexistent")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        amct_bridge.errors.ExportError: /nonexistent/config.json: cannot read: ...
+    """
+    import numpy as np
+
+    from amct_bridge.espdl.v1.chip import simulate_chip
+    from amct_bridge.espdl.v1.network import load_network
+    from amct_bridge.espdl.v1.preview import load_set
+
+    directory = Path(directory)
+    config, arrays = load_set(directory, config_name)
+    for layer, entry in config.items():
+        _check_lengths(directory, layer, entry, arrays)
+    if graph is None and not (directory / "export.json").is_file():
+        return
+    try:
+        net = load_network(directory, graph)
+    except ExportError:
+        return  # no usable graph: the model class (or espdl-eval) says why, where it needs one
+    if net.input_shape is None:
+        return
+    zeros = np.zeros((1, *net.input_shape), np.float32)
+    try:
+        simulate_chip(net, zeros, input_exponent=net.input_exponent or 0)
+    except ExportError as err:
+        found = _SHAPE_ERROR.match(str(err))
+        if found is None:
+            return  # not a shape problem (e.g. Concat exponents): espdl-eval reports those
+        layer = net.layer(found.group(1))
+        path = _filter_path(directory, layer.coefficients or layer.name)
+        where = str(graph) if graph is not None else str(directory / "export.json")
+        source = [net.layer(s) for s in layer.inputs if s in {x.name for x in net.layers}]
+        feeds = [x for x in source if x.coefficients]
+        before = "".join(
+            f"; its input comes from {x.describe()}, whose "
+            f"{_filter_path(directory, x.coefficients).name} has shape "
+            f"{_shape(_filter_path(directory, x.coefficients))}"
+            for x in feeds
+        )
+        raise ExportError(
+            f"{path}: filter of shape {_shape(path)} does not fit the chip graph ({where}): "
+            f"{err}{before}; was a file replaced, or the set mixed with another export?"
+        ) from None
+
+
+def _filter_path(directory: Path, name: str) -> Path:
+    files = [directory / f"{name}_{part}.npy" for part in ("filter", "kernel")]
+    return next((f for f in files if f.is_file()), files[0])
+
+
+def _shape(path: Path) -> tuple:
+    import numpy as np
+
+    return np.load(path, mmap_mode="r", allow_pickle=False).shape  # read by load_set before
+
+
+def _check_lengths(directory: Path, layer: str, entry: object, arrays: dict) -> None:
+    """A bias / alpha with another count of values than its filter's output channels."""
+    from amct_bridge.espdl.v1 import spec
+
+    operation = entry.get("operation") if isinstance(entry, dict) else None
+    w = arrays.get(f"{layer}_filter", arrays.get(f"{layer}_kernel"))
+    if operation not in spec.OPERATIONS or w is None:
+        return  # the preview names what is missing
+    given = w.shape
+    if operation == "fully_connected" and w.ndim == 2:
+        w = w.reshape((1, 1, *w.shape))
+    if w.ndim != 4:
+        return
+    channels = int(w.shape[spec.OPERATIONS[operation].channel_axis])
+    for part in ("bias", "activation"):
+        values = arrays.get(f"{layer}_{part}")
+        if values is None or values.size == channels or (part == "activation" and values.size == 1):
+            continue
+        path = directory / f"{layer}_{part}.npy"
+        raise ExportError(
+            f"{path}: {values.size} values of shape {values.shape}, but "
+            f"{_filter_path(directory, layer).name} of shape {given} has {channels} output "
+            f"channels: one {part if part == 'bias' else 'alpha'} value per channel"
+        )

@@ -19,7 +19,6 @@ Example:
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -147,6 +146,9 @@ def run(args: argparse.Namespace) -> int:
         from amct_bridge.keras.espdl_eval import evaluate_espdl as run_eval
 
         model = load_keras_model(args.model, unsafe=args.unsafe_load)
+    from amct_bridge.commands.espdl_convert import check_set_shapes
+
+    check_set_shapes(args.export)  # names the .npy that does not fit, not only its layer
     ev = run_eval(
         args.export,
         model,
@@ -157,7 +159,8 @@ def run(args: argparse.Namespace) -> int:
         input_exponent=args.input_exponent,
         batch_size=args.batch_size,
     )
-    for warning in ev.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
+    from amct_bridge.commands.common import print_warnings
+
+    print_warnings(ev.warnings)  # a warning many layers get: one line, the layers at -v
     print(format_evaluation(ev))
     return 0

@@ -130,6 +130,9 @@ def _run_set(args: argparse.Namespace) -> int:
             "--cpp NAME (write convert.py's NAME.cpp/.hpp)"
         )
     granularity = _granularity(args)
+    from amct_bridge.commands.espdl_convert import check_set_shapes
+
+    check_set_shapes(args.input_set)  # against export.json's chip graph, naming the file
     if args.cpp:
         return _set_cpp(args, granularity)
     from amct_bridge.espdl.v1.preview import load_set, preview_set

@@ -19,6 +19,7 @@ import os
 
 import numpy as np
 
+from amct_bridge.errors import CalibrationError
 from amct_bridge.keras.quant_calibration import QuantCalibration
 from amct_bridge.keras.session import Session
 from amct_bridge.records import Record, load
@@ -63,6 +64,7 @@ def calibrate(
     callback = QuantCalibration(record_path, keep_step=keep_step, **options)
     if steps is None and callback.batch_num is not None:
         steps = callback.batch_num  # do not run the rest of the data uninstrumented
+    check_data_shapes(model, data)  # Keras' own ValueError is a traceback about 'functional'
     if not callbacks and not verbose and _direct_ok(model, data, batch_size):
         return _calibrate_direct(model, data, batch_size, steps, callback, keep_step)
     try:
@@ -77,6 +79,89 @@ def calibrate(
         callback.restore()
     written = callback._session.written if callback._session is not None else None
     return written if written is not None else load(record_path, flavor=callback.flavor)
+
+
+def check_data_shapes(model, data) -> None:
+    """Refuse array data (one array, a list/tuple or a dict of arrays, or a ``tf.data.Dataset``
+    of such batches) that does not fit the model's inputs, with the message the CLI gives.
+
+    Other data (generators, ``keras.utils.PyDataset``) is left to Keras.
+
+    Example:
+        >>> import keras
+        >>> m = keras.Sequential([keras.Input((8, 8, 3), name="img"), keras.layers.Flatten()])
+        >>> check_data_shapes(m, np.zeros((4, 6, 8, 3), np.float32))
+        Traceback (most recent call last):
+        ...
+        amct_bridge.errors.CalibrationError: data of shape (4, 6, 8, 3) does not fit model input 'img' of shape (N, 8, 8, 3)
+    """  # noqa: E501
+    inputs = list(getattr(model, "inputs", None) or [])
+    given = _data_shapes(data, [t.name for t in inputs])
+    if not inputs or given is None:
+        return
+    if len(given) != len(inputs):
+        names = [t.name for t in inputs]
+        raise CalibrationError(
+            f"data holds {len(given)} array{'s' if len(given) != 1 else ''} for a model with "
+            f"{len(inputs)} input{'s' if len(inputs) != 1 else ''} {names}: give one array per "
+            "input (a list, or a dict by name)"
+        )
+    for (label, shape), tensor in zip(given, inputs, strict=True):
+        expected = tuple(tensor.shape[1:])
+        if shape is None:
+            continue
+        if len(shape) != len(expected) + 1 or any(
+            e is not None and a is not None and e != a
+            for e, a in zip(expected, shape[1:], strict=True)
+        ):
+            raise CalibrationError(
+                f"{label} of shape {_shape_text(shape)} does not fit model input "
+                f"{tensor.name!r} of shape (N, {', '.join(map(str, expected))})"
+            )
+
+
+def _shape_text(shape: tuple) -> str:
+    return (
+        "("
+        + ", ".join("N" if d is None else str(d) for d in shape)
+        + (",)" if len(shape) == 1 else ")")
+    )
+
+
+def _data_shapes(data, names: list[str]) -> list[tuple[str, tuple | None]] | None:
+    """(label, shape with the batch axis) per array of ``data``; None when not array data."""
+    import tensorflow as tf
+
+    if isinstance(data, tf.data.Dataset):
+        spec = data.element_spec
+        if isinstance(spec, tuple) and spec:  # (x, y) or (x, y, weights): x is the input
+            spec = spec[0]
+        return _spec_shapes(spec, names)
+    if isinstance(data, np.ndarray):
+        return [("data", data.shape)]
+    if isinstance(data, (list, tuple)) and data and all(isinstance(a, np.ndarray) for a in data):
+        return [(f"data[{i}]", a.shape) for i, a in enumerate(data)]
+    if isinstance(data, dict) and data and all(isinstance(a, np.ndarray) for a in data.values()):
+        if set(data) != set(names):
+            return None  # Keras names the keys it misses
+        return [(f"data[{name!r}]", data[name].shape) for name in names]
+    return None
+
+
+def _spec_shapes(spec, names: list[str]) -> list[tuple[str, tuple | None]] | None:
+    import tensorflow as tf
+
+    def shape(s) -> tuple | None:
+        return tuple(s.shape) if s.shape.rank is not None else None
+
+    if isinstance(spec, tf.TensorSpec):
+        return [("dataset element", shape(spec))]
+    if isinstance(spec, (list, tuple)) and all(isinstance(s, tf.TensorSpec) for s in spec):
+        return [(f"dataset element[{i}]", shape(s)) for i, s in enumerate(spec)]
+    if isinstance(spec, dict) and set(spec) == set(names):
+        if all(isinstance(s, tf.TensorSpec) for s in spec.values()):
+            return [(f"dataset element[{n!r}]", shape(spec[n])) for n in names]
+    return None
 
 
 def _direct_ok(model, data, batch_size: int | None) -> bool:

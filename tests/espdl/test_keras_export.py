@@ -276,9 +276,11 @@ def test_mobilenet_v2_relu6_refused_listing_each(mobilenet):
     assert len(relu6) == 35
     with pytest.raises(ExportError) as info:
         export_espdl(model, None, None, stats=stats)
-    listed = [line for line in str(info.value).splitlines() if line.startswith("  layer ")]
-    assert [line.split("'")[1] for line in listed] == relu6
-    assert all("ReLU6" in line for line in listed)
+    # one line for the 35 (issue 23: the explanation was repeated per layer), each named in order
+    (listed,) = [line for line in str(info.value).splitlines() if line.startswith("  35 layers")]
+    names, reason = listed.removeprefix("  35 layers (ReLU): ").split(": ReLU6: ", 1)
+    assert names.replace("'", "").split(", ") == relu6
+    assert "replace_relu6()" in reason
 
 
 def test_mobilenet_v2_skip_unsupported_exports_every_conv(mobilenet, tmp_path):

@@ -94,8 +94,12 @@ def mobilenet_v2():
 def test_mobilenet_v2_is_refused_with_the_path_to_follow(mobilenet_v2):
     with pytest.raises(ExportError, match=r"replace_relu6") as err:
         export_espdl(mobilenet_v2, None, None)
-    assert "layer 'Conv1_relu' (ReLU): ReLU6" in str(err.value)
-    assert str(err.value).count("ReLU6") >= len(relu6_layers(mobilenet_v2))
+    # one explanation for all of them (issue 23: it was repeated per layer), every layer named
+    names = relu6_layers(mobilenet_v2)
+    assert f"cannot take {len(names)} layers: {len(names)} ReLU6:" in str(err.value)
+    assert f"  {len(names)} layers (ReLU): 'Conv1_relu', " in str(err.value)
+    assert all(f"'{name}'" in str(err.value) for name in names)
+    assert str(err.value).count("replace_relu6()") == 1
 
 
 def test_mobilenet_v2_relu6_path_exports_completely_and_runs_on_the_chip(
