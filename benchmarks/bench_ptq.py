@@ -1,32 +1,37 @@
-"""Post-training calibration cost: ``amct_bridge.keras.calibrate()`` against a warm ``predict``.
+"""Post-training calibration cost: ``calibrate()`` and the ``QuantCalibration`` callback
+against ``predict``.
 
 Run: ``.venv/bin/python benchmarks/bench_ptq.py [--images 256] [--repeat 5] [--no-tflite]``.
 
-Model: keras.applications MobileNetV2 (alpha 0.35, 96x96, ``weights=None``), batch 32. For each
-algorithm it prints ``calibrate()`` wall time divided by a warm ``model.predict`` of the same
-images (``--repeat`` runs, each against a predict timed just before it; the median ratio;
-goals: minmax <= 2x, ifmr/hfmg <= 3x),
-as a first call (``keep_step=False``: the observed step is traced and instantiated) and as a
-call again on the same model (the step kept from the call before), and
-TFLite's int8 converter (``TFLiteConverter`` with a representative dataset of the same images) in
-the same units, a plain ``predict`` whose step is traced anew (``retrace``), and the bare
-model traced into a ``tf.function`` of its own and run on the same batches (``bare trace``, with
-Grappler off as calibrate() runs its step): calibration observes tensors inside a compiled step,
-so a first call traces a new one, and the bare trace is its floor. Ratios are medians of
-per-run ratios, each run against the warm predict timed just before it: this machine's speed
-drifts by 2x over seconds, and a ratio of two best-of times taken minutes apart drifts with it.
-Then where ``calibrate()``'s time goes, from one profiled run per algorithm:
+Model: keras.applications MobileNetV2 (alpha 0.35, 96x96, ``weights=None``), batch 32. Two
+paths: ``calibrate()`` on the array (its own observed step), and ``callback``: ``model.predict``
+with a :class:`~amct_bridge.keras.QuantCalibration` (Keras' predict step re-made with the
+instrumentation). Per algorithm and path it prints (goals of issue 23 in brackets):
 
-- ``keras in``: from the call to the first callback hook (the callback, predict's data adapter);
-- ``setup``: the plan and the observers, the instrumentation and tracing calibrate()'s observed
-  step (none on a call again);
-- ``trace+1st``: the first batch, with the step's instantiation (none on a call again);
-- ``batches``: the other batches (the steady per-batch cost is this over their number);
-- ``keras out``: from the last batch to the end hook;
-- ``drain``: the last read of the summaries and waiting for the observer thread;
+- ``first``: a fresh model's first calibration divided by another fresh model's first
+  ``predict`` (both trace their step; goal <= 1x);
+- ``again``: a calibration of a model calibrated before with the same settings (the kept step,
+  no trace) divided by a warm ``predict`` of the same images timed just before it (goals:
+  minmax <= 1.3x, ifmr/hfmg <= 2x).
+
+Ratios are medians of per-run ratios (``--repeat`` runs, each against its own baseline timed
+just before it): this machine's speed drifts by 2x over seconds, and a ratio of two best-of
+times taken minutes apart drifts with it. Also printed: TFLite's int8 converter (representative
+dataset of the same images) against a warm predict, a plain ``predict`` whose step is traced
+anew (``retrace``) and the bare model traced into a ``tf.function`` of its own (``bare trace``,
+Grappler off as calibrate() runs its step).
+
+Then where a repeated call goes, from profiled runs (the median of ``--repeat`` per part):
+
+- ``steps``: the observed batches (the model and the in-graph statistics);
+- ``drain``: host reads of the summaries (rows, histogram rings) and moving the grids;
+- ``observers``: waiting for the observer thread (merging histograms) at the end of the pass;
 - ``search``: the HFMG/IFMR clip searches;
-- ``build``: the rest of the record and sidecar building;
-- ``write``: writing both files and reading the record back.
+- ``weights``: the weight scales (kernel reads, BN folds, ARQ), per quantized layer;
+- ``text``: the record's protobuf text;
+- ``write``: writing record and sidecar, and the Record handed back;
+- ``other``: the rest (predict's data adapter and outputs for the callback, sidecar building,
+  Python glue).
 
 The parts are timed by wrapping the session's methods in this process only.
 """
@@ -34,6 +39,7 @@ The parts are timed by wrapping the session's methods in this process only.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import logging
 import os
@@ -42,6 +48,7 @@ import tempfile
 import time
 from collections import defaultdict
 from contextlib import contextmanager
+from functools import partial
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -50,7 +57,11 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from amct_bridge.calibration import records as core_records  # noqa: E402
-from amct_bridge.keras import calibrate  # noqa: E402
+from amct_bridge.keras import (  # noqa: E402
+    QuantCalibration,
+    calibrate,
+    record_builder,  # noqa: E402
+)
 from amct_bridge.keras import session as keras_session  # noqa: E402
 
 # The random-weight MobileNetV2's activations shrink to ~1e-10 by its last blocks, and every run
@@ -61,7 +72,7 @@ logging.getLogger("amct_bridge").setLevel(logging.ERROR)
 calibrate_module = importlib.import_module("amct_bridge.keras.calibrate")
 
 ALGORITHMS = ("minmax", "ifmr", "hfmg")
-GOALS = {"minmax": 2.0, "ifmr": 3.0, "hfmg": 3.0}
+GOALS = {"minmax": 1.3, "ifmr": 2.0, "hfmg": 2.0}  # issue 23, calls again
 
 
 def make_model() -> keras.Model:
@@ -97,11 +108,22 @@ def timed_bare_trace(model, x) -> float:
     return time.perf_counter() - start
 
 
-def timed_calibrate(model, x, path: str, algo: str, keep: bool) -> float:
-    """One calibrate(); ``keep=False``: a first call (no step kept from before, none kept)."""
+def timed_calibrate(model, x, path: str, algo: str, keep: bool = True) -> float:
+    """One calibrate(); ``keep=False``: no step kept from before is used, none is kept."""
     start = time.perf_counter()
     calibrate(model, x, path, algorithm=algo, batch_size=32, keep_step=keep)
     return time.perf_counter() - start
+
+
+def timed_callback(model, x, path: str, algo: str, keep: bool = True) -> float:
+    """``model.predict`` with a QuantCalibration (the callback path)."""
+    start = time.perf_counter()
+    cb = QuantCalibration(path, algorithm=algo, keep_step=keep)
+    model.predict(x, batch_size=32, verbose=0, callbacks=[cb])
+    return time.perf_counter() - start
+
+
+PATHS = {"calibrate": timed_calibrate, "callback": timed_callback}
 
 
 def timed_tflite(model, x) -> float:
@@ -141,74 +163,78 @@ def quiet():
             os.close(fd)
 
 
-def ratio(times: list[float], predicts: list[float]) -> float:
-    """Median of ``times[i] / predicts[i]``."""
-    return float(np.median(np.divide(times, predicts)))
+def ratio(times: list[float], bases: list[float]) -> float:
+    """Median of ``times[i] / bases[i]``."""
+    return float(np.median(np.divide(times, bases)))
+
+
+def fresh_first(timer, x) -> float:
+    """``timer`` on a model made just now (nothing traced, nothing kept), then dropped."""
+    model = make_model()
+    try:
+        return timer(model)
+    finally:
+        del model
+        gc.collect()
+
+
+PARTS = ("steps", "drain", "observers", "search", "weights", "text", "write", "other")
 
 
 class Profile:
-    """Wall time per part of one ``calibrate()`` (see the module docstring)."""
+    """Wall time per part of one calibration (see the module docstring)."""
 
     def __init__(self) -> None:
         self.parts: dict[str, float] = defaultdict(float)
-        self.marks: dict[str, float] = {}
-        self.batch_ends: list[float] = []
 
     @contextmanager
     def wrapped(self):
         """Wrap the session's steps with timers for the duration of the block."""
         patches = []
 
-        def wrap(owner, name, part, mark=None):
+        def wrap(owner, name, part):
             original = getattr(owner, name)
 
             def timed(*args, **kwargs):
                 start = time.perf_counter()
-                if mark is not None:
-                    self.marks.setdefault(f"{mark} begin", start)
                 try:
                     return original(*args, **kwargs)
                 finally:
-                    end = time.perf_counter()
-                    self.parts[part] += end - start
-                    if mark == "batch":
-                        self.batch_ends.append(end)
-                    elif mark is not None:
-                        self.marks[f"{mark} end"] = end
+                    self.parts[part] += time.perf_counter() - start
 
             patches.append((owner, name, original))
             setattr(owner, name, timed)
 
         session = keras_session.Session
-        wrap(session, "new_run", "setup", mark="run")
-        wrap(session, "start_pass", "setup", mark="pass")
-        wrap(session, "batch_end", "batch hooks", mark="batch")
-        wrap(session, "stop_pass", "drain", mark="stop")
+        core = keras_session.CalibrationSession
+        wrap(session, "_drain", "drain")
+        wrap(core, "_settle", "observers")
         wrap(core_records, "search_clip_ranges", "search")
-        wrap(keras_session, "build_outputs", "build")
+        wrap(core_records, "_layer_factors", "weights")
+        wrap(record_builder, "finish_record", "text")
         wrap(keras_session, "write_outputs", "write")
-        wrap(calibrate_module, "load", "write")
+        wrap(keras_session, "from_proto", "write")
+        wrap(keras_session, "to_proto", "write")
+        wrap(keras_session, "build_outputs", "build")
+        wrap(session, "write", "all writes")
         try:
             yield self
         finally:
             for owner, name, original in reversed(patches):
                 setattr(owner, name, original)
 
-    def table(self, start: float, total: float) -> dict[str, float]:
-        """Parts in seconds; ``build`` excludes the search it contains."""
-        parts, marks, ends = dict(self.parts), self.marks, self.batch_ends
-        parts["build"] = parts.get("build", 0.0) - parts.get("search", 0.0)
-        parts["keras in"] = marks["run begin"] - start  # callback, predict's data adapter
-        parts["trace+1st"] = ends[0] - marks["pass end"]
-        parts["batches"] = ends[-1] - ends[0] if len(ends) > 1 else 0.0
-        parts["per batch"] = parts["batches"] / max(1, len(ends) - 1)
-        parts["keras out"] = marks["stop begin"] - ends[-1]
-        known = (
-            "keras in", "setup", "trace+1st", "batches", "keras out", "drain", "search", "build",
-            "write",
-        )  # fmt: skip
-        parts["other"] = total - sum(parts.get(k, 0.0) for k in known)
-        return parts
+    def table(self, total: float) -> dict[str, float]:
+        """Parts in seconds (each once: nested ones are taken out of their callers)."""
+        p = dict(self.parts)
+        built = p.get("build", 0.0) - sum(p.get(k, 0.0) for k in ("search", "weights", "text"))
+        # Session.write: settle (observers), build, write; what is left of it is the last read
+        in_write = p.get("all writes", 0.0)
+        steps = total - in_write - p.get("drain", 0.0) - p.get("observers", 0.0)
+        p["steps"] = steps  # the batches and the hooks around them (callback: Keras' loop)
+        p["other"] = built + max(
+            0.0, in_write - p.get("build", 0.0) - p.get("write", 0.0) - p.get("observers", 0.0)
+        )
+        return p
 
 
 def main() -> None:
@@ -219,6 +245,7 @@ def main() -> None:
     )
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
     parser.add_argument("--no-tflite", action="store_true", help="skip TFLite's converter")
+    parser.add_argument("--no-first", action="store_true", help="skip the fresh-model calls")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     x = rng.uniform(-1, 1, (args.images, 96, 96, 3)).astype("float32")
@@ -227,74 +254,91 @@ def main() -> None:
     model.predict(x[:32], batch_size=32, verbose=0)  # build and trace the plain step
     print(f"MobileNetV2 a0.35 96x96, {args.images} images, batch 32, {args.repeat} runs each")
     algorithms = args.algorithms.split(",")
-    results = {}  # name -> (predicts, first calls, calls again), one of each per run
-    for algo in ("retrace", "bare trace", *algorithms):
-        base, first, again = [], [], []
-        for i in range(args.repeat):
-            if algo in ("retrace", "bare trace"):
-                base.append(timed_predict(model, x))
-                timer = timed_retrace if algo == "retrace" else timed_bare_trace
-                first.append(timer(model, x))
-                continue
-            path = os.path.join(out, f"{algo}{i}.txt")
-            base.append(timed_predict(model, x))
-            first.append(timed_calibrate(model, x, path, algo, keep=False))
-            timed_calibrate(model, x, path, algo, keep=True)  # traces the step it keeps
-            base.append(timed_predict(model, x))
-            again.append(timed_calibrate(model, x, path, algo, keep=True))
-            timed_calibrate(model, x, path, algo, keep=False)  # drops it again
-        if again:  # first calls against the even predicts, calls again against the odd ones
-            results[algo] = (base[0::2], first, base[1::2], again)
-        else:
-            results[algo] = (base, first, None, None)
-    if not args.no_tflite:
-        results["tflite int8"] = ([timed_predict(model, x)], [timed_tflite(model, x)], None, None)
-    predicts = [t for r in results.values() for t in (*r[0], *(r[2] or ()))]
-    print(
-        f"warm predict: best {min(predicts):.3f} s, median {np.median(predicts):.3f} s, "
-        f"slowest {max(predicts):.3f} s over {len(predicts)} runs"
-    )
-    print(f"{'':<12} {'first s':>8} {'x predict':>9} {'again s':>8} {'x predict':>9} {'goal':>5}")
-    for algo, (b1, c, b2, w) in results.items():
-        goal = GOALS.get(algo)
-        first_ratio = ratio(c, b1)
-        again_ratio = None if w is None else ratio(w, b2)
-        again = "" if w is None else f"{min(w):>8.3f} {again_ratio:>9.2f}"
-        marks = ""
-        if goal is not None:
-            marks = " ".join(
-                f"{label} {'ok' if r <= goal else 'over'}"
-                for label, r in (("first", first_ratio), ("again", again_ratio))
+    warm: list[float] = []
+
+    def against_warm(timer) -> tuple[float, float]:
+        base = timed_predict(model, x)
+        warm.append(base)
+        return timer(), base
+
+    rows = {}  # label -> (seconds, ratio, baseline kind)
+    for name, timer in (
+        ("retrace", lambda: timed_retrace(model, x)),
+        ("bare trace", lambda: timed_bare_trace(model, x)),
+    ):
+        runs = [against_warm(timer) for _ in range(args.repeat)]
+        rows[name] = (min(t for t, _ in runs), ratio(*zip(*runs, strict=True)), "warm")
+    first_predicts = []
+    for algo in algorithms:
+        for path, timer in PATHS.items():
+            tag = f"{algo}-{path}"
+            again, firsts = [], []
+            for i in range(args.repeat):
+                file = os.path.join(out, f"{tag}{i}.txt")
+                timer(model, x, file, algo)  # the step kept for the next call
+                again.append(against_warm(partial(timer, model, x, file, algo)))
+                if not args.no_first:
+                    first_predicts.append(fresh_first(lambda m: timed_predict(m, x), x))
+                    call = fresh_first(partial(timer, x=x, path=file, algo=algo), x)
+                    firsts.append((call, first_predicts[-1]))
+            rows[f"{tag} again"] = (
+                min(t for t, _ in again),
+                ratio(*zip(*again, strict=True)),
+                "warm",
             )
-        print(f"{algo:<12} {min(c):>8.3f} {first_ratio:>9.2f} {again:>18} {goal or '':>5} {marks}")
+            if firsts:
+                rows[f"{tag} first"] = (
+                    min(t for t, _ in firsts),
+                    ratio(*zip(*firsts, strict=True)),
+                    "first",
+                )
+    if not args.no_tflite:
+        t, base = against_warm(lambda: timed_tflite(model, x))
+        rows["tflite int8"] = (t, t / base, "warm")
     print(
-        "(seconds: best run; x predict: median of per-run ratios. first: calibrate() traces and\n"
-        " instantiates its observed step; again: the step kept from the call before, as Keras\n"
-        " keeps its predict function; retrace: a plain predict with its step traced anew;\n"
-        " bare trace: the model alone traced and run, the floor of any first call)"
+        f"warm predict: best {min(warm):.3f} s, median {np.median(warm):.3f} s, "
+        f"slowest {max(warm):.3f} s over {len(warm)} runs"
+    )
+    if first_predicts:
+        print(
+            f"first predict of a fresh model: best {min(first_predicts):.3f} s, "
+            f"median {np.median(first_predicts):.3f} s over {len(first_predicts)} runs"
+        )
+    print(f"{'':<24} {'best s':>7} {'ratio':>6}  {'against':<14} goal")
+    for label, (t, r, kind) in rows.items():
+        algo = label.split("-")[0]
+        goal = 1.0 if label.endswith("first") else GOALS.get(algo)
+        mark = "" if goal is None or kind is None else f"{goal:<4} {'ok' if r <= goal else 'over'}"
+        against = "first predict" if kind == "first" else "warm predict"
+        print(f"{label:<24} {t:>7.3f} {r:>6.2f}  {against:<14} {mark}")
+    print(
+        "(best s: best run; ratio: median of per-run ratios. again: the step kept from the call\n"
+        " before; first: a fresh model, against a fresh model's first predict; retrace: a plain\n"
+        " predict with its step traced anew; bare trace: the model alone traced and run)"
     )
 
-    print("\nwhere calibrate() spends its time (one profiled run each, seconds):")
-    cols = (
-        "keras in", "setup", "trace+1st", "batches", "per batch", "keras out", "drain", "search",
-        "build", "write",
-    )  # fmt: skip
-    print(f"{'algorithm':<16} {'total':>6} " + " ".join(f"{c:>9}" for c in (*cols, "other")))
-    # the profiled runs come after the timed ones: every part has been run once before
+    print("\nwhere a repeated call goes (median of profiled runs, seconds; x: per warm predict):")
+    print(f"{'':<20} {'total':>6} " + " ".join(f"{c:>9}" for c in PARTS))
     for algo in algorithms:
-        for keep in (False, True):
-            if keep:
-                timed_calibrate(model, x, os.path.join(out, f"{algo}-k.txt"), algo, keep)
-            profile = Profile()
-            with profile.wrapped():
-                start = time.perf_counter()
-                path = os.path.join(out, f"{algo}-p.txt")
-                total = timed_calibrate(model, x, path, algo, keep)
-            parts = profile.table(start, total)
-            label = f"{algo} {'again' if keep else 'first'}"
+        for path, timer in PATHS.items():
+            tables, bases = [], []
+            for _ in range(args.repeat):
+                file = os.path.join(out, f"{algo}-{path}-p.txt")
+                timer(model, x, file, algo)
+                bases.append(timed_predict(model, x))
+                profile = Profile()
+                with profile.wrapped():
+                    total = timer(model, x, file, algo)
+                parts = profile.table(total)
+                parts["total"] = total
+                tables.append(parts)
+            base = float(np.median(bases))
+            med = {k: float(np.median([t.get(k, 0.0) for t in tables])) for k in ("total", *PARTS)}
+            label = f"{algo} {path}"
+            print(f"{label:<20} {med['total']:>6.3f} " + " ".join(f"{med[c]:>9.3f}" for c in PARTS))
             print(
-                f"{label:<16} {total:>6.3f} "
-                + " ".join(f"{parts.get(c, 0.0):>9.3f}" for c in (*cols, "other"))
+                f"{'  x predict':<20} {med['total'] / base:>6.2f} "
+                + " ".join(f"{med[c] / base:>9.2f}" for c in PARTS)
             )
 
 

@@ -99,6 +99,7 @@ class CalibrationSession:
         self._pool: ThreadPoolExecutor | None = None
         self._futures: list = []
         self._spans: dict[int, tuple[float, float]] = {}  # point -> union of batch ranges
+        self._gridded: set[int] = set()  # points with a grid in this pass's instrumentation
 
     # ---- adapter hooks ------------------------------------------------------------------------
 
@@ -227,9 +228,14 @@ class CalibrationSession:
         self._inst = self._instrument(mode, points)
         if self.batch_num is not None:
             self._inst.set_limit(self.batch_num - self.batches)
-        for index, (lo, hi) in self._spans.items():  # earlier passes' ranges (accumulate)
-            if points[index].bins and lo < hi:
-                self._inst.set_grid(index, *float32_outward(lo, hi))
+        self._gridded = set()
+        self._set_grids(  # earlier passes' ranges (accumulate)
+            [
+                (index, *float32_outward(lo, hi))
+                for index, (lo, hi) in self._spans.items()
+                if points[index].bins and lo < hi
+            ]
+        )
         self._inst.install()
         self._mode, self._pass_base = mode, self.batches
         self._pass_batches = self._pass_seen = self._ends = 0
@@ -344,14 +350,27 @@ class CalibrationSession:
             below, above = grown.get(row.point, (False, False))
             grown[row.point] = (below or lo < old[0], above or hi > old[1])
             self._spans[row.point] = (min(lo, old[0]), max(hi, old[1]))
-        for index in own:
+        grids = []
+        for index in sorted(own):
             lo, hi = self._spans[index]
             if not lo < hi:
                 continue  # constant so far: keep histogramming each batch on its own
-            had_grid = self._inst.grid(index) is not None
+            had_grid = index in self._gridded  # as the instrumentation's grid(index) says
             below, above = grown.get(index, (False, False))
             pad = (hi - lo) / 8 if had_grid else 0.0  # a range that grew may grow again
-            self._inst.set_grid(index, *float32_outward(lo - pad * below, hi + pad * above))
+            grids.append((index, *float32_outward(lo - pad * below, hi + pad * above)))
+        self._set_grids(grids)
+
+    def _set_grids(self, grids: list[tuple[int, float, float]]) -> None:
+        """Set grids ``(point, lo, hi)``, at once where the instrumentation can (``set_grids``:
+        one write for dozens of tensors), and note which points have one."""
+        many = getattr(self._inst, "set_grids", None)
+        if many is not None and grids:
+            many(grids)
+        else:
+            for index, lo, hi in grids:
+                self._inst.set_grid(index, lo, hi)
+        self._gridded.update(index for index, _, _ in grids)
 
     def _settle(self) -> None:
         """Wait for pending observer updates; re-raise their errors."""

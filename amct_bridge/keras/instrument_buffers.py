@@ -257,12 +257,9 @@ class RingBuffers:
 
     def _rows_of(self, replica: int, steps: range, mm: np.ndarray) -> list[Row]:
         slots = [step % self.slots for step in steps]
-        # ring buffers are read only when some row needs them (rare once grids are set)
-        hists = {
-            bins: self._locals(group.vars["hist"])[replica].numpy()
-            for bins, group in self._groups.items()
-            if (mm[slots][:, group.cols, 3] == _OWN_HIST).any()
-        }
+        # of the histogram rings only the rows that hold a batch's own histogram are read
+        # (one gather per bin count; rare once grids are set): a whole ring is up to 32 MiB
+        hists = self._own_histograms(replica, slots, mm)
         chans = {col: self._locals(var)[replica].numpy() for col, var in self._chan.items()}
         rows = []
         for slot in slots:
@@ -276,7 +273,7 @@ class RingBuffers:
                     self._added[key] = self._added.get(key, 0) + int(size)
                     self._largest[col] = max(self._largest.get(col, 0), int(size))
                     if marker == _OWN_HIST:
-                        hist = hists[point.bins][slot, self._groups[point.bins].pos(col)]
+                        hist = hists[(slot, col)]
                         self._junk[key] = self._junk.get(key, 0) + hist.astype(np.int64)
                 chan = chans[col][slot] if col in chans else None
                 stats = BatchStats(
@@ -290,6 +287,36 @@ class RingBuffers:
                 self._seq[(index, replica)] = seq + 1
                 rows.append(Row(index, replica, seq, stats, chan))
         return rows
+
+    def _own_histograms(self, replica: int, slots: list[int], mm: np.ndarray) -> dict:
+        """``(slot, column) -> counts`` of the rows in ``slots`` whose histogram is their own."""
+        out = {}
+        for group in self._groups.values():
+            marks = mm[slots][:, group.cols, 3] == _OWN_HIST
+            if not marks.any():
+                continue
+            at, pos = np.nonzero(marks)
+            pairs = [(slots[a], p) for a, p in zip(at.tolist(), pos.tolist(), strict=True)]
+            pairs = sorted(set(pairs))  # a slot can repeat when the ring wrapped
+            ring = self._locals(group.vars["hist"])[replica]
+            got = ring.gather_nd(np.array(pairs, np.int64)).numpy()
+            for (slot, p), counts in zip(pairs, got, strict=True):
+                out[(slot, group.cols[p])] = counts
+        return out
+
+    def set_grids(self, grids: list[tuple[int, float, float]]) -> None:
+        """:meth:`set_grid` for several ``(point, lo, hi)`` at once: one write per bin count
+        and replica instead of one per point (a model has dozens of histogram tensors)."""
+        by_group: dict[int, tuple[list, list]] = {}
+        for index, lo, hi in grids:
+            group, pos = self._where(index)
+            at, rows = by_group.setdefault(group.bins, ([], []))
+            at += pos
+            rows += [[lo, hi]] * len(pos)
+        for bins, (at, rows) in by_group.items():
+            indices, values = np.array(at)[:, None], np.array(rows, np.float32)
+            for local in self._locals(self._groups[bins].vars["grid"]):
+                local.scatter_nd_update(indices, values)
 
 
 _OWN_HIST = 2.0  # row marker: its histogram is the batch's own (in the ring), not on the grid
