@@ -70,6 +70,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(default: esp32)",
     )
     parser.add_argument(
+        "--data",
+        metavar="X.npy",
+        help="calibration inputs (.npy, or .npz with x; as the model takes them: NHWC for "
+        "Keras, NCHW for --mindspore): the exponents are searched on them, the chip "
+        "simulator as judge (the first 512 samples)",
+    )
+    parser.add_argument(
+        "--exponents",
+        choices=("max", "search"),
+        default=None,
+        help="max: each exponent covers its calibrated range (the range rule); search: the "
+        "exponents and bias corrections with the smallest chip output error on --data "
+        "(default: search with --data, else max)",
+    )
+    parser.add_argument(
         "--skip-unsupported", action="store_true", help="leave out layers ESP-DL v1 cannot take"
     )
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
@@ -89,6 +104,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _run_set(args: argparse.Namespace) -> int:
     """``--set DIR``: preview an existing convert.py input set, or write its C++ files."""
     flags = {"--model": args.model, "--mindspore": args.mindspore, "--record": args.record}
+    flags["--data"] = args.data
     given = [flag for flag, value in {**flags, "--stats": args.stats}.items() if value]
     if given:
         raise ExportError(
@@ -202,6 +218,22 @@ def _exporter(args: argparse.Namespace):
     return export_espdl, load_keras_model(args.model, unsafe=args.unsafe_load)
 
 
+def _calibration_inputs(path: str):
+    """``--data``: an array (.npy) or the ``x`` of an .npz, as float32."""
+    import numpy as np
+
+    from amct_bridge.commands.common import load_npy
+
+    loaded = load_npy(path, "calibration inputs")
+    if not isinstance(loaded, np.ndarray):
+        if "x" not in loaded:
+            raise ExportError(f"{path}: expected an .npy array or an .npz with an array 'x'")
+        loaded = loaded["x"]
+    if loaded.ndim < 2 or not np.issubdtype(loaded.dtype, np.number):
+        raise ExportError(f"{path}: expected numeric inputs with a batch axis, got {loaded.shape}")
+    return loaded.astype(np.float32)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the export; returns the exit code."""
     from amct_bridge.espdl.v1.report import format_preview
@@ -221,6 +253,9 @@ def run(args: argparse.Namespace) -> int:
         raise ExportError("give --record and/or --stats: the exponents come from them")
     if args.record is not None and not Path(args.record).is_file():
         raise ExportError(f"{args.record}: record file not found")
+    if args.exponents == "search" and args.data is None:
+        raise ExportError("--exponents search scores candidates on calibration data: add --data")
+    data = None if args.data is None else _calibration_inputs(args.data)
     export_espdl, model = _exporter(args)
     result = export_espdl(
         model,
@@ -233,6 +268,8 @@ def run(args: argparse.Namespace) -> int:
         skip_unsupported=args.skip_unsupported,
         overwrite=args.overwrite,
         cpp=args.cpp,
+        calibration_data=data,
+        exponents=args.exponents,
     )
     for warning in result.warnings:  # in the preview too: e.g. biases that round to 0
         print(f"warning: {warning}", file=sys.stderr)

@@ -27,6 +27,7 @@ import keras
 import numpy as np
 
 from amct_bridge.espdl import ExportResult, export
+from amct_bridge.espdl.exponent_search import CalibrationData
 from amct_bridge.espdl.source import SourceLayer
 from amct_bridge.graph.ir import Graph, Node
 from amct_bridge.keras.graph import extract_graph, find_layer
@@ -292,6 +293,9 @@ def export_espdl(
     model: keras.Model,
     record: Record | str | os.PathLike | None,
     out_dir: str | os.PathLike | None,
+    *,
+    calibration_data: np.ndarray | None = None,
+    exponents: str | None = None,
     **options: Any,
 ) -> ExportResult:
     """Export a calibrated Keras model for ESP-DL v1: :func:`source_layers`, then the core's
@@ -301,6 +305,11 @@ def export_espdl(
         model: a built Functional or Sequential Keras 3 model.
         record: AMCT record (object or path); None to rely on the sidecar alone.
         out_dir: directory to create (None: compute only, write nothing).
+        calibration_data: inputs (NHWC, as the model takes them; e.g. the calibration
+            batches): the exponents are then searched on them, the chip simulator as judge
+            (docs/espdl-export.md, "How exponents are chosen").
+        exponents: "max" (the range rule) or "search"; default "search" with
+            ``calibration_data``, else "max".
         **options: :func:`amct_bridge.espdl.export`'s options (stats, feature_type,
             granularity, target, skip_unsupported, overwrite, cpp).
 
@@ -329,4 +338,13 @@ def export_espdl(
         rekeyed = _by_keras_keys(model, record.layers)
         if rekeyed.keys() != record.layers.keys():
             record = Record(rekeyed, record.prune_records, flavor=record.flavor)
-    return export(record, layers, out_dir, **options)
+    rule = exponents or ("max" if calibration_data is None else "search")
+    if rule == "search" and calibration_data is not None:
+        from amct_bridge.espdl.v1.search import MAX_SAMPLES
+        from amct_bridge.keras.espdl_eval import _float_outputs
+
+        x = np.asarray(calibration_data, np.float32)[:MAX_SAMPLES]
+        output = model.outputs[0]._keras_history.operation.name
+        floats = lambda names: _float_outputs(model, x, names, 64)  # noqa: E731
+        options["calibration"] = CalibrationData(x, floats, output)
+    return export(record, layers, out_dir, exponents=rule, **options)

@@ -412,6 +412,8 @@ def export_espdl(
     *,
     sample_input: Any,
     stats: CalibrationStats | str | os.PathLike | None = None,
+    calibration_data: Any = None,
+    exponents: str | None = None,
     **options: Any,
 ) -> ExportResult:
     """Export a calibrated MindSpore network for ESP-DL v1: :func:`source_layers`, then the
@@ -424,6 +426,11 @@ def export_espdl(
         out_dir: directory to create (None: compute only, write nothing).
         sample_input: input shape (``(1, 3, 16, 16)``), array or Tensor, for the graph.
         stats: calibration sidecar (object or path); default ``<record>.calib.json``.
+        calibration_data: inputs (NCHW, as the network runs; e.g. the calibration batches):
+            the exponents are then searched on them, the chip simulator as judge
+            (docs/espdl-export.md, "How exponents are chosen").
+        exponents: "max" (the range rule) or "search"; default "search" with
+            ``calibration_data``, else "max".
         **options: :func:`amct_bridge.espdl.export`'s options (feature_type, granularity,
             target, skip_unsupported, overwrite, cpp).
 
@@ -450,4 +457,21 @@ def export_espdl(
                 f"record keys that are not cells of {type(net).__name__} (is this the network the "
                 f"record was made for?): {listing}"
             )
-    return export(record, layers, out_dir, stats=_call_sites(stats, layers), **options)
+    rule = exponents or ("max" if calibration_data is None else "search")
+    if rule == "search" and calibration_data is not None:
+        from amct_bridge.espdl.exponent_search import CalibrationData
+        from amct_bridge.espdl.v1.search import MAX_SAMPLES
+        from amct_bridge.mindspore.espdl_eval import _float_run
+
+        x = np.asarray(calibration_data, np.float32)[:MAX_SAMPLES]
+        floats = _float_run(net, x, 64)[0]  # NHWC, by cell call site
+        x_chip = x.transpose(0, 2, 3, 1) if x.ndim == 4 else x  # the chip runs NHWC
+        options["calibration"] = CalibrationData(x_chip, floats, _output_cell(layers))
+    stats = _call_sites(stats, layers)
+    return export(record, layers, out_dir, stats=stats, exponents=rule, **options)
+
+
+def _output_cell(layers: list[SourceLayer]) -> str | None:
+    """The layer of the network's first output (None: the chip's first output)."""
+    outputs = [x.name for x in layers if x.attrs.get("model_output")]
+    return outputs[0] if outputs else None

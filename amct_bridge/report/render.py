@@ -101,7 +101,8 @@ def summary_lines(report) -> list[str]:
         lines.append(
             f"accuracy: float {report.float_accuracy:.4f}; all quantized "
             f"{report.quantized_accuracy:.4f}; with {', '.join(report.skip_layers) or 'nothing'} "
-            f"in float {report.kept_float_accuracy:.4f}"
+            f"in float {report.kept_float_accuracy:.4f} (fake-quant with AMCT's scales; an "
+            "ESP-DL chip's power-of-two exponents differ: amct-bridge espdl-eval)"
         )
     return lines
 
