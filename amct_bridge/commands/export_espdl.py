@@ -74,7 +74,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="X.npy",
         help="calibration inputs (.npy, or .npz with x; as the model takes them: NHWC for "
         "Keras, NCHW for --mindspore): the exponents are searched on them, the chip "
-        "simulator as judge (the first 512 samples)",
+        "simulator as judge (at most 512 samples)",
     )
     parser.add_argument(
         "--exponents",

@@ -340,10 +340,10 @@ def export_espdl(
             record = Record(rekeyed, record.prune_records, flavor=record.flavor)
     rule = exponents or ("max" if calibration_data is None else "search")
     if rule == "search" and calibration_data is not None:
-        from amct_bridge.espdl.v1.search import MAX_SAMPLES
+        from amct_bridge.espdl.v1.search import search_samples
         from amct_bridge.keras.espdl_eval import _float_outputs
 
-        x = np.asarray(calibration_data, np.float32)[:MAX_SAMPLES]
+        x = search_samples(np.asarray(calibration_data, np.float32))
         output = model.outputs[0]._keras_history.operation.name
         floats = lambda names: _float_outputs(model, x, names, 64)  # noqa: E731
         options["calibration"] = CalibrationData(x, floats, output)

@@ -460,10 +460,10 @@ def export_espdl(
     rule = exponents or ("max" if calibration_data is None else "search")
     if rule == "search" and calibration_data is not None:
         from amct_bridge.espdl.exponent_search import CalibrationData
-        from amct_bridge.espdl.v1.search import MAX_SAMPLES
+        from amct_bridge.espdl.v1.search import search_samples
         from amct_bridge.mindspore.espdl_eval import _float_run
 
-        x = np.asarray(calibration_data, np.float32)[:MAX_SAMPLES]
+        x = search_samples(np.asarray(calibration_data, np.float32))
         floats = _float_run(net, x, 64)[0]  # NHWC, by cell call site
         x_chip = x.transpose(0, 2, 3, 1) if x.ndim == 4 else x  # the chip runs NHWC
         options["calibration"] = CalibrationData(x_chip, floats, _output_cell(layers))
