@@ -92,6 +92,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(default: esp32); --format espdl: esp32s3 (default), esp32p4 or c",
     )
     parser.add_argument(
+        "--data",
+        metavar="X.npy",
+        help="calibration inputs (.npy, or .npz with x; as the model takes them: NHWC for "
+        "Keras, NCHW for --mindspore): the exponents are searched on them, the chip "
+        "simulator as judge (at most 512 samples)",
+    )
+    parser.add_argument(
+        "--exponents",
+        choices=("max", "search"),
+        default=None,
+        help="max: each exponent covers its calibrated range (the range rule); search: the "
+        "exponents and bias corrections with the smallest chip output error on --data "
+        "(default: search with --data, else max)",
+    )
+    parser.add_argument(
         "--skip-unsupported", action="store_true", help="leave out layers ESP-DL v1 cannot take"
     )
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
@@ -116,6 +131,7 @@ def _run_set(args: argparse.Namespace) -> int:
         )
     args.target = args.target or "esp32"
     flags = {"--model": args.model, "--mindspore": args.mindspore, "--record": args.record}
+    flags["--data"] = args.data
     given = [flag for flag, value in {**flags, "--stats": args.stats}.items() if value]
     if given:
         raise ExportError(
@@ -236,9 +252,11 @@ def _run_v3(args: argparse.Namespace) -> int:
     """``--format espdl``: write one ESP-DL v3 .espdl file."""
     import numpy as np
 
-    if args.preview or args.cpp or args.granularity:
-        flag = "--preview" if args.preview else "--cpp" if args.cpp else "--granularity"
-        raise ExportError(f"{flag} is for --format v1 (the v3 file has per-tensor weights)")
+    v1_only = {"--preview": args.preview, "--cpp": args.cpp, "--granularity": args.granularity}
+    v1_only.update({"--data": args.data, "--exponents": args.exponents})
+    given = [flag for flag, value in v1_only.items() if value]
+    if given:  # the v3 file has per-tensor weights; its exponents come from record + sidecar
+        raise ExportError(f"{given[0]} is for --format v1")
     target = args.target or "esp32s3"
     if target not in ("esp32s3", "esp32p4", "c"):
         raise ExportError(f"--target {target} is an ESP-DL v1 chip: use esp32s3, esp32p4 or c")
@@ -271,6 +289,22 @@ def _run_v3(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibration_inputs(path: str):
+    """``--data``: an array (.npy) or the ``x`` of an .npz, as float32."""
+    import numpy as np
+
+    from amct_bridge.commands.common import load_npy
+
+    loaded = load_npy(path, "calibration inputs")
+    if not isinstance(loaded, np.ndarray):
+        if "x" not in loaded:
+            raise ExportError(f"{path}: expected an .npy array or an .npz with an array 'x'")
+        loaded = loaded["x"]
+    if loaded.ndim < 2 or not np.issubdtype(loaded.dtype, np.number):
+        raise ExportError(f"{path}: expected numeric inputs with a batch axis, got {loaded.shape}")
+    return loaded.astype(np.float32)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the export; returns the exit code."""
     from amct_bridge.espdl.refusals import chip_cannot_run, grouped_lines
@@ -296,6 +330,9 @@ def run(args: argparse.Namespace) -> int:
     if args.target in ("esp32p4", "c"):
         raise ExportError(f"--target {args.target} is an ESP-DL v3 target: add --format espdl")
     args.target = args.target or "esp32"
+    if args.exponents == "search" and args.data is None:
+        raise ExportError("--exponents search scores candidates on calibration data: add --data")
+    data = None if args.data is None else _calibration_inputs(args.data)
     export_espdl, model = _exporter(args)
     result = export_espdl(
         model,
@@ -308,6 +345,8 @@ def run(args: argparse.Namespace) -> int:
         skip_unsupported=args.skip_unsupported,
         overwrite=args.overwrite,
         cpp=args.cpp,
+        calibration_data=data,
+        exponents=args.exponents,
     )
     # in the preview too (e.g. biases that round to 0); one line for a warning many layers get
     print_warnings(result.warnings, "export.json" if not args.preview else "")

@@ -42,6 +42,7 @@ import os
 from pathlib import Path
 
 from amct_bridge.errors import ExportError
+from amct_bridge.espdl.exponent_search import EXPONENT_RULES, CalibrationData
 from amct_bridge.espdl.source import SourceLayer
 from amct_bridge.espdl.v1 import (
     ChipResult,
@@ -128,6 +129,8 @@ def export(
     skip_unsupported: bool = False,
     overwrite: bool = False,
     cpp: str | None = None,
+    exponents: str = "max",
+    calibration: CalibrationData | None = None,
 ) -> ExportResult:
     """Export a model as ESP-DL v1 convert.py input in ``out_dir`` (None: compute only).
 
@@ -141,6 +144,11 @@ def export(
         feature_type, granularity, target, skip_unsupported, overwrite, cpp: see
             :func:`amct_bridge.espdl.v1.export.export_layers` (``cpp="NAME"`` also writes the C++
             coefficient files, model class and app_main.cpp).
+        exponents: "max" (the range rule: each exponent covers its calibrated range) or
+            "search" (the exponents and bias corrections with the smallest chip output error
+            on ``calibration``, :func:`amct_bridge.espdl.v1.search.search_tuning`; the
+            adapters' ``calibration_data=`` makes it the default there).
+        calibration: the inputs and float outputs the search scores on.
 
     Example:
         >>> export(None, "model.keras", None)  # doctest: +ELLIPSIS
@@ -149,15 +157,33 @@ def export(
         amct_bridge.errors.ExportError: cannot export a str: pass a Keras model to ...
     """
     layers = _resolve_layers(model_or_weights)
+    if exponents not in EXPONENT_RULES:
+        raise ExportError(f"exponents {exponents!r}: expected one of {', '.join(EXPONENT_RULES)}")
+    options = {
+        "record": _resolve_record(record),
+        "stats": _resolve_stats(stats, record),
+        "feature_type": feature_type,
+        "granularity": granularity,
+        "target": target,
+        "skip_unsupported": skip_unsupported,
+    }
+    tuning = None
+    if exponents == "search":
+        if calibration is None:
+            raise ExportError(
+                "exponents='search' scores candidates on calibration data: pass "
+                "calibration_data= (adapters' export_espdl) / --data (export-espdl)"
+            )
+        from amct_bridge.espdl.v1.search import search_tuning
+
+        tuning = search_tuning(
+            layers, calibration.x, calibration.floats, output=calibration.output, **options
+        )
     return export_layers(
         layers,
         Path(out_dir) if out_dir is not None else None,
-        record=_resolve_record(record),
-        stats=_resolve_stats(stats, record),
-        feature_type=feature_type,
-        granularity=granularity,
-        target=target,
-        skip_unsupported=skip_unsupported,
         overwrite=overwrite,
         cpp=cpp,
+        tuning=tuning,
+        **options,
     )

@@ -393,6 +393,8 @@ def format_evaluation(ev: Evaluation) -> str:
         chip accuracy:       0.8000 (esp32, bit-exact simulator)
     """
     fq = "n/a (no --record)" if ev.fake_quant_acc is None else f"{ev.fake_quant_acc:.4f}"
+    if ev.fake_quant_acc is not None:  # issue 23 §5: it is not a prediction of the chip
+        fq += "  (AMCT's scales, not the chip's power-of-two exponents: no chip prediction)"
     if ev.chip_acc is None:
         chip = f"n/a ({ev.chip_note})"
     else:

@@ -35,6 +35,28 @@ import numpy as np
 
 #: Exponent steps a search tries on each side of the range rule's exponent.
 SEARCH_SPAN = 3
+#: How an export chooses its exponents: the range rule, or searched on calibration data.
+EXPONENT_RULES = ("max", "search")
+
+
+@dataclass
+class CalibrationData:
+    """What an adapter hands over for a search: inputs as the chip takes them and the float
+    model's outputs on them.
+
+    ``x``: float inputs, NHWC (the chip's layout); ``floats``: the float outputs (NHWC) by
+    framework layer name, or a function of the names wanted giving them (as
+    :func:`amct_bridge.espdl.evaluation.evaluate_export` takes them); ``output``: the
+    framework layer of the model's first output (None: the chip's first output).
+
+    Example:
+        >>> CalibrationData(np.zeros((2, 4)), {"fc": np.zeros((2, 3))}, "fc").output
+        'fc'
+    """
+
+    x: np.ndarray
+    floats: dict[str, np.ndarray] | Callable[[list[str]], dict[str, np.ndarray]]
+    output: str | None = None
 
 
 @dataclass

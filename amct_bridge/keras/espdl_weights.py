@@ -28,6 +28,7 @@ import numpy as np
 
 from amct_bridge.errors import ExportError
 from amct_bridge.espdl import ExportResult, export
+from amct_bridge.espdl.exponent_search import CalibrationData
 from amct_bridge.espdl.source import SourceLayer
 from amct_bridge.espdl.v3.export import V3ExportResult, export_layers_v3
 from amct_bridge.graph.ir import Graph, Node
@@ -312,6 +313,8 @@ def export_espdl(
     out_dir: str | os.PathLike | None,
     *,
     format: str = "v1",
+    calibration_data: np.ndarray | None = None,
+    exponents: str | None = None,
     **options: Any,
 ) -> ExportResult | V3ExportResult:
     """Export a calibrated Keras model for ESP-DL v1 (default) or as an ESP-DL v3 ``.espdl``
@@ -325,6 +328,11 @@ def export_espdl(
         out_dir: v1: directory to create; ``format="espdl"``: the ``.espdl`` file to write
             (None: compute only, write nothing).
         format: ``"v1"`` (config.json + npy for convert.py) or ``"espdl"`` (ESP-DL v3).
+        calibration_data: inputs (NHWC, as the model takes them; e.g. the calibration
+            batches): the exponents are then searched on them, the chip simulator as judge
+            (docs/espdl-export.md, "How exponents are chosen").
+        exponents: "max" (the range rule) or "search"; default "search" with
+            ``calibration_data``, else "max".
         **options: :func:`amct_bridge.espdl.export`'s options (stats, feature_type,
             granularity, target, skip_unsupported, overwrite, cpp); for ``"espdl"``:
             stats, target (esp32s3, esp32p4, c), feature_type, test_input (float, the
@@ -355,11 +363,25 @@ def export_espdl(
         rekeyed = _by_keras_keys(model, record.layers)
         if rekeyed.keys() != record.layers.keys():
             record = Record(rekeyed, record.prune_records, flavor=record.flavor)
+    if format == "espdl" and (calibration_data is not None or exponents is not None):
+        raise ExportError(
+            "calibration_data / exponents search the ESP-DL v1 exponents; the v3 export takes "
+            "its exponents from the record and sidecar"
+        )
     if format == "espdl":
         return _export_v3(model, layers, record, out_dir, options)
     if format != "v1":
         raise ExportError(f"format {format!r}: expected 'v1' (convert.py set) or 'espdl' (v3)")
-    return export(record, layers, out_dir, **options)
+    rule = exponents or ("max" if calibration_data is None else "search")
+    if rule == "search" and calibration_data is not None:
+        from amct_bridge.espdl.v1.search import search_samples
+        from amct_bridge.keras.espdl_eval import _float_outputs
+
+        x = search_samples(np.asarray(calibration_data, np.float32))
+        output = model.outputs[0]._keras_history.operation.name
+        floats = lambda names: _float_outputs(model, x, names, 64)  # noqa: E731
+        options["calibration"] = CalibrationData(x, floats, output)
+    return export(record, layers, out_dir, exponents=rule, **options)
 
 
 def chip_input(model: keras.Model, x: np.ndarray, layers: list[SourceLayer] | None = None):

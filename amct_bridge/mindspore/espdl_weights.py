@@ -422,6 +422,8 @@ def export_espdl(
     sample_input: Any,
     stats: CalibrationStats | str | os.PathLike | None = None,
     format: str = "v1",
+    calibration_data: Any = None,
+    exponents: str | None = None,
     **options: Any,
 ) -> ExportResult | V3ExportResult:
     """Export a calibrated MindSpore network for ESP-DL v1 (default) or as an ESP-DL v3
@@ -437,6 +439,10 @@ def export_espdl(
         sample_input: input shape (``(1, 3, 16, 16)``), array or Tensor, for the graph.
         stats: calibration sidecar (object or path); default ``<record>.calib.json``.
         format: ``"v1"`` or ``"espdl"`` (ESP-DL v3).
+            the exponents are then searched on them, the chip simulator as judge
+            (docs/espdl-export.md, "How exponents are chosen").
+        exponents: "max" (the range rule) or "search"; default "search" with
+            ``calibration_data``, else "max".
         **options: :func:`amct_bridge.espdl.export`'s options (feature_type, granularity,
             target, skip_unsupported, overwrite, cpp); for ``"espdl"``: target, feature_type,
             test_input, seed, skip_unsupported, overwrite.
@@ -464,6 +470,11 @@ def export_espdl(
                 f"record keys that are not cells of {type(net).__name__} (is this the network the "
                 f"record was made for?): {listing}"
             )
+    if format == "espdl" and (calibration_data is not None or exponents is not None):
+        raise ExportError(
+            "calibration_data / exponents search the ESP-DL v1 exponents; the v3 export takes "
+            "its exponents from the record and sidecar"
+        )
     stats = _call_sites(stats, layers)
     if format == "espdl":
         test_input = options.pop("test_input", None)
@@ -476,4 +487,20 @@ def export_espdl(
         )
     if format != "v1":
         raise ExportError(f"format {format!r}: expected 'v1' (convert.py set) or 'espdl' (v3)")
-    return export(record, layers, out_dir, stats=stats, **options)
+    rule = exponents or ("max" if calibration_data is None else "search")
+    if rule == "search" and calibration_data is not None:
+        from amct_bridge.espdl.exponent_search import CalibrationData
+        from amct_bridge.espdl.v1.search import search_samples
+        from amct_bridge.mindspore.espdl_eval import _float_run
+
+        x = search_samples(np.asarray(calibration_data, np.float32))
+        floats = _float_run(net, x, 64)[0]  # NHWC, by cell call site
+        x_chip = x.transpose(0, 2, 3, 1) if x.ndim == 4 else x  # the chip runs NHWC
+        options["calibration"] = CalibrationData(x_chip, floats, _output_cell(layers))
+    return export(record, layers, out_dir, stats=stats, exponents=rule, **options)
+
+
+def _output_cell(layers: list[SourceLayer]) -> str | None:
+    """The layer of the network's first output (None: the chip's first output)."""
+    outputs = [x.name for x in layers if x.attrs.get("model_output")]
+    return outputs[0] if outputs else None

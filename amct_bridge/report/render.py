@@ -104,6 +104,11 @@ def summary_lines(report) -> list[str]:
             line += ": no accuracy drop, so no layer needs to stay in float"
         else:
             line += f"; {kept} {report.kept_float_accuracy:.4f}"
+        # issue 23 §5: fake-quant uses AMCT's scales, which the chip does not
+        line += (
+            " (fake-quant with AMCT's scales; an ESP-DL chip's power-of-two exponents differ: "
+            "amct-bridge espdl-eval)"
+        )
         lines.append(line)
     return lines
 

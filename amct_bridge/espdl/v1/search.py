@@ -48,8 +48,24 @@ from amct_bridge.espdl.v1.network import INPUT, REQUANTIZING, WEIGHTED, Network
 from amct_bridge.espdl.v1.network import network_from_result as _network
 
 Key = tuple[str, str]
-#: At most this many calibration samples are simulated per candidate.
+#: At most this many calibration samples are simulated per candidate...
 MAX_SAMPLES = 512
+#: ... and about this many input values in all (a 96x96x3 model gets 75 samples), but never
+#: fewer than MIN_SAMPLES: every candidate is a chip run over them.
+MAX_INPUT_VALUES = 2**21
+MIN_SAMPLES = 32
+
+
+def search_samples(x: np.ndarray) -> np.ndarray:
+    """The first samples of ``x`` a search scores on (see :data:`MAX_INPUT_VALUES`).
+
+    Example:
+        >>> search_samples(np.zeros((1000, 8, 8, 1))).shape[0], search_samples(
+        ...     np.zeros((100, 96, 96, 3))).shape[0]
+        (512, 75)
+    """
+    per_sample = int(np.prod(np.shape(x)[1:])) or 1
+    return x[: min(MAX_SAMPLES, max(MIN_SAMPLES, MAX_INPUT_VALUES // per_sample))]
 
 
 def _source(layer: Any) -> str:
@@ -156,7 +172,7 @@ def search_tuning(
     Args:
         layers: the model as :class:`~amct_bridge.espdl.source.SourceLayer` list.
         x: calibration inputs, float, NHWC as the chip takes them (the first
-            :data:`MAX_SAMPLES` are used).
+            :func:`search_samples` are used).
         floats: the float model's outputs on ``x`` (NHWC) by framework layer name, or a
             function of the names wanted giving them: the model's output is the reference,
             each conv/dense's output the reference of its bias correction.
@@ -173,7 +189,7 @@ def search_tuning(
     Example:
         >>> # see the module docstring
     """
-    x = np.asarray(x, np.float32)[:MAX_SAMPLES]
+    x = search_samples(np.asarray(x, np.float32))
     judge = _Judge(layers, x, options, output)
     try:
         net, chip = judge.run(None)
