@@ -192,6 +192,8 @@ def merge_observers(observers: Sequence[Observer], gather: Gather) -> list[Obser
         (2000, (0.0, 3.0), 2000)
     """
     observers = list(observers)
+    if not observers:  # nothing planned (no batch reached any rank): nothing to gather
+        return []
     summary = np.zeros((len(observers), _SUMMARY), np.float64)
     for i, obs in enumerate(observers):
         seen = obs.batches > 0

@@ -1,8 +1,9 @@
 """Data-parallel calibration under msrun (2 CPU workers, GRAPH_MODE): the merged record equals a
 single-process calibration over the union of the ranks' batches (minmax exactly, HFMG within the
 0.5 % of scale_d docs/keras.md states for merged histograms), rank 0 alone writes, every rank
-gets the same record; a NaN on one rank stops both at the same step naming the rank; a rank
-count that does not divide the data is refused before any step.
+gets the same record; ``merge_ranks=False`` calibrates each rank alone; SelectivePruneCallback
+keeps the ranks' weights 2:4 and writes once; a NaN on one rank stops both at the same step
+naming the rank; a rank count that does not divide the data is refused before any step.
 
 Each run is ``msrun --worker_num=2`` of tests/mindspore/ms_dp_worker.py with the venv's ``bin``
 first on PATH (msrun starts ``python`` from PATH), under a timeout as a backstop. The reference
