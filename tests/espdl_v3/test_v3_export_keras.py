@@ -17,7 +17,7 @@ from espdl_v3_layouts import encode_filter
 
 from amct_bridge.cli import main
 from amct_bridge.errors import ExportError
-from amct_bridge.espdl.v3 import read_espdl, simulate_espdl
+from amct_bridge.espdl.v3 import espdl_bytes, read_espdl, simulate_espdl
 from amct_bridge.espdl.v3.model import filter_file_order, filter_nhwc
 from amct_bridge.espdl.v3.simulate import infer_target
 from amct_bridge.keras import calibrate, export_espdl
@@ -101,6 +101,7 @@ def test_every_layer_exports_reads_back_and_follows_the_float_model(
     assert status["drop"] == "passthrough"
     back = read_espdl(out)
     assert back.target == target
+    assert espdl_bytes(back) == out.read_bytes()  # read -> write: the same file, byte for byte
     ops = {n.op_type for n in back.nodes}
     assert ops >= {"Conv", "Gemm", "Swish", "Sigmoid", "Mul", "Clip", "Resize", "MaxPool",
                    "Sub", "Tanh", "Concat", "HardSwish", "LeakyRelu", "Add", "AveragePool",

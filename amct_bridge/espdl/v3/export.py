@@ -20,6 +20,13 @@ What happens to each layer (:class:`V3Layer`, nothing vanishes):
   after the model input is applied on the host when quantizing the input (``host``).
 - Anything else is refused with its name and why (ExportError unless ``skip_unsupported``).
 
+SourceLayer attrs read beyond v1's (:mod:`amct_bridge.espdl.source`), set by the adapters:
+``activation`` of a Keras ``Activation`` (op ``unsupported`` for v1), ``axis`` of a Softmax,
+``size`` / ``interpolation`` of an UpSampling2D, ``keepdims`` of a global pool, and
+``scalar_operands`` (``[(position, value)]``) of a raw ``x + 3.0`` / ``x * c``. Layers are
+recognised by ``op`` and ``kind`` (Keras class names; MindSpore cells by
+:data:`CELL_ACTIVATIONS`).
+
 Exponents (docs/espdl-v3.md): a tensor's exponent is the smallest power of two whose
 symmetric int8/int16 range covers its calibrated range (the v1 rules and code,
 :class:`~amct_bridge.espdl.exponents.ExponentFinder`). Add, Sub and Concat need one exponent
