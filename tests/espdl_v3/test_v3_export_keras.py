@@ -179,6 +179,14 @@ def test_cli_writes_a_file_espdl_run_checks(calibrated, tmp_path, capsys):
     assert capsys.readouterr().out.splitlines()[-1] == "test outputs equal: 2/2"
     assert main([*args]) == 2  # exists: nothing replaced without --overwrite
     assert "already exists" in capsys.readouterr().err
+    v1 = ["export-espdl", "--model", str(path), "--record", str(record), "--target", "c"]
+    assert main([*v1, "--out", str(tmp_path / "v1")]) == 2
+    assert "--target c is an ESP-DL v3 target: add --format espdl" in capsys.readouterr().err
+    typo = [*args[:-1], str(tmp_path / "typo.espdl"), "--target", "esp32s4"]
+    with pytest.raises(SystemExit):  # argparse: invalid choice, with the valid ones
+        main(typo)
+    assert "invalid choice: 'esp32s4'" in capsys.readouterr().err
+    assert not (tmp_path / "v1").exists() and not (tmp_path / "typo.espdl").exists()
 
 
 def test_bad_input_is_refused_and_nothing_is_written(calibrated, tmp_path):
