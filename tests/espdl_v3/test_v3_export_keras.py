@@ -207,6 +207,30 @@ def test_bad_input_is_refused_and_nothing_is_written(calibrated, tmp_path):
     assert not out.exists() and not list(tmp_path.iterdir())
 
 
+def test_prelu_exports_for_esp32s3_and_c_and_is_refused_on_esp32p4(tmp_path):
+    keras.utils.set_random_seed(3)
+    x = keras.Input((4, 4, 2), name="x")
+    c = L.Conv2D(3, 1, name="c")(x)
+    p = L.PReLU(shared_axes=[1, 2], name="p")(c)
+    model = keras.Model(x, p)
+    model.get_layer("p").set_weights([np.float32([[[0.25, -0.5, 0.1]]])])
+    data = np.random.default_rng(3).uniform(-1, 1, (8, 4, 4, 2)).astype("float32")
+    record = tmp_path / "r.txt"
+    calibrate(model, data, record, algorithm="minmax")
+    for target in ("esp32s3", "c"):
+        out = tmp_path / f"{target}.espdl"
+        export_espdl(model, record, out, format="espdl", target=target, feature_type="s16")
+        back = read_espdl(out)
+        assert [n.op_type for n in back.nodes] == ["Conv", "PRelu"]
+        step = 2.0 ** back.inputs[0].exponent
+        q = np.round(data / step).astype(np.int16)
+        chip = simulate_espdl(back, q).outputs["p"] * 2.0 ** back.value("p").exponent
+        want = model.predict((q * step).astype("float32"), verbose=0)
+        assert np.abs(chip - want).max() <= 0.01 * np.ptp(want)
+    with pytest.raises(ExportError, match="PReLU on esp32p4"):
+        export_espdl(model, record, tmp_path / "p4.espdl", format="espdl", target="esp32p4")
+
+
 def test_refused_layers_are_named_unless_skipped(tmp_path):
     x = keras.Input((4, 4, 2), name="x")
     c = L.Conv2D(2, 1, name="c")(x)

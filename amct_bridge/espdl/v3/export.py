@@ -59,7 +59,7 @@ from pathlib import Path
 import numpy as np
 
 from amct_bridge.errors import ExportError, QuantError
-from amct_bridge.espdl.checks import as_float32, check_record_keys
+from amct_bridge.espdl.checks import as_float32, channel_vector, check_record_keys
 from amct_bridge.espdl.exponents import ExponentFinder
 from amct_bridge.espdl.plan import Chain, Problem, consumers_map
 from amct_bridge.espdl.source import PASS_THROUGH, WEIGHT_OPS, SourceLayer, zero_padding
@@ -447,7 +447,7 @@ class _Emitter:
                 "record entry sets skip_fusion): only a folded BN is exported",
             )
         elif layer.op == "prelu":
-            self.refuse(layer, "PReLU outside a conv/dense chain is not exported to v3 yet")
+            self._prelu(layer, ins[0])
         elif kind in PASS_THROUGH and layer.op == "runtime":
             self.tensor_of[layer.name] = ins[0]
             self.done(layer, "passthrough")
@@ -714,6 +714,29 @@ class _Emitter:
             self._node(node, op, [x], [name], attrs)
         self.tensor_of[layer.name] = name
         self.done(layer, "exported", [name])
+
+    def _prelu(self, layer: SourceLayer, x: str) -> None:
+        """``PRelu`` at the input's exponent: the c kernel copies x >= 0 as it is."""
+        if self.target == "esp32p4":
+            self.refuse(
+                layer,
+                "PReLU on esp32p4: the rounding of its esp.vprelu kernel is not known here, so "
+                "the simulator (and this export) does not take it; use esp32s3 or c",
+            )
+            return
+        if "alpha" not in layer.weights:
+            raise ExportError(f"layer {layer.describe()}: PReLU without alpha weights")
+        channels = self.shapes[x][-1]
+        alpha = channel_vector(layer.weights["alpha"], channels, layer.name, "PReLU alpha")
+        e_alpha = auto_exponent(alpha, self.bits, name=f"{layer.name} alpha")
+        slope = self._init(
+            f"{layer.name}/alpha", self._quantize(alpha, e_alpha, self.dtype), e_alpha
+        )
+        self._node(layer.name, "PRelu", [x, slope], [layer.name])
+        e_in = self.exps[x]
+        self._tensor(layer.name, e_in, f"the input's ({x!r})", self.shapes[x], self.ranges.get(x))
+        self.tensor_of[layer.name] = layer.name
+        self.done(layer, "exported")
 
     def _lut(self, op: str, attrs: dict, e_in: int, e_out: int) -> str:
         """The int8 table of ``op``: our simulation of the module's float path on -128..127."""
