@@ -126,9 +126,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _run_set(args: argparse.Namespace) -> int:
     """``--set DIR``: preview an existing convert.py input set, or write its C++ files."""
     if args.format == "espdl" or args.target in ("esp32p4", "c"):
-        raise ExportError(
-            f"--set reads an ESP-DL v1 set: --format espdl / --target {args.target} do not apply"
-        )
+        flag = "--format espdl" if args.format == "espdl" else f"--target {args.target}"
+        raise ExportError(f"--set reads an ESP-DL v1 set: {flag} does not apply")
     args.target = args.target or "esp32"
     flags = {"--model": args.model, "--mindspore": args.mindspore, "--record": args.record}
     flags["--data"] = args.data

@@ -1,5 +1,6 @@
 """Keras adapter: calibration callback, simulated accuracy, QAT, graph extraction, freezing,
-ESP-DL export. It translates Keras objects for the framework-free core
+ESP-DL export (v1, or v3 ``.espdl`` with ``export_espdl(..., format="espdl")``). It translates
+Keras objects for the framework-free core
 (:mod:`amct_bridge.calibration`, :mod:`amct_bridge.graph`, :mod:`amct_bridge.espdl`).
 
 Importing this package imports TensorFlow/Keras (the core packages never do).

@@ -6,7 +6,8 @@ first used.
 - ``extract_graph(net, sample_input)``: the graph IR (:mod:`amct_bridge.mindspore.graph`);
 - ``prune_discovery(net, sample_input)``, ``prune_record(net, sample_input, ...)``,
   ``selective_masks``, ``apply_selective_masks`` (:mod:`amct_bridge.mindspore.prune`);
-- ``export_espdl(net, record, out_dir, sample_input=...)``: ESP-DL v1 export
+- ``export_espdl(net, record, out_dir, sample_input=...)``: ESP-DL v1 export, or one ESP-DL v3
+  ``.espdl`` file with ``format="espdl"``
   (:mod:`amct_bridge.mindspore.espdl_weights`);
 - ``QuantCalibration(record_path, ...)``: calibration callback for ``Model.eval`` / ``train``
   / ``fit`` (:mod:`amct_bridge.mindspore.callback`);

@@ -17,7 +17,7 @@ from espdl_v3_layouts import encode_filter
 
 from amct_bridge.cli import main
 from amct_bridge.errors import ExportError
-from amct_bridge.espdl.v3 import read_espdl, simulate_espdl
+from amct_bridge.espdl.v3 import espdl_bytes, read_espdl, simulate_espdl
 from amct_bridge.espdl.v3.model import filter_file_order, filter_nhwc
 from amct_bridge.espdl.v3.simulate import infer_target
 from amct_bridge.keras import calibrate, export_espdl
@@ -101,6 +101,7 @@ def test_every_layer_exports_reads_back_and_follows_the_float_model(
     assert status["drop"] == "passthrough"
     back = read_espdl(out)
     assert back.target == target
+    assert espdl_bytes(back) == out.read_bytes()  # read -> write: the same file, byte for byte
     ops = {n.op_type for n in back.nodes}
     assert ops >= {"Conv", "Gemm", "Swish", "Sigmoid", "Mul", "Clip", "Resize", "MaxPool",
                    "Sub", "Tanh", "Concat", "HardSwish", "LeakyRelu", "Add", "AveragePool",
@@ -178,6 +179,14 @@ def test_cli_writes_a_file_espdl_run_checks(calibrated, tmp_path, capsys):
     assert capsys.readouterr().out.splitlines()[-1] == "test outputs equal: 2/2"
     assert main([*args]) == 2  # exists: nothing replaced without --overwrite
     assert "already exists" in capsys.readouterr().err
+    v1 = ["export-espdl", "--model", str(path), "--record", str(record), "--target", "c"]
+    assert main([*v1, "--out", str(tmp_path / "v1")]) == 2
+    assert "--target c is an ESP-DL v3 target: add --format espdl" in capsys.readouterr().err
+    typo = [*args[:-1], str(tmp_path / "typo.espdl"), "--target", "esp32s4"]
+    with pytest.raises(SystemExit):  # argparse: invalid choice, with the valid ones
+        main(typo)
+    assert "invalid choice: 'esp32s4'" in capsys.readouterr().err
+    assert not (tmp_path / "v1").exists() and not (tmp_path / "typo.espdl").exists()
 
 
 def test_bad_input_is_refused_and_nothing_is_written(calibrated, tmp_path):
@@ -196,6 +205,30 @@ def test_bad_input_is_refused_and_nothing_is_written(calibrated, tmp_path):
     with pytest.raises(ExportError, match="format 'espdl3'"):
         export_espdl(model, record, out, format="espdl3")
     assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_prelu_exports_for_esp32s3_and_c_and_is_refused_on_esp32p4(tmp_path):
+    keras.utils.set_random_seed(3)
+    x = keras.Input((4, 4, 2), name="x")
+    c = L.Conv2D(3, 1, name="c")(x)
+    p = L.PReLU(shared_axes=[1, 2], name="p")(c)
+    model = keras.Model(x, p)
+    model.get_layer("p").set_weights([np.float32([[[0.25, -0.5, 0.1]]])])
+    data = np.random.default_rng(3).uniform(-1, 1, (8, 4, 4, 2)).astype("float32")
+    record = tmp_path / "r.txt"
+    calibrate(model, data, record, algorithm="minmax")
+    for target in ("esp32s3", "c"):
+        out = tmp_path / f"{target}.espdl"
+        export_espdl(model, record, out, format="espdl", target=target, feature_type="s16")
+        back = read_espdl(out)
+        assert [n.op_type for n in back.nodes] == ["Conv", "PRelu"]
+        step = 2.0 ** back.inputs[0].exponent
+        q = np.round(data / step).astype(np.int16)
+        chip = simulate_espdl(back, q).outputs["p"] * 2.0 ** back.value("p").exponent
+        want = model.predict((q * step).astype("float32"), verbose=0)
+        assert np.abs(chip - want).max() <= 0.01 * np.ptp(want)
+    with pytest.raises(ExportError, match="PReLU on esp32p4"):
+        export_espdl(model, record, tmp_path / "p4.espdl", format="espdl", target="esp32p4")
 
 
 def test_refused_layers_are_named_unless_skipped(tmp_path):

@@ -13,7 +13,7 @@ import keras
 import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import nn
+from mindspore import nn, ops
 
 import amct_bridge.keras as akeras
 import amct_bridge.mindspore as ams
@@ -153,3 +153,92 @@ def test_mindspore_bad_input(twins, tmp_path):
             net, record, out, sample_input=(1, 3, 8, 8), format="espdl", target="esp32-s3"
         )
     assert not out.exists()
+
+
+class Net2(nn.Cell):
+    """conv-bn-ReLU6, depthwise + LeakyReLU, residual add, HSwish and a 1x1 conv + SiLU
+    concatenated on channels, average pool, global average pool, Flatten, Dense."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, pad_mode="pad", padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.relu6 = nn.ReLU6()
+        self.dw = nn.Conv2d(8, 8, 3, group=8, pad_mode="pad", padding=1, has_bias=True)
+        self.lrelu = nn.LeakyReLU(0.1)
+        self.side = nn.Conv2d(8, 4, 1, has_bias=True)
+        self.silu = nn.SiLU()
+        self.hswish = nn.HSwish()
+        self.ap = nn.AvgPool2d(2, 2)
+        self.gap = nn.AdaptiveAvgPool2d(1)
+        self.flatten = nn.Flatten()
+        self.fc = nn.Dense(12, 5)
+
+    def construct(self, x):
+        y = self.relu6(self.bn(self.conv(x)))
+        y = y + self.lrelu(self.dw(y))
+        c = ops.concat((self.hswish(y), self.silu(self.side(y))), 1)
+        return self.fc(self.flatten(self.gap(self.ap(c))))
+
+
+def _keras_twin2(net: Net2) -> keras.Model:
+    L = keras.layers
+    x = keras.Input((8, 8, 3), name="input0")
+    y = L.Conv2D(8, 3, padding="same", use_bias=False, name="conv")(x)
+    y = L.BatchNormalization(epsilon=BN_EPS, name="bn")(y)
+    y = L.ReLU(6.0, name="relu6")(y)
+    z = L.DepthwiseConv2D(3, padding="same", name="dw")(y)
+    z = L.LeakyReLU(0.1, name="lrelu")(z)
+    y = L.Add(name="add_op0")([y, z])
+    h = L.Activation("hard_silu", name="hswish")(y)
+    s = L.Activation("silu", name="silu")(L.Conv2D(4, 1, name="side")(y))
+    c = L.Concatenate(name="concat_op0")([h, s])
+    c = L.AveragePooling2D(2, name="ap")(c)
+    c = L.GlobalAveragePooling2D(keepdims=True, name="gap")(c)
+    model = keras.Model(x, L.Dense(5, name="fc")(L.Flatten(name="flatten")(c)))
+    model.get_layer("conv").set_weights([_conv_hwio(net.conv.weight.asnumpy())])
+    model.get_layer("bn").set_weights(
+        [getattr(net.bn, n).asnumpy() for n in ("gamma", "beta", "moving_mean", "moving_variance")]
+    )
+    dw = net.dw.weight.asnumpy()  # (C, 1, kh, kw) -> (kh, kw, C, 1)
+    kernel = np.empty((3, 3, 8, 1), np.float32)
+    for ch in range(8):
+        kernel[:, :, ch, 0] = dw[ch, 0]
+    model.get_layer("dw").set_weights([kernel, net.dw.bias.asnumpy()])
+    side = [_conv_hwio(net.side.weight.asnumpy()), net.side.bias.asnumpy()]
+    model.get_layer("side").set_weights(side)
+    model.get_layer("fc").set_weights([net.fc.weight.asnumpy().T, net.fc.bias.asnumpy()])
+    return model
+
+
+def test_mindspore_twin_with_more_cells(tmp_path):
+    ms.set_seed(1)
+    net = Net2()
+    net.set_train(False)
+    model = _keras_twin2(net)
+    x = np.random.default_rng(2).uniform(-1, 1, (16, 8, 8, 3)).astype(np.float32)
+    want = net(ms.Tensor(x.transpose(0, 3, 1, 2))).asnumpy()
+    np.testing.assert_allclose(want, model.predict(x, verbose=0), atol=1e-5)
+    record = tmp_path / "record.txt"
+    akeras.calibrate(model, x, record, algorithm="minmax")
+    options = {"format": "espdl", "target": "esp32s3", "feature_type": "s8"}
+    akeras.export_espdl(model, record, tmp_path / "k.espdl", test_input=x[:1], **options)
+    res = ams.export_espdl(
+        net, record, tmp_path / "m.espdl", sample_input=(1, 3, 8, 8),
+        test_input=x[:1].transpose(0, 3, 1, 2), **options,
+    )  # fmt: skip
+    assert {r.status for r in res.layers} <= {"exported", "fused"}
+    k, m = read_espdl(tmp_path / "k.espdl"), read_espdl(tmp_path / "m.espdl")
+    # the same nodes (the two graphs order the independent branches differently)
+    assert {n.name: n.op_type for n in m.nodes} == {n.name: n.op_type for n in k.nodes}
+    assert {"Clip", "LeakyRelu", "Add", "HardSwish", "Swish", "Concat", "AveragePool"} <= {
+        n.op_type for n in m.nodes
+    }
+    for name, tensor in k.initializers.items():
+        np.testing.assert_array_equal(tensor.data, m.initializers[name].data, err_msg=name)
+    np.testing.assert_array_equal(k.test_outputs[0].data, m.test_outputs[0].data)
+    step = 2.0 ** m.inputs[0].exponent
+    q = np.clip(np.round(x / step), -128, 127)
+    chip = simulate_espdl(m, q.astype(np.int8)).outputs["fc"] * 2.0 ** m.value("fc").exponent
+    ref = net(ms.Tensor((q * step).astype(np.float32).transpose(0, 3, 1, 2))).asnumpy()
+    assert np.abs(chip - ref).max() <= 0.06 * np.ptp(ref)

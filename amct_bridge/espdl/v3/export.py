@@ -20,6 +20,13 @@ What happens to each layer (:class:`V3Layer`, nothing vanishes):
   after the model input is applied on the host when quantizing the input (``host``).
 - Anything else is refused with its name and why (ExportError unless ``skip_unsupported``).
 
+SourceLayer attrs read beyond v1's (:mod:`amct_bridge.espdl.source`), set by the adapters:
+``activation`` of a Keras ``Activation`` (op ``unsupported`` for v1), ``axis`` of a Softmax,
+``size`` / ``interpolation`` of an UpSampling2D, ``keepdims`` of a global pool, and
+``scalar_operands`` (``[(position, value)]``) of a raw ``x + 3.0`` / ``x * c``. Layers are
+recognised by ``op`` and ``kind`` (Keras class names; MindSpore cells by
+:data:`CELL_ACTIVATIONS`).
+
 Exponents (docs/espdl-v3.md): a tensor's exponent is the smallest power of two whose
 symmetric int8/int16 range covers its calibrated range (the v1 rules and code,
 :class:`~amct_bridge.espdl.exponents.ExponentFinder`). Add, Sub and Concat need one exponent
@@ -52,7 +59,7 @@ from pathlib import Path
 import numpy as np
 
 from amct_bridge.errors import ExportError, QuantError
-from amct_bridge.espdl.checks import as_float32, check_record_keys
+from amct_bridge.espdl.checks import as_float32, channel_vector, check_record_keys
 from amct_bridge.espdl.exponents import ExponentFinder
 from amct_bridge.espdl.plan import Chain, Problem, consumers_map
 from amct_bridge.espdl.source import PASS_THROUGH, WEIGHT_OPS, SourceLayer, zero_padding
@@ -440,7 +447,7 @@ class _Emitter:
                 "record entry sets skip_fusion): only a folded BN is exported",
             )
         elif layer.op == "prelu":
-            self.refuse(layer, "PReLU outside a conv/dense chain is not exported to v3 yet")
+            self._prelu(layer, ins[0])
         elif kind in PASS_THROUGH and layer.op == "runtime":
             self.tensor_of[layer.name] = ins[0]
             self.done(layer, "passthrough")
@@ -707,6 +714,29 @@ class _Emitter:
             self._node(node, op, [x], [name], attrs)
         self.tensor_of[layer.name] = name
         self.done(layer, "exported", [name])
+
+    def _prelu(self, layer: SourceLayer, x: str) -> None:
+        """``PRelu`` at the input's exponent: the c kernel copies x >= 0 as it is."""
+        if self.target == "esp32p4":
+            self.refuse(
+                layer,
+                "PReLU on esp32p4: the rounding of its esp.vprelu kernel is not known here, so "
+                "the simulator (and this export) does not take it; use esp32s3 or c",
+            )
+            return
+        if "alpha" not in layer.weights:
+            raise ExportError(f"layer {layer.describe()}: PReLU without alpha weights")
+        channels = self.shapes[x][-1]
+        alpha = channel_vector(layer.weights["alpha"], channels, layer.name, "PReLU alpha")
+        e_alpha = auto_exponent(alpha, self.bits, name=f"{layer.name} alpha")
+        slope = self._init(
+            f"{layer.name}/alpha", self._quantize(alpha, e_alpha, self.dtype), e_alpha
+        )
+        self._node(layer.name, "PRelu", [x, slope], [layer.name])
+        e_in = self.exps[x]
+        self._tensor(layer.name, e_in, f"the input's ({x!r})", self.shapes[x], self.ranges.get(x))
+        self.tensor_of[layer.name] = layer.name
+        self.done(layer, "exported")
 
     def _lut(self, op: str, attrs: dict, e_in: int, e_out: int) -> str:
         """The int8 table of ``op``: our simulation of the module's float path on -128..127."""
