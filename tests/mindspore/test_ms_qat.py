@@ -303,3 +303,44 @@ def test_docstring_examples_run(pynative, name):
         module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
     )
     assert failures == 0 and tried > 0
+
+
+class Residual(nn.Cell):
+    """conv-relu, conv + identity (functional add), relu, Dense."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(2, 2, 3)
+        self.relu = nn.ReLU()
+        self.conv2 = nn.Conv2d(2, 2, 3)
+        self.relu2 = nn.ReLU()
+        self.flatten = nn.Flatten()
+        self.fc = nn.Dense(2 * 4 * 4, 3)
+
+    def construct(self, x):
+        y = self.relu(self.conv1(x))
+        return self.fc(self.flatten(self.relu2(self.conv2(y) + y)))
+
+
+def test_functional_add_gets_a_sidecar_range(pynative, tmp_path):
+    """x + y has no cell: its range is observed at the cell that reads it alone (relu2's
+    input), as the calibration session does; checked against relu2's input seen by a hook."""
+    ms.set_seed(0)
+    net = Residual()
+    rng = np.random.default_rng(4)
+    x = rng.normal(0, 1, (8, 2, 4, 4)).astype(np.float32)
+    qat = quantize_aware(net, ema_decay=0.0, sample_input=(1, 2, 4, 4))
+    train(qat, x, np.zeros(8, np.int32), lr=0.0)
+    save_qat_record(qat, tmp_path / "qat.txt")
+    side = json.loads((tmp_path / "qat.txt.calib.json").read_text())["layers"]
+    adds = [k for k, v in side.items() if v["kind"] == "Add"]
+    assert adds == ["add_op0"], list(side)
+    seen = []
+    inner = next(c for _, c in qat.cells_and_names() if getattr(c, "key", None) == "relu2").cell
+    handle = inner.register_forward_pre_hook(lambda cell, args: seen.append(args[0].asnumpy()))
+    qat.set_train(False)  # ema_decay 0: the ranges are those of the (only) training batch
+    qat(Tensor(x))
+    handle.remove()
+    out = side["add_op0"]["output"]
+    np.testing.assert_allclose([out["min"], out["max"]], [seen[0].min(), seen[0].max()], rtol=1e-6)
+    assert list(side).index("add_op0") == list(side).index("relu2") - 1
