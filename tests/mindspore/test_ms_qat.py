@@ -344,3 +344,31 @@ def test_functional_add_gets_a_sidecar_range(pynative, tmp_path):
     out = side["add_op0"]["output"]
     np.testing.assert_allclose([out["min"], out["max"]], [seen[0].min(), seen[0].max()], rtol=1e-6)
     assert list(side).index("add_op0") == list(side).index("relu2") - 1
+
+
+def test_qat_checkpoint_resumes(pynative, tmp_path):
+    """A QAT checkpoint holds the network's names and the <cell>.qat.* ranges; it loads into
+    a new quantize_aware copy, which then writes the same record."""
+    net = nn.SequentialCell([nn.Dense(6, 3), nn.ReLU()])
+    qat = quantize_aware(net, "INT4")
+    rng = np.random.default_rng(0)
+    x = rng.normal(0, 1, (16, 6)).astype(np.float32)
+    train(qat, x, rng.integers(0, 3, 16).astype(np.int32), lr=0.05)
+    ms.save_checkpoint(qat, str(tmp_path / "q.ckpt"))
+    names = sorted(ms.load_checkpoint(str(tmp_path / "q.ckpt")))
+    assert names == [
+        "0.bias",
+        "0.qat.input_max",
+        "0.qat.input_min",
+        "0.qat.input_seen",
+        "0.qat.output_max",
+        "0.qat.output_min",
+        "0.qat.output_seen",
+        "0.weight",
+        "1.qat.output_max",
+        "1.qat.output_min",
+        "1.qat.output_seen",
+    ]
+    again = quantize_aware(net, "INT4")
+    assert ms.load_param_into_net(again, ms.load_checkpoint(str(tmp_path / "q.ckpt")))[0] == []
+    assert qat_record(again).layers["0"] == qat_record(qat).layers["0"]
