@@ -282,6 +282,18 @@ def test_bad_input_nothing_written(pynative, tmp_path):
     with pytest.raises(QuantError, match="not a QAT network"):
         save_qat_record(nn.SequentialCell([nn.Dense(2, 2)]), path)
     assert list(tmp_path.iterdir()) == []
+    # a float checkpoint loaded into the QAT network un-folds its BN: refused, not recorded
+    net = make_net()
+    ms.save_checkpoint(net, str(tmp_path / "float.ckpt"))
+    qat = quantize_aware(net, sample_input=(1, 1, 8, 8))
+    x, y = data(n=8)
+    train(qat, x, y)
+    ms.load_param_into_net(qat, ms.load_checkpoint(str(tmp_path / "float.ckpt")))
+    with pytest.raises(QuantError, match="'bn1' was folded into 'conv1'.*before quantize_aware"):
+        save_qat_record(qat, path)
+    with pytest.raises(QuantError, match="'bn1' was folded"):
+        strip_qat(qat)
+    assert not path.exists()
 
 
 @pytest.mark.parametrize(

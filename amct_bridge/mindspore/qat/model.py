@@ -309,6 +309,27 @@ def _info(qat_net: nn.Cell) -> QATInfo:
     return info
 
 
+def check_folded(qat_net: nn.Cell, info: QATInfo) -> None:
+    """Every folded BatchNorm2d is still the identity ``quantize_aware`` made of it.
+
+    A float checkpoint loaded into the QAT network afterwards (its names are the network's)
+    puts the BN statistics back beside already folded weights: the network then computes
+    neither the float nor the QAT function, so this is an error, not a record.
+    """
+    cells = dict(qat_net.cells_and_names())
+    for key, bn_key in info.folded.items():
+        bn = cells.get(bn_key)
+        bn = getattr(bn, "cell", bn)
+        gamma, mean = bn.gamma.asnumpy(), bn.moving_mean.asnumpy()
+        var = bn.moving_variance.asnumpy()
+        if not (np.all(gamma == 1) and np.all(mean == 0) and np.all(var == var.flat[0])):
+            raise QuantError(
+                f"BatchNorm2d {bn_key!r} was folded into {key!r} by quantize_aware, but its "
+                "gamma / moving statistics changed since (a float checkpoint loaded into the QAT "
+                "network?): load float weights into the network before quantize_aware(net)"
+            )
+
+
 def _wrappers(qat_net: nn.Cell) -> dict[str, nn.Cell]:
     """Record key -> QATQuant / QATObserve cell of the QAT network."""
     out = {}
@@ -348,12 +369,14 @@ def qat_record(qat_net: nn.Cell) -> Record:
     not folded.
 
     Raises:
-        QuantError: not a QAT network, or a cell never saw a training step.
+        QuantError: not a QAT network, a cell never saw a training step, or a folded
+            BatchNorm2d is no longer the identity (a float checkpoint loaded afterwards).
 
     Example:
         >>> # rec = qat_record(qat)
     """
     info = _info(qat_net)
+    check_folded(qat_net, info)
     wrappers = _wrappers(qat_net)
     bits = bits_of(info.options["dst_type"])
     record = Record(flavor="inner")
