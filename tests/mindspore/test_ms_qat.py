@@ -282,6 +282,18 @@ def test_bad_input_nothing_written(pynative, tmp_path):
     with pytest.raises(QuantError, match="not a QAT network"):
         save_qat_record(nn.SequentialCell([nn.Dense(2, 2)]), path)
     assert list(tmp_path.iterdir()) == []
+    # a float checkpoint loaded into the QAT network un-folds its BN: refused, not recorded
+    net = make_net()
+    ms.save_checkpoint(net, str(tmp_path / "float.ckpt"))
+    qat = quantize_aware(net, sample_input=(1, 1, 8, 8))
+    x, y = data(n=8)
+    train(qat, x, y)
+    ms.load_param_into_net(qat, ms.load_checkpoint(str(tmp_path / "float.ckpt")))
+    with pytest.raises(QuantError, match="'bn1' was folded into 'conv1'.*before quantize_aware"):
+        save_qat_record(qat, path)
+    with pytest.raises(QuantError, match="'bn1' was folded"):
+        strip_qat(qat)
+    assert not path.exists()
 
 
 @pytest.mark.parametrize(
@@ -303,3 +315,72 @@ def test_docstring_examples_run(pynative, name):
         module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
     )
     assert failures == 0 and tried > 0
+
+
+class Residual(nn.Cell):
+    """conv-relu, conv + identity (functional add), relu, Dense."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(2, 2, 3)
+        self.relu = nn.ReLU()
+        self.conv2 = nn.Conv2d(2, 2, 3)
+        self.relu2 = nn.ReLU()
+        self.flatten = nn.Flatten()
+        self.fc = nn.Dense(2 * 4 * 4, 3)
+
+    def construct(self, x):
+        y = self.relu(self.conv1(x))
+        return self.fc(self.flatten(self.relu2(self.conv2(y) + y)))
+
+
+def test_functional_add_gets_a_sidecar_range(pynative, tmp_path):
+    """x + y has no cell: its range is observed at the cell that reads it alone (relu2's
+    input), as the calibration session does; checked against relu2's input seen by a hook."""
+    ms.set_seed(0)
+    net = Residual()
+    rng = np.random.default_rng(4)
+    x = rng.normal(0, 1, (8, 2, 4, 4)).astype(np.float32)
+    qat = quantize_aware(net, ema_decay=0.0, sample_input=(1, 2, 4, 4))
+    train(qat, x, np.zeros(8, np.int32), lr=0.0)
+    save_qat_record(qat, tmp_path / "qat.txt")
+    side = json.loads((tmp_path / "qat.txt.calib.json").read_text())["layers"]
+    adds = [k for k, v in side.items() if v["kind"] == "Add"]
+    assert adds == ["add_op0"], list(side)
+    seen = []
+    inner = next(c for _, c in qat.cells_and_names() if getattr(c, "key", None) == "relu2").cell
+    handle = inner.register_forward_pre_hook(lambda cell, args: seen.append(args[0].asnumpy()))
+    qat.set_train(False)  # ema_decay 0: the ranges are those of the (only) training batch
+    qat(Tensor(x))
+    handle.remove()
+    out = side["add_op0"]["output"]
+    np.testing.assert_allclose([out["min"], out["max"]], [seen[0].min(), seen[0].max()], rtol=1e-6)
+    assert list(side).index("add_op0") == list(side).index("relu2") - 1
+
+
+def test_qat_checkpoint_resumes(pynative, tmp_path):
+    """A QAT checkpoint holds the network's names and the <cell>.qat.* ranges; it loads into
+    a new quantize_aware copy, which then writes the same record."""
+    net = nn.SequentialCell([nn.Dense(6, 3), nn.ReLU()])
+    qat = quantize_aware(net, "INT4")
+    rng = np.random.default_rng(0)
+    x = rng.normal(0, 1, (16, 6)).astype(np.float32)
+    train(qat, x, rng.integers(0, 3, 16).astype(np.int32), lr=0.05)
+    ms.save_checkpoint(qat, str(tmp_path / "q.ckpt"))
+    names = sorted(ms.load_checkpoint(str(tmp_path / "q.ckpt")))
+    assert names == [
+        "0.bias",
+        "0.qat.input_max",
+        "0.qat.input_min",
+        "0.qat.input_seen",
+        "0.qat.output_max",
+        "0.qat.output_min",
+        "0.qat.output_seen",
+        "0.weight",
+        "1.qat.output_max",
+        "1.qat.output_min",
+        "1.qat.output_seen",
+    ]
+    again = quantize_aware(net, "INT4")
+    assert ms.load_param_into_net(again, ms.load_checkpoint(str(tmp_path / "q.ckpt")))[0] == []
+    assert qat_record(again).layers["0"] == qat_record(qat).layers["0"]

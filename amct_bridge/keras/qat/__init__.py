@@ -8,8 +8,9 @@ dequantize ops and per-layer table, shared with :mod:`amct_bridge.keras.simulate
 both adapters share is in :mod:`amct_bridge.quant.qat` and :mod:`amct_bridge.calibration.qat`.
 
 The names below are loaded on first use: ``fake_quant`` is imported by modules that
-``model`` itself imports (``amct_bridge.keras.rewrite``), so an eager import here would be a
-cycle.
+``model`` itself imports (``amct_bridge.keras.rewrite``), so an eager import of ``model`` here
+would be a cycle. ``layers`` is imported at once: it registers the QAT layers with Keras, so a
+saved QAT ``.keras`` loads after ``import amct_bridge.keras.qat``.
 
 Example:
     >>> from amct_bridge.keras.qat import quantize_aware
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import importlib
 from typing import Any
+
+from amct_bridge.keras.qat import layers as _layers  # noqa: F401  (Keras registration)
 
 _LAZY = {
     "RANGE_MODES": "amct_bridge.keras.qat.layers",

@@ -26,7 +26,7 @@ from mindspore.nn.layer.conv import _deconv_output_length
 from amct_bridge.errors import QuantError
 from amct_bridge.mindspore.qat.fake_quant import arq_fake_quant, fake_quant_range, limits
 
-__all__ = ["OUT_AXIS", "QATObserve", "QATQuant", "range_params"]
+__all__ = ["OUT_AXIS", "QATObserve", "QATObserveInput", "QATQuant", "range_params"]
 
 #: kind -> the weight's output-channel axis in MindSpore's layout (None: one scale).
 OUT_AXIS: dict[str, int | None] = {
@@ -100,6 +100,34 @@ class QATObserve(nn.Cell):
     def output_range(self) -> tuple[float, float, float]:
         """``(min, max, seen)`` of the output, as floats."""
         return tuple(float(p.asnumpy()) for p in (self.out_min, self.out_max, self.out_seen))
+
+
+class QATObserveInput(QATObserve):
+    """A :class:`QATObserve` that also tracks its input: the input is the output of a
+    functional op (``x + y``, ``ops.concat``) that has no cell to observe it.
+
+    Example:
+        >>> o = QATObserveInput(nn.ReLU(), "relu")
+        >>> sorted(p.name for p in o.get_parameters())[:2]
+        ['relu.qat.input_max', 'relu.qat.input_min']
+    """
+
+    def __init__(self, cell: nn.Cell, key: str, ema_decay: float = 0.99) -> None:
+        super().__init__(cell, key, ema_decay)
+        self.in_min, self.in_max, self.in_seen = range_params(key, "input", trainable=False)
+
+    def construct(self, *inputs):
+        """The cell's output; its input and output ranges are tracked in training."""
+        if self.training:
+            track_ema(inputs[0], self.in_min, self.in_max, self.in_seen, self.decay, self.rest)
+        y = self.cell(*inputs)
+        if self.training:
+            track_ema(y, self.out_min, self.out_max, self.out_seen, self.decay, self.rest)
+        return y
+
+    def input_range(self) -> tuple[float, float, float]:
+        """``(min, max, seen)`` of the input, as floats."""
+        return tuple(float(p.asnumpy()) for p in (self.in_min, self.in_max, self.in_seen))
 
 
 class QATQuant(nn.Cell):

@@ -33,6 +33,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,17 +49,20 @@ from amct_bridge.mindspore.cells import (
     BATCH_NORM_KINDS,
     FOLDABLE_KINDS,
     QUANTIZABLE_KINDS,
+    RUNTIME,
     describe,
     leaf_cells,
 )
 from amct_bridge.mindspore.instrument_cells import places, put
-from amct_bridge.mindspore.qat.cells import QATObserve, QATQuant
+from amct_bridge.mindspore.qat.cells import QATObserve, QATObserveInput, QATQuant
 from amct_bridge.mindspore.weights import batch_norm_params, bias_of, kernel_of
 from amct_bridge.quant.factors import bits_of
 from amct_bridge.quant.fold import fold_batchnorm
 from amct_bridge.quant.qat import check_options, layer_factors, record_range
 from amct_bridge.records.calibration import CalibrationStats, LayerStats
 from amct_bridge.records.model import Record
+
+log = logging.getLogger(__name__)
 
 __all__ = ["QATInfo", "qat_record", "qat_stats", "quantize_aware", "save_qat_record"]
 
@@ -75,6 +79,8 @@ class QATInfo:
             (``skip_fusion``).
         observed: key -> kind of each QATObserve cell.
         readers: key of a cell whose output a quantized cell reads -> that reader's key.
+        functional: functional op (``x + y``, ``ops.concat``: graph node name) -> (its kind,
+            the key of the cell that reads its output alone and so observes its range).
         bn_modes: folded BN key -> its ``use_batch_statistics`` before (strip_qat restores it).
     """
 
@@ -84,6 +90,7 @@ class QATInfo:
     unfolded: dict[str, str] = field(default_factory=dict)
     observed: dict[str, str] = field(default_factory=dict)
     readers: dict[str, str] = field(default_factory=dict)
+    functional: dict[str, tuple[str, str]] = field(default_factory=dict)
     bn_modes: dict[str, Any] = field(default_factory=dict)
 
 
@@ -206,11 +213,17 @@ def quantize_aware(
         )
         _swap(holders, d.handle, wrapper, key)
         info.quantized[key] = d.parts[0].layout
+    info.functional = _functional_homes(graph, leaves, chosen)
+    watch_input = {reader for _, reader in info.functional.values()}
     for key, d in leaves.items():
         if key in chosen or not (d.activation or d.runtime or d.kind in BATCH_NORM_KINDS):
             continue
-        _swap(holders, d.handle, QATObserve(d.handle, key, ema_decay), key)
+        kind = QATObserveInput if key in watch_input else QATObserve
+        _swap(holders, d.handle, kind(d.handle, key, ema_decay), key)
         info.observed[key] = d.kind
+    for op, (_, reader) in list(info.functional.items()):
+        if reader not in chosen and reader not in info.observed:
+            del info.functional[op]  # read by a cell that is neither quantized nor observed
     if graph is not None:
         for node in graph.nodes:
             if node.layer in chosen and node.inputs:
@@ -221,6 +234,27 @@ def quantize_aware(
     if init_record is not None:
         _init_ranges(qat, init_record)
     return qat
+
+
+def _functional_homes(graph, leaves: dict, chosen: dict) -> dict[str, tuple[str, str]]:
+    """Functional Add / concat ops whose output a cell called once reads alone: that cell's
+    input is the op's output (as the calibration session observes them)."""
+    if graph is None:
+        return {}
+    single = {n.layer for n in graph.nodes if n.is_layer and n.layer in leaves and not n.shared}
+    found = {}
+    for node in graph.nodes:
+        if node.is_layer or node.kind not in RUNTIME or not node.outputs:
+            continue
+        for reader in graph.consumers_of(node.outputs[0]):
+            if reader.layer in single and reader.inputs == [node.outputs[0]]:
+                found[node.layer] = (node.kind, reader.layer)
+                break
+        else:
+            log.info(
+                "functional op %r: no cell reads its output alone; no sidecar range", node.name
+            )
+    return found
 
 
 def _swap(holders: dict, cell: nn.Cell, wrapper: nn.Cell, key: str) -> None:
@@ -275,6 +309,27 @@ def _info(qat_net: nn.Cell) -> QATInfo:
     return info
 
 
+def check_folded(qat_net: nn.Cell, info: QATInfo) -> None:
+    """Every folded BatchNorm2d is still the identity ``quantize_aware`` made of it.
+
+    A float checkpoint loaded into the QAT network afterwards (its names are the network's)
+    puts the BN statistics back beside already folded weights: the network then computes
+    neither the float nor the QAT function, so this is an error, not a record.
+    """
+    cells = dict(qat_net.cells_and_names())
+    for key, bn_key in info.folded.items():
+        bn = cells.get(bn_key)
+        bn = getattr(bn, "cell", bn)
+        gamma, mean = bn.gamma.asnumpy(), bn.moving_mean.asnumpy()
+        var = bn.moving_variance.asnumpy()
+        if not (np.all(gamma == 1) and np.all(mean == 0) and np.all(var == var.flat[0])):
+            raise QuantError(
+                f"BatchNorm2d {bn_key!r} was folded into {key!r} by quantize_aware, but its "
+                "gamma / moving statistics changed since (a float checkpoint loaded into the QAT "
+                "network?): load float weights into the network before quantize_aware(net)"
+            )
+
+
 def _wrappers(qat_net: nn.Cell) -> dict[str, nn.Cell]:
     """Record key -> QATQuant / QATObserve cell of the QAT network."""
     out = {}
@@ -314,12 +369,14 @@ def qat_record(qat_net: nn.Cell) -> Record:
     not folded.
 
     Raises:
-        QuantError: not a QAT network, or a cell never saw a training step.
+        QuantError: not a QAT network, a cell never saw a training step, or a folded
+            BatchNorm2d is no longer the identity (a float checkpoint loaded afterwards).
 
     Example:
         >>> # rec = qat_record(qat)
     """
     info = _info(qat_net)
+    check_folded(qat_net, info)
     wrappers = _wrappers(qat_net)
     bits = bits_of(info.options["dst_type"])
     record = Record(flavor="inner")
@@ -360,8 +417,14 @@ def qat_stats(qat_net: nn.Cell) -> CalibrationStats:
         clip_of[producer] = tensor_range(*wrappers[reader].input_range())
     bn_of_output = {bn: key for key, bn in info.folded.items()}
     stats = CalibrationStats(algorithm=algorithm_name({info.options["activation_range"]}))
+    ops_before: dict[str, list[tuple[str, str]]] = {}
+    for op, (kind, reader) in info.functional.items():
+        ops_before.setdefault(reader, []).append((op, kind))
     batches = 0
     for key, cell in wrappers.items():
+        for op, kind in ops_before.get(key, []):  # the op's output is this cell's input
+            if isinstance(cell, (QATQuant, QATObserveInput)):
+                stats.layers[op] = LayerStats(kind, output=tensor_range(*cell.input_range()))
         if isinstance(cell, QATQuant):
             lo, hi, seen = cell.input_range()
             batches = max(batches, int(seen))

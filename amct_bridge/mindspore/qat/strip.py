@@ -26,7 +26,7 @@ from mindspore import nn
 
 from amct_bridge.mindspore.instrument_cells import places, put
 from amct_bridge.mindspore.qat.cells import QATObserve, QATQuant
-from amct_bridge.mindspore.qat.model import _info
+from amct_bridge.mindspore.qat.model import _info, check_folded
 
 __all__ = ["strip_qat"]
 
@@ -38,12 +38,14 @@ def strip_qat(qat_net: nn.Cell) -> nn.Cell:
     what the QAT network computes in inference.
 
     Raises:
-        QuantError: ``qat_net`` was not made by ``quantize_aware``.
+        QuantError: ``qat_net`` was not made by ``quantize_aware``, or a folded BatchNorm2d is
+            no longer the identity (a float checkpoint loaded into it afterwards).
 
     Example:
         >>> # ms.save_checkpoint(strip_qat(qat), "deploy.ckpt")
     """
     info = _info(qat_net)
+    check_folded(qat_net, info)
     out = copy.deepcopy(qat_net)
     holders = places(out)
     wrappers = {}
