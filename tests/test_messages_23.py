@@ -547,3 +547,35 @@ def test_an_export_warning_many_layers_get_is_printed_once(tmp_path, capsys):
         "d2",
         "d3",
     ]
+
+
+def test_skip_layers_of_several_unquantized_layers_is_one_warning(calibrated, tmp_path, caplog):
+    import logging
+
+    from amct_bridge.keras import calibrate
+
+    model = keras.models.load_model(calibrated / "m.keras")
+    data = np.load(calibrated / "x.npy")
+    with caplog.at_level(logging.WARNING, logger="amct_bridge"):
+        calibrate(model, data, tmp_path / "r.txt", algorithm="minmax", skip_layers=["r1", "f"])
+    warns = [r.getMessage() for r in caplog.records if "skip_layers" in r.getMessage()]
+    assert warns == [
+        "skip_layers: 'r1' (ReLU), 'f' (Flatten) are not quantizable layers, so skipping them "
+        "changes nothing (quantizable types: " + warns[0].split("(quantizable types: ")[1]
+    ]
+    assert "Conv2D" in warns[0].split("(quantizable types: ")[1]
+
+
+@pytest.mark.parametrize("key, value", [("record_keys", 5), ("warnings", ["ok", 3])])
+def test_a_sidecar_with_a_bad_record_keys_or_warnings_field_is_named(tmp_path, key, value):
+    import json
+
+    from amct_bridge.errors import RecordError
+    from amct_bridge.records.calibration import FORMAT, load_stats
+
+    path = tmp_path / "r.txt.calib.json"
+    path.write_text(json.dumps({"format": FORMAT, "batches": 1, "layers": {}, key: value}))
+    with pytest.raises(RecordError, match=f"{re.escape(str(path))}: {key}: expected a list of str"):
+        load_stats(path)
+    path.write_text(json.dumps({"format": FORMAT, "batches": 1, "layers": {}, key: ["a"]}))
+    assert getattr(load_stats(path), key) == ["a"] and load_stats(path).source == str(path)

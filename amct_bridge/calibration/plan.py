@@ -130,15 +130,22 @@ def make_plan(model: ModelDesc, config: QuantConfig) -> Plan:
     order, calls, chains, tensors, runtime, rank = _graph_facts(model)
     check_names(config.skip_layers, by_key, "skip_layers")
     check_names(config.skip_fusion_layers, by_key, "skip_fusion_layers")
-    for name in config.skip_layers:
-        if name in by_key and not by_key[name].parts:  # a name of no part: nothing to skip
-            log.warning(
-                "skip_layers: %r (%s) is not a quantizable layer, so skipping it changes "
-                "nothing (quantizable types: %s)",
-                name,
-                by_key[name].kind,
-                ", ".join(model.quantizable_kinds),
-            )
+    idle = [n for n in config.skip_layers if n in by_key and not by_key[n].parts]
+    if len(idle) == 1:  # a name of no part: nothing to skip
+        log.warning(
+            "skip_layers: %r (%s) is not a quantizable layer, so skipping it changes "
+            "nothing (quantizable types: %s)",
+            idle[0],
+            by_key[idle[0]].kind,
+            ", ".join(model.quantizable_kinds),
+        )
+    elif idle:  # one warning, not one per name
+        log.warning(
+            "skip_layers: %s are not quantizable layers, so skipping them changes nothing "
+            "(quantizable types: %s)",
+            ", ".join(f"{n!r} ({by_key[n].kind})" for n in idle),
+            ", ".join(model.quantizable_kinds),
+        )
     targets: list[Target] = []
     for layer_key in order:
         desc = by_key[layer_key]

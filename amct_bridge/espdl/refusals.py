@@ -49,11 +49,20 @@ def label(problem: Problem) -> str:
     Example:
         >>> label(Problem("a", "Activation", "activation 'hard_silu': no such layer"))
         'Activation (hard_silu)'
+        >>> label(Problem("c", "Conv2D", "groups 96: not supported by the ESP-DL v1 exporter"))
+        'Conv2D (groups)'
     """
     if problem.topic:
         return problem.topic
     found = re.match(r"activation '([^']+)'", problem.reason)
-    return f"{problem.kind} ({found.group(1)})" if found else problem.kind
+    if found:
+        return f"{problem.kind} ({found.group(1)})"
+    # a short leading clause names what is refused ("groups 96: ...", "dilation (2, 2): ...")
+    clause = problem.reason.split(":", 1)[0]
+    words = re.sub(r"[\d(),.\s]+", " ", clause).split()
+    if ":" in problem.reason and 0 < len(words) <= 3 and problem.kind not in clause:
+        return f"{problem.kind} ({' '.join(words)})"
+    return problem.kind
 
 
 def summary(problems: list[Problem]) -> str:
