@@ -124,8 +124,9 @@ def demo(out: Path) -> None:
 
     print("\n== 6. ESP-DL v1 export: config.json + npy, C++ coefficients, model class, app_main")
     espdl_dir = out / "espdl"
+    np.save(out / "x_calib.npy", x_train[:512])  # exponents searched on the chip simulator
     args = ["--record", str(record_path), "--model", str(model_path), "--feature-type", "s8"]
-    args += ["--target", "esp32s3"]
+    args += ["--target", "esp32s3", "--data", str(out / "x_calib.npy")]
     cli(["export-espdl", *args, "--out", str(espdl_dir), "--cpp", "digits_coefficient"])
     cli(["export-espdl", *args, "--preview"])
 
@@ -136,7 +137,13 @@ def demo(out: Path) -> None:
     for ftype, gran in (("s8", "per-channel"), ("s16", "per-tensor")):
         other = out / f"espdl_{ftype}_{gran}"
         export_espdl(
-            model, record_path, other, feature_type=ftype, granularity=gran, target="esp32s3"
+            model,
+            record_path,
+            other,
+            feature_type=ftype,
+            granularity=gran,
+            target="esp32s3",
+            calibration_data=x_train[:512],
         )
         ev = evaluate_espdl(
             other, model, x_test, y_test, record=load(record_path), target="esp32s3"

@@ -4,6 +4,8 @@ and within a point of float on a small digits CNN at s8."""
 
 from __future__ import annotations
 
+import json
+
 import keras
 import numpy as np
 import pytest
@@ -20,9 +22,18 @@ from amct_bridge.espdl.exponent_search import (
 )
 from amct_bridge.espdl.source import SourceLayer
 from amct_bridge.espdl.v1.export import export_layers
-from amct_bridge.espdl.v1.search import search_tuning
+from amct_bridge.espdl.v1.network import network_from_result
+from amct_bridge.espdl.v1.search import CachedChip, search_tuning
 from amct_bridge.keras import calibrate, evaluate_espdl, export_espdl
-from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange
+from amct_bridge.keras.espdl_weights import source_layers
+from amct_bridge.records import load
+from amct_bridge.records.calibration import (
+    CalibrationStats,
+    LayerStats,
+    TensorRange,
+    load_stats,
+    sidecar_path,
+)
 
 
 def _range(a: np.ndarray) -> TensorRange:
@@ -226,3 +237,47 @@ def test_s8_chip_within_a_point_of_float_on_digits(digits_cnn, tmp_path):
         assert any("exponents searched" in w for w in res.warnings)
         ev = evaluate_espdl(res, model, x_test, y_test, target="esp32s3")
         assert ev.chip_acc >= ev.float_acc - 0.01, (granularity, ev.float_acc, ev.chip_acc)
+
+
+def test_cli_data_searches_and_search_without_data_is_refused(digits_cnn, tmp_path, capsys):
+    from amct_bridge.cli import main
+
+    model, x_train, _, _ = digits_cnn
+    path, record, xs = tmp_path / "m.keras", tmp_path / "r.txt", tmp_path / "x.npy"
+    model.save(path)
+    calibrate(model, x_train[:128], record, algorithm="ifmr")
+    np.save(xs, x_train[:128])
+    base = ["export-espdl", "--record", str(record), "--model", str(path), "--out"]
+    assert main([*base, str(tmp_path / "a"), "--exponents", "search"]) != 0
+    assert "add --data" in capsys.readouterr().err
+    assert main([*base, str(tmp_path / "b"), "--data", str(xs)]) == 0
+    report = json.loads((tmp_path / "b" / "export.json").read_text())
+    sources = [s for layer in report["layers"] for s in layer["exponent_sources"].values()]
+    assert any("searched on the calibration data" in s for s in sources)
+    assert any("exponents searched on 128 calibration samples" in w for w in report["warnings"])
+
+
+def test_cached_chip_gives_simulate_chips_integers(digits_cnn, tmp_path):
+    model, x_train, _, _ = digits_cnn
+    x = x_train[:64]
+    record = tmp_path / "r.txt"
+    calibrate(model, x, record, algorithm="ifmr")
+    layers = source_layers(model)
+    opts = {"record": load(record), "stats": load_stats(sidecar_path(record))}
+    cached = CachedChip(x, "esp32s3")
+    runs = [("per-tensor", {}), ("per-channel", {}), ("per-tensor", {("lrelu2", "output"): -7})]
+    for granularity, exponents in runs:  # the last one: the layers before pw2 come from cache
+        res = export_layers(
+            layers,
+            None,
+            granularity=granularity,
+            target="esp32s3",
+            tuning=Tuning(exponents),
+            **opts,
+        )
+        net = network_from_result(res)
+        want = simulate_chip(net, x)
+        for name, tensor in cached.run(net).items():
+            np.testing.assert_array_equal(tensor.values, want[name].values, err_msg=name)
+            assert tensor.exponent == want[name].exponent
+    assert len(cached.cache) < 3 * len(net.layers)  # reused, not recomputed

@@ -28,6 +28,8 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -42,7 +44,8 @@ from amct_bridge.espdl.exponent_search import (
     coordinate_search,
     relative_error,
 )
-from amct_bridge.espdl.v1.chip import ChipResult, simulate_chip
+from amct_bridge.espdl.v1 import chip as chip_sim
+from amct_bridge.espdl.v1.chip import ChipTensor
 from amct_bridge.espdl.v1.export import export_layers
 from amct_bridge.espdl.v1.network import INPUT, REQUANTIZING, WEIGHTED, Network
 from amct_bridge.espdl.v1.network import network_from_result as _network
@@ -117,18 +120,86 @@ def adjustable_exponents(net: Network) -> tuple[dict[Key, int], dict[Key, list[K
     return variables, keys
 
 
+def _fingerprint(layer: Any, inputs: list[bytes]) -> bytes:
+    """A digest of everything a chip layer's output depends on: its class, attributes,
+    exponents and integers, and the digests of its inputs."""
+    h = hashlib.blake2b(digest_size=16)
+    fixed = (layer.kind, layer.output_exponent, layer.activation, sorted(layer.attrs.items()))
+    h.update(repr(fixed).encode())
+    for tensor in (layer.filter, layer.bias, layer.alpha):
+        if tensor is not None:
+            h.update(np.asarray(tensor.exponent, np.int64).tobytes())
+            h.update(np.ascontiguousarray(tensor.values, np.int64).tobytes())
+        h.update(b"|")
+    for key in inputs:
+        h.update(key)
+    return h.digest()
+
+
+class CachedChip:
+    """:func:`~amct_bridge.espdl.v1.chip.simulate_chip`'s layer loop on fixed inputs, reusing
+    the outputs of layers whose integers, exponents and inputs did not change since an earlier
+    run (a search changes one exponent at a time: the layers before it are the same). Each
+    layer runs the simulator's own kernel (``chip._run``): the same integers as
+    ``simulate_chip`` (tests/espdl/test_exponent_search.py checks it).
+
+    Example:
+        >>> from amct_bridge.espdl.v1.network import NetLayer
+        >>> net = Network("s8", False, [NetLayer("r", "ReLU", [INPUT])], input_exponent=0)
+        >>> CachedChip(np.array([[-3.0, 4.0]]), "esp32").run(net)["r"].values.tolist()
+        [[0, 4]]
+    """
+
+    def __init__(self, x: np.ndarray, target: str | None, budget: int = 2**28) -> None:
+        self.x, self.target, self.budget = x, target, budget
+        self.cache: OrderedDict[bytes, tuple[np.ndarray, int]] = OrderedDict()
+        self.bytes = 0
+
+    def run(self, net: Network) -> dict[str, ChipTensor]:
+        """Every layer's output (batch axis first) by chip layer name."""
+        target = self.target or net.target or "esp32"
+        q, e_in, _ = chip_sim._input(net, self.x, None)
+        values, exps = {INPUT: q}, {INPUT: e_in}
+        keys = {INPUT: repr(("input", e_in, net.feature_type, target)).encode()}
+        out: dict[str, ChipTensor] = {}
+        dtype = np.int8 if net.bits == 8 else np.int16
+        for layer in net.layers:
+            ins = [exps[s] for s in layer.inputs]
+            key = _fingerprint(layer, [keys[s] for s in layer.inputs])
+            hit = self.cache.get(key)
+            if hit is None:
+                if layer.kind == "Concat" and len(set(ins)) > 1:
+                    raise ExportError(f"chip layer {layer.describe()}: input exponents {ins}")
+                xs = [values[s] for s in layer.inputs]
+                y = chip_sim._run(layer, xs, ins, net.bits, target).astype(np.float32, copy=False)
+                e_out = max(ins) if layer.keeps_exponent else layer.output_exponent
+                hit = (y, int(e_out))
+                self._store(key, hit)
+            else:
+                self.cache.move_to_end(key)
+            values[layer.name], exps[layer.name], keys[layer.name] = hit[0], hit[1], key
+            out[layer.name] = ChipTensor(hit[0], hit[1], False, dtype)
+        return out
+
+    def _store(self, key: bytes, entry: tuple[np.ndarray, int]) -> None:
+        self.cache[key] = entry
+        self.bytes += entry[0].nbytes
+        while self.bytes > self.budget and len(self.cache) > 1:  # least recently used first
+            _, (old, _) = self.cache.popitem(last=False)
+            self.bytes -= old.nbytes
+
+
 class _Judge:
     """Exports a candidate (dry run) and runs it on the calibration data."""
 
     def __init__(self, layers: list, x: np.ndarray, options: dict, output: str | None) -> None:
         self.export = lambda tuning: export_layers(layers, None, tuning=tuning, **options)
-        self.x = x
-        self.target = options.get("target")
+        self.chip = CachedChip(x, options.get("target"))
         self.output = output
 
-    def run(self, tuning: Tuning | None) -> tuple[Network, ChipResult]:
+    def run(self, tuning: Tuning | None) -> tuple[Network, dict[str, ChipTensor]]:
         net = _network(self.export(tuning))
-        return net, simulate_chip(net, self.x, self.target)
+        return net, self.chip.run(net)
 
     def output_layer(self, net: Network) -> Any:
         """The chip layer computing the model's (first) output."""
@@ -202,7 +273,7 @@ def search_tuning(
         return Tuning(notes=[f"exponents not searched: no float output of {_source(out)!r}"])
     ref = np.asarray(refs[_source(out)], np.float64)
 
-    def error(result: ChipResult) -> float:
+    def error(result: dict[str, ChipTensor]) -> float:
         return relative_error(ref, result[out.name].to_float().reshape(ref.shape))
 
     start, keys = adjustable_exponents(net)
@@ -228,7 +299,11 @@ def search_tuning(
 
 
 def _correct_biases(
-    judge: _Judge, tuning: Tuning, refs: dict, error: Callable[[ChipResult], float], err: float
+    judge: _Judge,
+    tuning: Tuning,
+    refs: dict,
+    error: Callable[[dict[str, ChipTensor]], float],
+    err: float,
 ) -> float:
     """Add each conv/dense's per-channel mean chip error to its bias, in execution order,
     where it lowers that channel's error; drop all of it if the output error grows."""
