@@ -1108,6 +1108,9 @@ def export_layers_v3(
         if em.report.get(head) is not None and em.report[head].status == "refused":
             layer = em.by_name[name]
             em.refuse(layer, f"fused into {head!r}, which is refused")
+    missing = [x.name for x in layers if x.name not in em.report]
+    if missing:  # a bug guard: every layer must be exported, fused, passed, hosted or refused
+        raise ExportError(f"layers neither exported, fused, skipped nor refused: {missing}")
     report = [em.report[x.name] for x in layers]
     refused = [x for x in report if x.status == "refused"]
     if refused and not skip_unsupported:
