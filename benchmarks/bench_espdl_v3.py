@@ -12,9 +12,9 @@ Then exports MobileNetV3Small and EfficientNetV2B0 (weights=None, 96x96) and pri
 became of their layers (nothing refused).
 
 ``--accuracy``: instead, trains MobileNetV2 (alpha 0.35, 32x32, weights=None) on scikit-learn's
-digits (upscaled to 32x32x3, 10 epochs, BN momentum 0.9), calibrates it (IFMR) and prints float, fake-quant and
-simulated v3 chip accuracy on the held-out digits per target and feature type, with the three
-layers of lowest SNR (where the power-of-two exponents cost most).
+digits (upscaled to 32x32x3, 10 epochs, BN momentum 0.9), calibrates it (IFMR) and prints
+float, fake-quant and simulated v3 chip accuracy on the held-out digits per target and feature
+type, with the three layers of lowest SNR (where the power-of-two exponents cost most).
 """
 
 from __future__ import annotations

@@ -231,6 +231,38 @@ def test_prelu_exports_for_esp32s3_and_c_and_is_refused_on_esp32p4(tmp_path):
         export_espdl(model, record, tmp_path / "p4.espdl", format="espdl", target="esp32p4")
 
 
+def test_batch_norm_that_folds_into_no_conv(tmp_path):
+    """Pre-activation: BN -> ReLU -> conv (DenseNet, ResNet v2) as Mul + Add per channel."""
+    keras.utils.set_random_seed(4)
+    x = keras.Input((4, 4, 3), name="x")
+    y = L.ReLU(name="r0")(L.Conv2D(3, 1, name="c0")(x))
+    b = L.BatchNormalization(name="pre_bn")(y)  # after a ReLU: folds into no conv
+    c = L.Conv2D(4, 1, name="c")(L.ReLU(name="r")(b))
+    model = keras.Model(x, c)
+    rng = np.random.default_rng(4)
+    model.get_layer("pre_bn").set_weights(
+        [
+            rng.uniform(0.5, 2, 3),
+            rng.normal(0, 0.5, 3),
+            rng.normal(0, 0.5, 3),
+            rng.uniform(0.2, 2, 3),
+        ]
+    )
+    data = rng.uniform(-1, 1, (8, 4, 4, 3)).astype("float32")
+    record = tmp_path / "r.txt"
+    calibrate(model, data, record, algorithm="minmax")
+    out = tmp_path / "m.espdl"
+    res = export_espdl(model, record, out, format="espdl", target="c", feature_type="s16")
+    assert {x.name: x.status for x in res.layers}["pre_bn"] == "exported"
+    back = read_espdl(out)
+    assert [n.op_type for n in back.nodes] == ["Conv", "Mul", "Add", "Relu", "Conv"]
+    step = 2.0 ** back.inputs[0].exponent
+    q = np.round(data / step).astype(np.int16)
+    chip = simulate_espdl(back, q).outputs["c"] * 2.0 ** back.value("c").exponent
+    want = model.predict((q * step).astype("float32"), verbose=0)
+    assert np.abs(chip - want).max() <= 0.01 * np.ptp(want)
+
+
 def test_refused_layers_are_named_unless_skipped(tmp_path):
     x = keras.Input((4, 4, 2), name="x")
     c = L.Conv2D(2, 1, name="c")(x)

@@ -157,7 +157,7 @@ def evaluate_espdl_model(
 
 def _layer(name: str) -> str:
     """The framework layer a tensor is named after ('' for tensors the export made up)."""
-    made_up = ("/linear", "/float", "/pool", "/partial_", "/requantize_")
+    made_up = ("/linear", "/float", "/pool", "/partial_", "/requantize_", "/scaled")
     return "" if any(tag in name for tag in made_up) else name
 
 

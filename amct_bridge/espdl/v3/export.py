@@ -441,11 +441,7 @@ class _Emitter:
         elif layer.op == "relu6":
             self._activation(layer, "relu6", ins[0])
         elif layer.op == "batch_norm":
-            self.refuse(
-                layer,
-                "BatchNormalization that does not directly follow a conv/dense (or whose "
-                "record entry sets skip_fusion): only a folded BN is exported",
-            )
+            self._batch_norm(layer, ins[0])
         elif layer.op == "prelu":
             self._prelu(layer, ins[0])
         elif kind in PASS_THROUGH and layer.op == "runtime":
@@ -714,6 +710,37 @@ class _Emitter:
             self._node(node, op, [x], [name], attrs)
         self.tensor_of[layer.name] = name
         self.done(layer, "exported", [name])
+
+    def _batch_norm(self, layer: SourceLayer, x: str) -> None:
+        """A BatchNormalization that folds into no conv (pre-activation blocks, skip_fusion):
+        ``Mul`` by the per-channel scale, then ``Add`` of the per-channel shift."""
+        w = layer.weights
+        if "mean" not in w or "variance" not in w:
+            raise ExportError(f"layer {layer.describe()}: BatchNormalization without stats")
+        channels = self.shapes[x][-1]
+        mean = channel_vector(w["mean"], channels, layer.name, "BN mean").astype(np.float64)
+        var = channel_vector(w["variance"], channels, layer.name, "BN variance")
+        gamma = channel_vector(w.get("gamma", np.ones(1)), channels, layer.name, "BN gamma")
+        beta = channel_vector(w.get("beta", np.zeros(1)), channels, layer.name, "BN beta")
+        eps = float(layer.attrs.get("epsilon", 1e-3))
+        if np.any(var.astype(np.float64) + eps <= 0):
+            raise ExportError(f"layer {layer.describe()}: variance + epsilon <= 0")
+        scale = gamma / np.sqrt(var.astype(np.float64) + eps)
+        shift = beta - mean * scale
+        x_reach = max(map(abs, self._range_of(x)))
+        reach = float(np.abs(scale).max() * x_reach + np.abs(shift).max())
+        fallback = (self._range_exp(-reach, reach, layer.name), "bound of the folded BN")
+        e_out, src, rng = self._out_exp(layer, fallback)
+        name = layer.name
+        s_exp = auto_exponent(scale, self.bits, name=f"{name} scale")
+        s_t = self._init(f"{name}/scale", self._quantize(scale, s_exp, self.dtype), s_exp)
+        t_t = self._init(f"{name}/shift", self._quantize(shift, e_out, self.dtype), e_out)
+        self._node(f"{name}/mul", "Mul", [x, s_t], [f"{name}/scaled"])
+        self._tensor(f"{name}/scaled", e_out, src, self.shapes[x], rng)
+        self._node(name, "Add", [f"{name}/scaled", t_t], [name])
+        self._tensor(name, e_out, src, self.shapes[x], rng)
+        self.tensor_of[name] = name
+        self.done(layer, "exported")
 
     def _prelu(self, layer: SourceLayer, x: str) -> None:
         """``PRelu`` at the input's exponent: the c kernel copies x >= 0 as it is."""
@@ -1108,6 +1135,9 @@ def export_layers_v3(
         if em.report.get(head) is not None and em.report[head].status == "refused":
             layer = em.by_name[name]
             em.refuse(layer, f"fused into {head!r}, which is refused")
+    missing = [x.name for x in layers if x.name not in em.report]
+    if missing:  # a bug guard: every layer must be exported, fused, passed, hosted or refused
+        raise ExportError(f"layers neither exported, fused, skipped nor refused: {missing}")
     report = [em.report[x.name] for x in layers]
     refused = [x for x in report if x.status == "refused"]
     if refused and not skip_unsupported:
