@@ -111,10 +111,11 @@ def host_rest(model: keras.Model, name: str, values: np.ndarray, batch: int = 64
 
 
 def _float_outputs(
-    model, x: np.ndarray, names: list[str], batch: int, reasons: dict[str, str]
+    model, x: np.ndarray, names: list[str], batch: int, reasons: dict[str, str] | None = None
 ) -> dict[str, np.ndarray]:
     """Float outputs of the record keys ``names`` (nested ``outer/inner``, ``sep/...`` parts);
-    why a name has none goes to ``reasons``."""
+    why a name has none goes to ``reasons`` (if given)."""
+    reasons = {} if reasons is None else reasons
     top: dict[str, list[str]] = {}  # outermost layer -> the names inside it
     for name in names:
         top.setdefault(name.split("/")[0], []).append(name)
