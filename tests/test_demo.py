@@ -45,7 +45,12 @@ def test_demo_runs_end_to_end(tmp_path):
     assert set(others) == {"per-channel", "per-tensor"}
     assert abs(others["per-tensor"] - float_acc) < 0.02  # s16: the chip is nearly float
     page = (out / "report.html").read_text()  # the per-layer report, with its plots
-    assert page.count("data:image/png;base64,") == 3 and "skip_layers: &quot;" in page
+    assert page.count("data:image/png;base64,") == 3
+    # a skip_layers suggestion only when quantizing costs accuracy (issue 23 §6)
+    if "no accuracy drop" in page:
+        assert "skip_layers: &quot;" not in page
+    else:
+        assert "skip_layers: &quot;" in page
     # 8: the MindSpore chain (its example's own checks are in tests/mindspore/test_example.py)
     ms_record = load(out / "mindspore" / "record.txt", "inner")
     assert list(ms_record.layers) == ["stem", "block.conv1", "block.conv2", "fc"]

@@ -288,9 +288,10 @@ def _chip_scores(
             f"{', '.join(map(repr, net.outputs))}"
             + (f" and skipped model outputs {', '.join(map(repr, skipped))}" if skipped else "")
         )
+    computed = {m.get("layer"): m.get("chip") for m in getattr(net, "model_outputs", [])}
     for name in net.outputs:
         layer = layers[name]
-        if output in (layer.source, *layer.fused):
+        if output in (layer.source, *layer.fused) or computed.get(output) == name:
             head = heads.get(output)
             if head is None:
                 return values(name), ""
@@ -298,6 +299,9 @@ def _chip_scores(
                 f"the chip computes the logits of {output!r}, its {head['function']} is "
                 f"applied on the host ({head['why']})"
             )
+    chip_name = computed.get(output)  # e.g. a final Dropout: its input's chip layer
+    if chip_name in layers and output not in heads:
+        return values(chip_name), ""
     head = heads.get(output)  # a final Softmax layer left to the host: the chip computes its input
     if head is not None and head.get("chip") in layers:
         return _on_host(head, values(head["chip"])), (

@@ -199,3 +199,23 @@ def test_every_chip_layer_gets_a_row_separable_and_nested(tmp_path):
         got = chip[name].to_float().reshape(value.shape)
         assert rows[name].snr_db == pytest.approx(snr_db(value, got), abs=0.05), name
         assert rows[name].snr_db > 15
+
+
+def test_a_final_layer_computing_nothing_is_scored_through_its_input(tmp_path):
+    """A Dropout at the end computes nothing: the chip layer before it is the model output,
+    scored as it is (no host run needed, nothing "n/a")."""
+    keras.utils.set_random_seed(6)
+    x = keras.Input((8, 8, 1), name="img")
+    a = L.GlobalAveragePooling2D(name="gap")(L.Conv2D(4, 3, activation="relu", name="c1")(x))
+    model = keras.Model(x, L.Dropout(0.3, name="drop")(L.Dense(3, name="fc")(a)))
+    data, _ = _blobs(32, 7)
+    y = model.predict(data, verbose=0).argmax(axis=1)
+    record = tmp_path / "r.txt"
+    calibrate(model, data, record, algorithm="minmax")
+    out = tmp_path / "espdl"
+    res = export_espdl(model, record, out)
+    assert {"layer": "drop", "chip": "fc"} in res.graph["model_outputs"]
+    flt = model.predict(data, verbose=0)
+    ev = evaluate_export(out, data, y, float_scores=flt, output="drop")  # no host runner
+    chip = simulate_chip(out, data)["fc"].to_float().reshape(len(data), -1)
+    assert ev.chip_acc == float(np.mean(chip.argmax(axis=1) == y)) and ev.chip_note == ""

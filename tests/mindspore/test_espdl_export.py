@@ -315,7 +315,8 @@ def test_source_layers_layouts():
 
 def test_pools_and_skipped_softmax():
     """Pool attrs come from the cell (MindSpore's AvgPool2d stride defaults to 1); a Softmax at
-    the end is refused, or skipped with skip_unsupported (the chip's output is its input)."""
+    the end is left to the host (issue 23 §2: no longer refused): the chip's output is its
+    input."""
     net = nn.SequentialCell(
         [
             nn.Conv2d(3, 4, 3),
@@ -335,13 +336,12 @@ def test_pools_and_skipped_softmax():
     assert (layers["2"].attrs["strides"], layers["2"].attrs["padding"]) == ((2, 2), "same")
     r = TensorRange(-1.0, 1.0)
     stats = CalibrationStats(layers={k: LayerStats("Cell", r, r) for k in layers})
-    with pytest.raises(ExportError, match=r"layer '5' \(Softmax\): MindSpore nn.Softmax has no"):
-        ams.export_espdl(net, None, None, sample_input=(1, 3, 8, 8), stats=stats)
-    res = ams.export_espdl(
-        net, None, None, sample_input=(1, 3, 8, 8), stats=stats, skip_unsupported=True
-    )
-    assert [p.layer for p in res.skipped] == ["5"] and "host" in res.skipped[0].reason
+    res = ams.export_espdl(net, None, None, sample_input=(1, 3, 8, 8), stats=stats)
+    assert res.skipped == [] and [(h.layer, h.function, h.reads) for h in res.host] == [
+        ("5", "softmax", "4")
+    ]
     assert res.graph["outputs"] == ["l_4"]  # the Dense (C identifier of "4")
+    assert res.graph["host"][0]["chip"] == "l_4"
 
 
 # ---- (2) the chip runs the MindSpore export close to the MindSpore net ----------------------

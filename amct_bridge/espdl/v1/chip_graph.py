@@ -97,6 +97,7 @@ class _Walk:
         self.outputs: list[str] = []
         self.notes: list[str] = []
         self.skipped_outputs: list[dict] = []  # model outputs the chip does not compute
+        self.model_outputs: list[dict] = []  # model output layer -> the chip layer computing it
         self.input: dict = {}
         self.from_input = {INPUT}  # chip tensors carrying the input's exponent (ReLU, Pad...)
 
@@ -130,6 +131,8 @@ class _Walk:
 
     def visit(self, layer: SourceLayer) -> None:
         if layer.name in self.producer:  # fused into a chain already emitted
+            if layer.attrs.get("model_output"):
+                self.model_outputs.append({"layer": layer.name, "chip": self.producer[layer.name]})
             return
         if layer.name in self.folded:
             self.producer[layer.name] = self.inputs_of(layer)[0]
@@ -159,6 +162,7 @@ class _Walk:
                 raise ExportError(f"layer {layer.describe()}: the model output is its input")
             if out not in self.outputs:
                 self.outputs.append(out)
+            self.model_outputs.append({"layer": layer.name, "chip": out})
 
     def skipped_input(self, layer: SourceLayer) -> None:
         """Skipped input preprocessing (Rescaling...) reading the model input: the host applies
@@ -268,4 +272,5 @@ def chip_graph(layers: list[SourceLayer], result: ExportResult) -> dict:
         # max), a skipped model output (the chip's output is its input); espdl-eval reads them
         "host": [h.to_json(walk.producer.get(h.reads)) for h in getattr(result, "host", [])],
         "skipped_outputs": walk.skipped_outputs,
+        "model_outputs": walk.model_outputs,
     }

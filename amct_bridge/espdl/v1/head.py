@@ -53,9 +53,10 @@ class HostOp:
     applied to the output of model layer ``reads`` (the chip computes that).
 
     Example:
-        >>> str(HostOp("sm", "Softmax", "softmax", "fc"))
-        "softmax of layer 'sm' (Softmax), applied to the output of 'fc' (softmax keeps the order of the logits, so the arg max is the same)"
-    """  # noqa: E501
+        >>> str(HostOp("sm", "Softmax", "softmax", "fc"))  # doctest: +NORMALIZE_WHITESPACE
+        "softmax of layer 'sm' (Softmax), applied to the output of 'fc' (softmax keeps the
+        order of the logits, so the arg max is the same)"
+    """
 
     layer: str
     kind: str

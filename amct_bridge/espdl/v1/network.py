@@ -161,6 +161,9 @@ class Network:
     host: list[dict] = field(default_factory=list)
     #: graph["skipped_outputs"]: model outputs skipped at export, with the chip layer they read
     skipped_outputs: list[dict] = field(default_factory=list)
+    #: graph["model_outputs"]: each model output layer and the chip layer computing it (a
+    #: Dropout or linear Activation at the end computes nothing: its input's chip layer)
+    model_outputs: list[dict] = field(default_factory=list)
 
     @property
     def bits(self) -> int:
@@ -324,6 +327,7 @@ def network_from_parts(
         str(inp.get("source", INPUT)),
     )
     net.host = [dict(h) for h in graph.get("host") or [] if isinstance(h, dict)]
+    net.model_outputs = [dict(h) for h in graph.get("model_outputs") or [] if isinstance(h, dict)]
     net.skipped_outputs = [
         dict(h) for h in graph.get("skipped_outputs") or [] if isinstance(h, dict)
     ]
