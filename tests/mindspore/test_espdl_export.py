@@ -495,7 +495,8 @@ class _Unsupported(nn.Cell):
 def test_unsupported_cells_are_named_with_reasons():
     with pytest.raises(ExportError) as err:
         ams.export_espdl(_Unsupported(), None, None, sample_input=(1, 3, 8, 8))
-    lines = str(err.value).splitlines()[1:]
+    *lines, hint = str(err.value).splitlines()[1:]
+    assert hint.startswith("to export the rest, pass --skip-unsupported (Python: skip_unsupported")
     # the conv's explicit padding (0, 1, 0, 1) exports now (PADDING_NOT_SET): not listed
     assert lines[0] == "  layer 'sig' (Sigmoid): MindSpore nn.Sigmoid has no ESP-DL v1 equivalent"
     assert (
