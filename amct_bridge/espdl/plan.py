@@ -256,6 +256,27 @@ def _in_hard_sigmoid(
     return shifted or scaled
 
 
+def hard_sigmoid_relu6(layers: list[SourceLayer]) -> list[str]:
+    """Names of the ReLU6 layers whose clip is part of a hard sigmoid (``relu6(x + 3) / 6``,
+    MobileNetV3): replacing them with ReLU would change the function, so ``replace_relu6``
+    keeps them.
+
+    Example:
+        >>> add = SourceLayer("add", "runtime", ["x"], "Add")
+        >>> r6 = SourceLayer("r6", "relu6", ["add"], "ReLU")
+        >>> plain = SourceLayer("p6", "relu6", ["x"], "ReLU")
+        >>> hard_sigmoid_relu6([SourceLayer("x", "input", [], "InputLayer"), add, r6, plain])
+        ['r6']
+    """
+    by_name = {layer.name: layer for layer in layers}
+    consumers = consumers_map(layers)
+    return [
+        layer.name
+        for layer in layers
+        if layer.op == "relu6" and _in_hard_sigmoid(layer, by_name, consumers)
+    ]
+
+
 def _standalone_problem(
     layer: SourceLayer, skip_fusion: Callable[[str], bool], refused: set[str] = frozenset()
 ) -> str | None:

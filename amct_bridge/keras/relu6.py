@@ -19,11 +19,15 @@ Example:
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import keras
 
 from amct_bridge.errors import AmctBridgeError
+from amct_bridge.espdl.plan import hard_sigmoid_relu6
+
+log = logging.getLogger(__name__)
 
 __all__ = ["relu6_layers", "replace_relu6"]
 
@@ -83,6 +87,9 @@ def replace_relu6(model: keras.Model) -> keras.Model:
 
     Handles ``ReLU(max_value=6)`` (e.g. every ReLU6 of ``keras.applications.MobileNetV2``),
     ``Activation("relu6")`` and a layer's own ``activation="relu6"``, in nested models too.
+    A ReLU6 inside a hard sigmoid (``relu6(x + 3) / 6``, MobileNetV3) is kept, with a warning:
+    there the clip is the function, and ReLU would change it (export it with ESP-DL v3,
+    ``format="espdl"``).
     The copy is not compiled: compile it, fine-tune it briefly with
     :class:`~amct_bridge.keras.QuantCalibration` in that ``fit`` (``on="validation"`` with
     ``validation_data`` calibrates the final weights in inference mode), then export it with
@@ -103,8 +110,23 @@ def replace_relu6(model: keras.Model) -> keras.Model:
     if not isinstance(model, keras.Model):
         raise AmctBridgeError(f"replace_relu6: expected a keras.Model, got {type(model).__name__}")
 
+    from amct_bridge.keras.espdl_weights import source_layers  # the exporter's view of the model
+
+    try:
+        kept = {name.split("/")[-1] for name in hard_sigmoid_relu6(source_layers(model))}
+    except Exception as err:  # noqa: BLE001 - a model the exporter cannot read: clone says why
+        log.debug("replace_relu6: no hard sigmoid search (%s)", err)
+        kept = set()
+    if kept:
+        log.warning(
+            "replace_relu6: %d ReLU6 layers inside a hard sigmoid keep their clip (ReLU would "
+            "change the function): %s",
+            len(kept),
+            ", ".join(sorted(kept)),
+        )
+
     def clone(layer: Any) -> Any:
-        fixed = _relu6_fix(layer)
+        fixed = None if layer.name in kept else _relu6_fix(layer)
         return layer.__class__.from_config(fixed if fixed is not None else layer.get_config())
 
     try:
