@@ -1,6 +1,11 @@
 """Cost of a MindSpore QAT training step against a plain training step (GRAPH_MODE).
 
-Run: ``.venv/bin/python benchmarks/bench_mindspore_qat.py [--steps N] [--repeat R] [--size S]``.
+Run: ``.venv/bin/python benchmarks/bench_mindspore_qat.py [--steps N] [--repeat R] [--size S]
+[--tiny]``.
+
+``--tiny``: the digits CNN of ``examples/mindspore_qat.py`` instead (Conv(4)+BN+ReLU,
+Conv(8, stride 2)+BN+ReLU, Dense; 8x8 inputs, batch 32), where the per-op host cost of the QAT
+cells weighs most against the tiny convolutions.
 
 The small ResNet of ``bench_mindspore_instrument.py`` (15 convs with BN, ReLUs, Dense) on
 ``S x S`` images, batch 8: one plain copy and one ``quantize_aware`` copy (INT8, BN folded, EMA
@@ -24,6 +29,7 @@ import sys
 import time
 
 import mindspore as ms
+import mindspore.dataset as ds
 import numpy as np
 from mindspore import nn
 from mindspore.train import Callback, Model
@@ -44,6 +50,32 @@ class StepClock(Callback):
         self.ends.append(time.perf_counter())
 
 
+class TinyCNN(nn.Cell):
+    """The digits CNN of examples/mindspore_qat.py (1 x 8 x 8 inputs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 4, 3, pad_mode="valid", has_bias=False)
+        self.bn1 = nn.BatchNorm2d(4)
+        self.relu1 = nn.ReLU()
+        self.conv2 = nn.Conv2d(4, 8, 3, stride=2, pad_mode="valid", has_bias=False)
+        self.bn2 = nn.BatchNorm2d(8)
+        self.relu2 = nn.ReLU()
+        self.flatten = nn.Flatten()
+        self.logits = nn.Dense(32, 10)
+
+    def construct(self, x):
+        x = self.relu1(self.bn1(self.conv1(x)))
+        return self.logits(self.flatten(self.relu2(self.bn2(self.conv2(x)))))
+
+
+def tiny_data(steps: int):
+    rng = np.random.default_rng(0)
+    x = rng.normal(0, 1, (32 * steps, 1, 8, 8)).astype(np.float32)
+    y = rng.integers(0, 10, 32 * steps).astype(np.int32)
+    return ds.NumpySlicesDataset((x, y), ["x", "y"], shuffle=False).batch(32)
+
+
 def model_of(net: nn.Cell) -> Model:
     loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     return Model(net, loss, nn.Momentum(net.trainable_params(), 0.01, 0.9))
@@ -60,17 +92,23 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--size", type=int, default=16)
+    parser.add_argument("--tiny", action="store_true", help="the digits CNN (8x8, batch 32)")
     args = parser.parse_args()
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_seed(0)
-    datasets = {"plain": data(args.steps, args.size), "qat": data(args.steps, args.size)}
-    plain = SmallResNet()
-    qat = quantize_aware(SmallResNet(), "INT8", sample_input=(1, 3, args.size, args.size))
+    if args.tiny:
+        datasets = {"plain": tiny_data(args.steps), "qat": tiny_data(args.steps)}
+        plain, sample, make = TinyCNN(), (1, 1, 8, 8), TinyCNN
+        args.size = 8
+    else:
+        datasets = {"plain": data(args.steps, args.size), "qat": data(args.steps, args.size)}
+        plain, sample, make = SmallResNet(), (1, 3, args.size, args.size), SmallResNet
+    qat = quantize_aware(make(), "INT8", sample_input=sample)
     models = {"plain": model_of(plain), "qat": model_of(qat)}
-    start = time.perf_counter()
     for name, model in models.items():  # compile (a Model keeps its own dataset)
+        start = time.perf_counter()
         intervals(model, datasets[name])
-    print(f"warm-up (compile both) {time.perf_counter() - start:.1f} s")
+        print(f"warm-up epoch {name:5} {time.perf_counter() - start:6.1f} s (compile included)")
     pooled: dict[str, list[float]] = {name: [] for name in models}
     for r in range(args.repeat):
         order = list(models) if r % 2 == 0 else list(models)[::-1]

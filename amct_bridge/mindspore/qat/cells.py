@@ -178,6 +178,8 @@ class QATQuant(nn.Cell):
         self.out_axis = OUT_AXIS[kind] if channel_wise else None
         self.in_min, self.in_max, self.in_seen = range_params(key, "input", trainable=self.learned)
         self.out_min, self.out_max, self.out_seen = range_params(key, "output", trainable=False)
+        # off where a folded BN follows: its observer sees the same tensor plus the bias
+        self.track_output = True
         self.is_transpose = kind == "Conv2DTranspose"
         self.is_dense = kind == "Dense"
 
@@ -202,7 +204,7 @@ class QATQuant(nn.Cell):
                     y = self.cell.bias_add(y, self.cell.bias)
         else:
             y = self.cell(xq)
-        if self.training:
+        if self.training and self.track_output:
             track_ema(y, self.out_min, self.out_max, self.out_seen, self.decay, self.rest)
         return y
 

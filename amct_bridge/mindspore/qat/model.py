@@ -211,6 +211,7 @@ def quantize_aware(
             symmetric=not activation_offset,
             channel_wise=channel_wise and d.parts[0].channel_wise,
         )
+        wrapper.track_output = key not in info.folded  # the folded BN's observer has it
         _swap(holders, d.handle, wrapper, key)
         info.quantized[key] = d.parts[0].layout
     info.functional = _functional_homes(graph, leaves, chosen)
