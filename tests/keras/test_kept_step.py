@@ -195,3 +195,19 @@ def test_the_kept_steps_do_not_keep_the_model_alive(tmp_path):
     del model, cb
     gc.collect()
     assert ref() is None
+
+
+def test_a_model_with_kept_steps_saves_copies_and_exports_without_them(tmp_path):
+    import copy
+
+    model = _model()
+    _run(model, tmp_path / "a.txt")
+    assert _KEPT_ATTR in vars(model)
+    model.save(tmp_path / "m.keras")
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    assert _KEPT_ATTR not in vars(loaded)
+    assert not vars(copy.deepcopy(model)).get(_KEPT_ATTR)  # a copy starts with none
+    tf.saved_model.save(model, str(tmp_path / "saved"))  # nothing of ours is tracked
+    restored = tf.saved_model.load(str(tmp_path / "saved"))
+    names = {v.name for v in restored.variables} if hasattr(restored, "variables") else set()
+    assert not any("amct_bridge" in name for name in names)
