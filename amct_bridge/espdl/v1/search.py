@@ -278,16 +278,23 @@ def search_tuning(
 
     start, keys = adjustable_exponents(net)
     base_error = error(chip)
+    # the floors' bias first (it is most of the s8 error), so that the exponents are chosen
+    # for corrected biases; the offsets are real values, they hold at any exponent
+    tuning = Tuning(_expand(start, keys))
+    best_error = base_error
+    if bias_correction:
+        best_error = _correct_biases(judge, tuning, refs, error, best_error)
+    offsets = dict(tuning.bias_offsets)
 
     def score(values: dict[Key, int]) -> float:
         try:
-            return error(judge.run(Tuning(_expand(values, keys)))[1])
+            return error(judge.run(Tuning(_expand(values, keys), offsets))[1])
         except ExportError:  # e.g. an exponent convert.py or the runtime would refuse
             return float("inf")
 
     best, best_error, tried = coordinate_search(start, score, span=span, passes=passes)
-    tuning = Tuning(_expand(best, keys))
-    if bias_correction:
+    tuning = Tuning(_expand(best, keys), offsets)
+    if bias_correction:  # what the new exponents' floors and steps leave
         best_error = _correct_biases(judge, tuning, refs, error, best_error)
     tuning.notes.append(
         f"exponents searched on {len(x)} calibration samples ({tried} candidates, the chip "
@@ -306,7 +313,8 @@ def _correct_biases(
     err: float,
 ) -> float:
     """Add each conv/dense's per-channel mean chip error to its bias, in execution order,
-    where it lowers that channel's error; drop all of it if the output error grows."""
+    where it lowers that channel's error; undo it all if the output error grows."""
+    kept = dict(tuning.bias_offsets)
     net, chip = judge.run(tuning)
     for layer in [x for x in net.layers if x.kind in WEIGHTED]:
         source = _source(layer)
@@ -329,5 +337,6 @@ def _correct_biases(
     new_err = error(chip)
     if new_err > err:
         tuning.bias_offsets.clear()
+        tuning.bias_offsets.update(kept)
         return err
     return new_err
