@@ -1,15 +1,17 @@
 """ESP-DL v1: exponents and bias corrections searched on calibration data, the chip as the judge.
 
-:func:`search_tuning` exports the model with the range rule (a dry run), then moves each
-exponent the runtime lets us choose (:func:`adjustable_exponents`) while the bit-exact chip
-simulator's output error on the calibration data drops
-(:func:`amct_bridge.espdl.exponent_search.coordinate_search`). Every candidate is a full
-export (convert.py's quantization of the coefficients, the Add2D / Concat rules, the bias at
-the chosen output exponent) run by :func:`amct_bridge.espdl.v1.chip.simulate_chip`: nothing is
-estimated. Then, layer by layer in execution order, the per-channel mean error of the chip's
-output is added to the bias (:func:`~amct_bridge.espdl.exponent_search.bias_offsets`) where
-that lowers the channel's error. The result never has a larger output error on the
-calibration data than the range rule (docs/espdl-export.md, "How exponents are chosen").
+:func:`search_tuning` exports the model with the range rule (a dry run) and runs it on the
+calibration data with the bit-exact chip simulator's kernels (:class:`CachedChip`: the same
+integers as :func:`amct_bridge.espdl.v1.chip.simulate_chip`). First, layer by layer in execution
+order, the per-channel mean error of each conv/dense's chip output is added to its bias
+(:func:`~amct_bridge.espdl.exponent_search.bias_offsets`) where that lowers the channel's
+error: the runtime's floors bias every layer by −½ step. Then each exponent the runtime lets us
+choose (:func:`adjustable_exponents`) moves while the chip's output error drops
+(:func:`amct_bridge.espdl.exponent_search.coordinate_search`), and the biases are corrected
+again for what the new exponents leave. Every candidate is a full export (convert.py's
+quantization of the coefficients, the Add2D / Concat rules, the bias at the chosen output
+exponent) run on the chip: nothing is estimated. The result never has a larger output error on
+the calibration data than the range rule (docs/espdl-export.md, "How exponents are chosen").
 
 Example:
     >>> import numpy as np
