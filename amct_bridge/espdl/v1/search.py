@@ -111,15 +111,58 @@ def adjustable_exponents(net: Network) -> tuple[dict[Key, int], dict[Key, list[K
     if readers and net.input_exponent is not None:
         variables[("", "input")] = int(net.input_exponent)
         keys[("", "input")] = [(name, "input") for name in readers]
+    shared = _shared_outputs(net)
     for layer in net.layers:
         if layer.kind not in REQUANTIZING or layer.output_exponent is None:
             continue
         key = (_source(layer), "output")
-        variables[key], keys[key] = int(layer.output_exponent), [key]
+        group = shared.get(layer.name)
+        if group is None:
+            variables[key], keys[key] = int(layer.output_exponent), [key]
+        elif group[0] == layer.name:  # one variable for the group, at its first member
+            members = [net.layer(name) for name in group]
+            variables[key] = max(int(x.output_exponent) for x in members)
+            keys[key] = [(_source(x), "output") for x in members]
         if layer.kind in WEIGHTED and not net.per_channel and layer.filter is not None:
             fkey = (layer.source, "filter")
             variables[fkey], keys[fkey] = int(layer.filter.exponent), [fkey]
     return variables, keys
+
+
+def _shared_outputs(net: Network) -> dict[str, list[str]]:
+    """Requantizing layers whose outputs meet at a Concat / Max2D / Min2D (through
+    exponent-keeping layers) -> their group in execution order: the runtime wants one exponent
+    there, so the export raises them all to the largest and they move together."""
+    by_name = {x.name: x for x in net.layers}
+    order = {x.name: i for i, x in enumerate(net.layers)}
+    parent: dict[str, str] = {}
+
+    def find(a: str) -> str:
+        while parent.setdefault(a, a) != a:
+            a = parent[a]
+        return a
+
+    def producer(name: str) -> str | None:
+        while name in by_name and by_name[name].keeps_exponent:
+            if len(by_name[name].inputs) != 1:
+                return None
+            name = by_name[name].inputs[0]
+        return name if name in by_name and by_name[name].kind in REQUANTIZING else None
+
+    for layer in net.layers:
+        if layer.kind in ("Concat", "Max2D", "Min2D"):
+            ends = [p for p in (producer(s) for s in layer.inputs) if p is not None]
+            for other in ends[1:]:
+                parent[find(other)] = find(ends[0])
+    groups: dict[str, list[str]] = {}
+    for name in parent:
+        groups.setdefault(find(name), []).append(name)
+    return {
+        name: sorted(group, key=order.__getitem__)
+        for group in groups.values()
+        if len(group) > 1
+        for name in group
+    }
 
 
 def _fingerprint(layer: Any, inputs: list[bytes]) -> bytes:
