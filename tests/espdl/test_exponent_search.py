@@ -132,9 +132,9 @@ def test_bias_correction_cancels_the_floor_bias():
     layers, stats, x, floats = _mlp(1)
     opts = {"stats": stats, "target": "esp32s3"}
     ref = floats["fc2"]
-    plain = search_tuning(layers, x, floats, output="fc2", bias_correction=False, **opts)
     fixed = search_tuning(layers, x, floats, output="fc2", **opts)
-    assert fixed.exponents == plain.exponents and "fc2" in fixed.bias_offsets
+    plain = Tuning(fixed.exponents)  # the same exponents, the model's own biases
+    assert "fc2" in fixed.bias_offsets
     means = []
     for tuning in (plain, fixed):
         res = export_layers(layers, None, tuning=tuning, **opts)
@@ -281,3 +281,18 @@ def test_cached_chip_gives_simulate_chips_integers(digits_cnn, tmp_path):
             np.testing.assert_array_equal(tensor.values, want[name].values, err_msg=name)
             assert tensor.exponent == want[name].exponent
     assert len(cached.cache) < 3 * len(net.layers)  # reused, not recomputed
+
+
+def test_outputs_meeting_at_a_concat_move_together():
+    from amct_bridge.espdl.v1.network import INPUT, NetLayer, Network
+    from amct_bridge.espdl.v1.search import adjustable_exponents
+
+    layers = [
+        NetLayer("a", "AvgPool2D", [INPUT], -5, "a"),
+        NetLayer("b", "AvgPool2D", [INPUT], -6, "b"),
+        NetLayer("r", "ReLU", ["b"], None, "r"),
+        NetLayer("cat", "Concat", ["a", "r"], None, "cat"),
+    ]
+    variables, keys = adjustable_exponents(Network("s8", False, layers, input_exponent=-7))
+    assert variables == {("a", "output"): -5}  # the export raises both to the larger one
+    assert keys == {("a", "output"): [("a", "output"), ("b", "output")]}

@@ -1,15 +1,17 @@
 """ESP-DL v1: exponents and bias corrections searched on calibration data, the chip as the judge.
 
-:func:`search_tuning` exports the model with the range rule (a dry run), then moves each
-exponent the runtime lets us choose (:func:`adjustable_exponents`) while the bit-exact chip
-simulator's output error on the calibration data drops
-(:func:`amct_bridge.espdl.exponent_search.coordinate_search`). Every candidate is a full
-export (convert.py's quantization of the coefficients, the Add2D / Concat rules, the bias at
-the chosen output exponent) run by :func:`amct_bridge.espdl.v1.chip.simulate_chip`: nothing is
-estimated. Then, layer by layer in execution order, the per-channel mean error of the chip's
-output is added to the bias (:func:`~amct_bridge.espdl.exponent_search.bias_offsets`) where
-that lowers the channel's error. The result never has a larger output error on the
-calibration data than the range rule (docs/espdl-export.md, "How exponents are chosen").
+:func:`search_tuning` exports the model with the range rule (a dry run) and runs it on the
+calibration data with the bit-exact chip simulator's kernels (:class:`CachedChip`: the same
+integers as :func:`amct_bridge.espdl.v1.chip.simulate_chip`). First, layer by layer in execution
+order, the per-channel mean error of each conv/dense's chip output is added to its bias
+(:func:`~amct_bridge.espdl.exponent_search.bias_offsets`) where that lowers the channel's
+error: the runtime's floors bias every layer by −½ step. Then each exponent the runtime lets us
+choose (:func:`adjustable_exponents`) moves while the chip's output error drops
+(:func:`amct_bridge.espdl.exponent_search.coordinate_search`), and the biases are corrected
+again for what the new exponents leave. Every candidate is a full export (convert.py's
+quantization of the coefficients, the Add2D / Concat rules, the bias at the chosen output
+exponent) run on the chip: nothing is estimated. The result never has a larger output error on
+the calibration data than the range rule (docs/espdl-export.md, "How exponents are chosen").
 
 Example:
     >>> import numpy as np
@@ -109,15 +111,58 @@ def adjustable_exponents(net: Network) -> tuple[dict[Key, int], dict[Key, list[K
     if readers and net.input_exponent is not None:
         variables[("", "input")] = int(net.input_exponent)
         keys[("", "input")] = [(name, "input") for name in readers]
+    shared = _shared_outputs(net)
     for layer in net.layers:
         if layer.kind not in REQUANTIZING or layer.output_exponent is None:
             continue
         key = (_source(layer), "output")
-        variables[key], keys[key] = int(layer.output_exponent), [key]
+        group = shared.get(layer.name)
+        if group is None:
+            variables[key], keys[key] = int(layer.output_exponent), [key]
+        elif group[0] == layer.name:  # one variable for the group, at its first member
+            members = [net.layer(name) for name in group]
+            variables[key] = max(int(x.output_exponent) for x in members)
+            keys[key] = [(_source(x), "output") for x in members]
         if layer.kind in WEIGHTED and not net.per_channel and layer.filter is not None:
             fkey = (layer.source, "filter")
             variables[fkey], keys[fkey] = int(layer.filter.exponent), [fkey]
     return variables, keys
+
+
+def _shared_outputs(net: Network) -> dict[str, list[str]]:
+    """Requantizing layers whose outputs meet at a Concat / Max2D / Min2D (through
+    exponent-keeping layers) -> their group in execution order: the runtime wants one exponent
+    there, so the export raises them all to the largest and they move together."""
+    by_name = {x.name: x for x in net.layers}
+    order = {x.name: i for i, x in enumerate(net.layers)}
+    parent: dict[str, str] = {}
+
+    def find(a: str) -> str:
+        while parent.setdefault(a, a) != a:
+            a = parent[a]
+        return a
+
+    def producer(name: str) -> str | None:
+        while name in by_name and by_name[name].keeps_exponent:
+            if len(by_name[name].inputs) != 1:
+                return None
+            name = by_name[name].inputs[0]
+        return name if name in by_name and by_name[name].kind in REQUANTIZING else None
+
+    for layer in net.layers:
+        if layer.kind in ("Concat", "Max2D", "Min2D"):
+            ends = [p for p in (producer(s) for s in layer.inputs) if p is not None]
+            for other in ends[1:]:
+                parent[find(other)] = find(ends[0])
+    groups: dict[str, list[str]] = {}
+    for name in parent:
+        groups.setdefault(find(name), []).append(name)
+    return {
+        name: sorted(group, key=order.__getitem__)
+        for group in groups.values()
+        if len(group) > 1
+        for name in group
+    }
 
 
 def _fingerprint(layer: Any, inputs: list[bytes]) -> bytes:
@@ -278,16 +323,23 @@ def search_tuning(
 
     start, keys = adjustable_exponents(net)
     base_error = error(chip)
+    # the floors' bias first (it is most of the s8 error), so that the exponents are chosen
+    # for corrected biases; the offsets are real values, they hold at any exponent
+    tuning = Tuning(_expand(start, keys))
+    best_error = base_error
+    if bias_correction:
+        best_error = _correct_biases(judge, tuning, refs, error, best_error)
+    offsets = dict(tuning.bias_offsets)
 
     def score(values: dict[Key, int]) -> float:
         try:
-            return error(judge.run(Tuning(_expand(values, keys)))[1])
+            return error(judge.run(Tuning(_expand(values, keys), offsets))[1])
         except ExportError:  # e.g. an exponent convert.py or the runtime would refuse
             return float("inf")
 
     best, best_error, tried = coordinate_search(start, score, span=span, passes=passes)
-    tuning = Tuning(_expand(best, keys))
-    if bias_correction:
+    tuning = Tuning(_expand(best, keys), offsets)
+    if bias_correction:  # what the new exponents' floors and steps leave
         best_error = _correct_biases(judge, tuning, refs, error, best_error)
     tuning.notes.append(
         f"exponents searched on {len(x)} calibration samples ({tried} candidates, the chip "
@@ -306,7 +358,8 @@ def _correct_biases(
     err: float,
 ) -> float:
     """Add each conv/dense's per-channel mean chip error to its bias, in execution order,
-    where it lowers that channel's error; drop all of it if the output error grows."""
+    where it lowers that channel's error; undo it all if the output error grows."""
+    kept = dict(tuning.bias_offsets)
     net, chip = judge.run(tuning)
     for layer in [x for x in net.layers if x.kind in WEIGHTED]:
         source = _source(layer)
@@ -329,5 +382,6 @@ def _correct_biases(
     new_err = error(chip)
     if new_err > err:
         tuning.bias_offsets.clear()
+        tuning.bias_offsets.update(kept)
         return err
     return new_err
