@@ -113,10 +113,8 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "espdl":
         if not Path(args.export).is_file() or Path(args.export).suffix != ".espdl":
             raise ExportError(f"{args.export}: expected an .espdl file with --format espdl")
-        if args.mindspore or args.input_exponent is not None:
-            raise AmctBridgeError(
-                "--format espdl evaluates Keras models (--model) only, at the file's input exponent"
-            )
+        if args.input_exponent is not None:
+            raise AmctBridgeError("--format espdl runs at the file's input exponent")
     elif args.target in ("esp32p4", "c"):
         raise AmctBridgeError(f"--target {args.target} is an ESP-DL v3 target: add --format espdl")
     elif not Path(args.export).is_dir():
@@ -148,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
         model = load_keras_model(args.model, unsafe=args.unsafe_load)
     from amct_bridge.commands.espdl_convert import check_set_shapes
 
-    check_set_shapes(args.export)  # names the .npy that does not fit, not only its layer
+    if args.format == "v1":  # an .espdl file has no .npy set
+        check_set_shapes(args.export)  # names the .npy that does not fit, not only its layer
     ev = run_eval(
         args.export,
         model,
