@@ -371,6 +371,7 @@ def _bias(ctx: _Context, node: Node, n: int, depthwise: bool) -> np.ndarray | No
 def _conv_core(ctx: _Context, node: Node, x: np.ndarray, rank: int) -> np.ndarray:
     act = _activation(ctx, node)
     filt = ctx.initializer(node.inputs[1], node)
+    _per_tensor_filter(ctx, node, filt)
     group = int(node.attributes.get("group", 1))
     channels = x.shape[-1]
     if group not in (1, channels):
@@ -652,6 +653,21 @@ def _clip(ctx: _Context, node: Node) -> list[np.ndarray]:
     return [_saturate(out, ctx.out_dtype(node))]
 
 
+def _per_tensor_filter(ctx: _Context, node: Node, filt: Tensor) -> None:
+    """Refuse per-channel filter exponents (esp-ppq writes them for esp32p4 Conv/Gemm, ESP-DL
+    >= 3.3.1): only the esp32p4 assembly computes them. The C fallback's per-channel branch
+    (dl_base_activate_buffer.hpp) reads ``filter_channel_factor``, which nothing sets
+    (dl_base.hpp fills ``tie_filter_channel_factor`` for the assembly), and its loaders are never
+    called (dl_base_conv2d.cpp), so there is no C reference to follow bit for bit."""
+    if len(filt.exponents) > 1:
+        raise ctx.refuse(
+            node,
+            f"filter {filt.name!r} has {len(filt.exponents)} per-channel exponents: only the "
+            "esp32p4 assembly kernels compute per-channel Conv/Gemm (ESP-DL >= 3.3.1), the C "
+            "reference has no working path for them, so they are not simulated",
+        )
+
+
 @_op("MatMul")
 def _matmul(ctx: _Context, node: Node) -> list[np.ndarray]:
     # dl_module_matmul.hpp: with rank <= 2 operands, a 1x1 conv whose filter is input 1 (a
@@ -660,6 +676,7 @@ def _matmul(ctx: _Context, node: Node) -> list[np.ndarray]:
         raise ctx.refuse(node, "a MatMul of two activations is not simulated (constant B only)")
     x = ctx.value(node.inputs[0], node)
     filt = ctx.initializer(node.inputs[1], node)
+    _per_tensor_filter(ctx, node, filt)
     if x.ndim > 2 or len(filt.dims) > 2:
         raise ctx.refuse(node, "batched MatMul (rank > 2) is not simulated")
     dims = filt.dims if len(filt.dims) == 2 else [filt.dims[0], 1]
