@@ -835,8 +835,10 @@ def _avgpool(em: _Emitter, layer: SourceLayer, ins: list[str]) -> None:
     if any(attrs["pads"]):
         em.refuse(
             layer,
-            "AveragePooling2D with 'same' padding that pads: the v3 runtime divides by the "
-            "whole kernel at the borders, Keras by the valid part (use 'valid' padding)",
+            "AveragePooling2D with 'same' padding that pads: the v3 runtime's AveragePool "
+            "reads no count_include_pad and divides by the whole kernel at the borders "
+            "(dl_module_average_pool.hpp, dl_base_pool2d.hpp avg_pool_area), Keras by the "
+            "real cells only (use 'valid' padding)",
         )
         return
     attrs["count_include_pad"] = 1
