@@ -828,10 +828,13 @@ def _layer_norm(em: _Emitter, layer: SourceLayer, ins: list[str]) -> None:
     """``LayerNormalization`` (dl_module_layer_normalization.hpp): the runtime computes it in
     float32 from the integers; gamma and beta are tensors of the feature type, each at its
     own exponent; the output at the calibrated exponent."""
+    if "axis" not in layer.attrs:  # the adapter found no chip equivalent; it says why
+        em.refuse(layer, f"no ESP-DL v3 export for {layer.kind}: {layer.attrs.get('reason')}")
+        return
     x = ins[0]
     shape = em.shapes[x]
     rank = len(shape)
-    axes = sorted(int(a) % rank for a in layer.attrs.get("axis", [-1]))
+    axes = sorted(int(a) % rank for a in layer.attrs["axis"])
     if layer.attrs.get("rms_scaling"):
         em.refuse(layer, "LayerNormalization with rms_scaling: the runtime subtracts the mean")
         return
@@ -1087,6 +1090,7 @@ _RUNTIME = {
     "ZeroPadding2D": _pad,
     "UpSampling2D": _upsample,
     "LayerNormalization": _layer_norm,
+    "LayerNorm": _layer_norm,  # MindSpore's nn.LayerNorm
 }
 
 
