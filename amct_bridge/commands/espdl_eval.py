@@ -9,7 +9,9 @@ float model's output of the same layer (SNR in dB, max abs error, share of satur
 the layer whose exponent costs accuracy stands out before anything is flashed. With
 ``--mindspore module:factory [--ckpt F]`` instead of ``--model``: the MindSpore network, on NCHW
 data (:func:`amct_bridge.mindspore.evaluate_espdl`); the comparison is in
-:mod:`amct_bridge.espdl.evaluation`.
+:mod:`amct_bridge.espdl.evaluation`. With ``--format espdl``, ``--export`` is an ESP-DL v3
+``.espdl`` file and either model kind runs against its simulator
+(:mod:`amct_bridge.espdl.v3.evaluation`).
 
 Example:
     amct-bridge espdl-eval --export model_espdl --model model.keras --record record.txt \\
