@@ -9,7 +9,9 @@ float model's output of the same layer (SNR in dB, max abs error, share of satur
 the layer whose exponent costs accuracy stands out before anything is flashed. With
 ``--mindspore module:factory [--ckpt F]`` instead of ``--model``: the MindSpore network, on NCHW
 data (:func:`amct_bridge.mindspore.evaluate_espdl`); the comparison is in
-:mod:`amct_bridge.espdl.evaluation`.
+:mod:`amct_bridge.espdl.evaluation`. With ``--format espdl``, ``--export`` is an ESP-DL v3
+``.espdl`` file and either model kind runs against its simulator
+(:mod:`amct_bridge.espdl.v3.evaluation`).
 
 Example:
     amct-bridge espdl-eval --export model_espdl --model model.keras --record record.txt \\
@@ -113,10 +115,8 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "espdl":
         if not Path(args.export).is_file() or Path(args.export).suffix != ".espdl":
             raise ExportError(f"{args.export}: expected an .espdl file with --format espdl")
-        if args.mindspore or args.input_exponent is not None:
-            raise AmctBridgeError(
-                "--format espdl evaluates Keras models (--model) only, at the file's input exponent"
-            )
+        if args.input_exponent is not None:
+            raise AmctBridgeError("--format espdl runs at the file's input exponent")
     elif args.target in ("esp32p4", "c"):
         raise AmctBridgeError(f"--target {args.target} is an ESP-DL v3 target: add --format espdl")
     elif not Path(args.export).is_dir():

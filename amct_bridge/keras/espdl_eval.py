@@ -54,6 +54,7 @@ def evaluate_espdl(
         >>> # see the module docstring
     """
     if is_espdl_file(export_dir):  # ESP-DL v3: the .espdl file and its simulator
+        v3_reasons: dict[str, str] = {}  # why a tensor has no float counterpart
         float_scores = forward_batches(model, [x], batch_size)[0]
         fq_scores = None
         if record is not None:
@@ -64,10 +65,11 @@ def evaluate_espdl(
             y,
             float_scores=float_scores,
             fake_quant_scores=fq_scores,
-            floats=lambda names: _float_outputs(model, x, names, batch_size),
+            floats=lambda names: _float_outputs(model, x, names, batch_size, v3_reasons),
             output=model.outputs[0]._keras_history.operation.name,
             target=target,
             batch_size=batch_size,
+            missing_reasons=v3_reasons,
         )
     net = chip_network(export_dir, x)  # before the model meets data of another shape
     reasons: dict[str, str] = {}  # why a chip layer has no float counterpart

@@ -125,6 +125,23 @@ def _activation(node: Node) -> tuple[str, dict]:
     return "unsupported", {"reason": reason, "activation": name}
 
 
+def _layer_norm(layer: Any) -> tuple[dict, dict]:
+    """Weights and attributes of a LayerNormalization for the v3 export (v1 has none)."""
+    weights = {}
+    if layer.scale:
+        weights["gamma"] = _to_numpy(layer.gamma)
+    if layer.center:
+        weights["beta"] = _to_numpy(layer.beta)
+    axis = layer.axis if isinstance(layer.axis, list | tuple) else [layer.axis]
+    attrs = {
+        "reason": "Keras LayerNormalization has no ESP-DL v1 equivalent",
+        "axis": [int(a) for a in axis],
+        "epsilon": float(layer.epsilon),
+        "rms_scaling": bool(getattr(layer, "rms_scaling", False)),
+    }
+    return weights, attrs
+
+
 def _prelu(layer: Any) -> tuple[str, dict, dict]:
     alpha = _to_numpy(layer.alpha)
     per_channel = alpha.reshape(-1, alpha.shape[-1])
@@ -244,6 +261,8 @@ def _translate(layer: Any, node: Node) -> tuple[str, dict, dict]:
         return op, {}, attrs
     if kind in RUNTIME_KINDS:
         return "runtime", {}, {"keeps_exponent": RUNTIME_KINDS[kind], **_runtime_attrs(layer, node)}
+    if kind == "LayerNormalization":  # v1 refuses it; the v3 export reads these
+        return "unsupported", *_layer_norm(layer)
     reason = f"Keras {kind} has no ESP-DL v1 equivalent"
     if kind in HINTS:
         reason += f" ({HINTS[kind]})"

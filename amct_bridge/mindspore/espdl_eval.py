@@ -1,4 +1,5 @@
-"""The simulated ESP-DL v1 chip next to the float and fake-quantized MindSpore network.
+"""The simulated ESP-DL chip (v1 export directory or v3 ``.espdl``) next to the float and
+fake-quantized MindSpore network.
 
 The network runs NCHW, the chip NHWC: the inputs are transposed for the chip and every 4-D cell
 output for the per-layer comparison. A Flatten cell's output is left out of that comparison (NCHW
@@ -7,6 +8,9 @@ being reordered by the export). A cell called at several sites per forward pass 
 site (``relu``, ``relu@1``: its k-th call of a pass is site k, as the graph names them), and a
 functional op (``x + y``, ``ops.relu``) through the input of the cell site that reads its
 output. A chip layer with no float counterpart gets a "not compared" line with the reason.
+An ``.espdl`` file (ESP-DL v3) goes to :func:`amct_bridge.espdl.v3.evaluation.evaluate_espdl_model`
+with the same NHWC inputs and the same per-site float outputs: the v3 export names its
+tensors after the same cells and call sites.
 
 Example:
     >>> # from amct_bridge.espdl.evaluation import format_evaluation
@@ -23,7 +27,9 @@ from typing import Any
 import numpy as np
 from mindspore import Tensor, nn
 
+from amct_bridge.errors import ExportError
 from amct_bridge.espdl.evaluation import Evaluation, chip_network, evaluate_export
+from amct_bridge.espdl.v3.evaluation import evaluate_espdl_model, is_espdl_file
 from amct_bridge.mindspore.cells import leaf_cells
 from amct_bridge.mindspore.hooks import first_tensor, pynative_inference, recorded
 from amct_bridge.mindspore.simulation import simulate
@@ -44,7 +50,9 @@ def evaluate_espdl(
     """Float, fake-quant (if ``record``) and chip accuracy of ``net`` / its export on (x, y).
 
     Args:
-        export_dir: the ``export_espdl`` output directory (or its ExportResult).
+        export_dir: the ``export_espdl`` output directory (or its ExportResult), or an
+            ESP-DL v3 ``.espdl`` file (``format="espdl"``: its simulator, at the file's input
+            exponent; ``input_exponent`` must then be None).
         net: the float network that was exported (not modified).
         x: inputs, NCHW as the network runs; y: class indices.
         record: the AMCT record: adds the fake-quant accuracy (:func:`simulate`).
@@ -55,6 +63,27 @@ def evaluate_espdl(
     """
     x = np.asarray(x, np.float32)
     x_chip = x.transpose(0, 2, 3, 1) if x.ndim == 4 else x  # the chip runs NHWC
+    if is_espdl_file(export_dir):  # ESP-DL v3: the .espdl file and its simulator
+        if input_exponent is not None:
+            raise ExportError(f"{export_dir}: an .espdl file runs at its own input exponent")
+        floats, float_scores, reasons, output = _float_run(net, x, batch_size)
+        fq = None
+        if record is not None:
+            outputs = simulate(net, record, x, batch_size=batch_size).outputs
+            fq = outputs[0] if isinstance(outputs, tuple) else outputs
+        return evaluate_espdl_model(
+            export_dir,
+            x_chip,
+            y,
+            float_scores=float_scores,
+            fake_quant_scores=fq,
+            floats=floats,
+            output=output,
+            target=target,
+            batch_size=batch_size,
+            source_label="cell",
+            missing_reasons=reasons,
+        )
     chip = chip_network(export_dir, x_chip)  # before the network meets data of another shape
     floats, float_scores, reasons, output = _float_run(net, x, batch_size)
     fq = None

@@ -298,6 +298,30 @@ def _functional(node: Node, graph: Graph) -> Translated:
     )
 
 
+def _layer_norm(cell: Any, node: Node, graph: Graph) -> Translated:
+    """nn.LayerNorm for the v3 export: the normalized NCHW axes as NHWC axes, gamma and beta
+    in the chip's order (C, H, W -> H, W, C)."""
+    op, _, attrs = _unsupported("MindSpore nn.LayerNorm has no ESP-DL v1 equivalent")
+    rank = len(graph.tensors[node.inputs[0]].shape)
+    begin = int(cell.begin_norm_axis) % rank
+    nhwc = {4: {1: 3, 2: 1, 3: 2}, 2: {1: 1}}.get(rank)
+    if nhwc is None or begin == 0 or int(cell.begin_params_axis) % rank != begin:
+        attrs["reason"] = (
+            f"nn.LayerNorm on a rank-{rank} tensor from axis {begin} (params from "
+            f"{cell.begin_params_axis}): the chip takes rank 2 or 4, gamma over the normalized axes"
+        )
+        return op, {}, attrs
+    attrs.update({"axis": sorted(nhwc[a] for a in range(begin, rank))})
+    attrs["epsilon"] = float(cell.epsilon)
+    weights = {}
+    for key in ("gamma", "beta"):
+        value = np.asarray(getattr(cell, key).asnumpy(), np.float32)
+        if rank == 4 and begin == 1:
+            value = value.transpose(1, 2, 0)  # (C, H, W) -> (H, W, C)
+        weights[key] = value.reshape(-1)
+    return op, weights, attrs
+
+
 def _translate(cell: Any, node: Node, graph: Graph) -> Translated:
     """(op, weights, attrs) of one graph node (``attrs["kind"]`` overrides the node's kind)."""
     if cell is None:
@@ -323,6 +347,8 @@ def _translate(cell: Any, node: Node, graph: Graph) -> Translated:
         return _pool(cell, node, graph)  # pad_mode="pad" runs a 3-D primitive: kind unknown
     if kind == "Flatten":
         return _flatten(node, graph)
+    if isinstance(cell, nn.LayerNorm) and node.inputs:  # v1 refuses it; the v3 export reads it
+        return _layer_norm(cell, node, graph)
     if kind in _PASS:
         return "runtime", {}, {"keeps_exponent": True}
     name = type(cell).__name__

@@ -266,7 +266,7 @@ def test_batch_norm_that_folds_into_no_conv(tmp_path):
 def test_refused_layers_are_named_unless_skipped(tmp_path):
     x = keras.Input((4, 4, 2), name="x")
     c = L.Conv2D(2, 1, name="c")(x)
-    n = L.LayerNormalization(name="ln")(c)
+    n = L.LayerNormalization(axis=1, name="ln")(c)  # not trailing axes: refused
     y = L.Conv2D(2, 1, name="after")(n)
     model = keras.Model(x, [y, c])
     record = tmp_path / "r.txt"

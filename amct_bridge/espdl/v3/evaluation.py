@@ -68,6 +68,7 @@ def evaluate_espdl_model(
     target: str | None = None,
     batch_size: int = 64,
     source_label: str = "keras layer",
+    missing_reasons: dict[str, str] | None = None,
 ) -> Evaluation:
     """Float, fake-quant and simulated-v3-chip accuracy on ``(x, y)``, per-tensor errors.
 
@@ -80,6 +81,8 @@ def evaluate_espdl_model(
         target: ``esp32s3``, ``esp32p4``, ``c`` (default: the file's).
         batch_size: samples per simulator call.
         source_label: header of the layer-name column.
+        missing_reasons: why a tensor has no float counterpart, by name (e.g. a Flatten of an
+            NCHW map); the others without one get "no float output of it was recorded".
 
     Example:
         >>> # see the module docstring
@@ -118,7 +121,8 @@ def evaluate_espdl_model(
     rows, missing = [], []
     for name in names:
         if name not in refs:
-            missing.append(f"{name}: no float output of it was recorded")
+            why = (missing_reasons or {}).get(name, "no float output of it was recorded")
+            missing.append(f"{name}: {why}")
             continue
         ref, got = np.asarray(refs[name], np.float64), real(name)
         if ref.size != got.size:

@@ -824,6 +824,56 @@ def _pool_geometry(em: _Emitter, layer: SourceLayer, shape: list[int]):
     return attrs, [shape[0], ho, wo, shape[3]]
 
 
+def _layer_norm(em: _Emitter, layer: SourceLayer, ins: list[str]) -> None:
+    """``LayerNormalization`` (dl_module_layer_normalization.hpp): the runtime computes it in
+    float32 from the integers; gamma and beta are tensors of the feature type, each at its
+    own exponent; the output at the calibrated exponent."""
+    if "axis" not in layer.attrs:  # the adapter found no chip equivalent; it says why
+        em.refuse(layer, f"no ESP-DL v3 export for {layer.kind}: {layer.attrs.get('reason')}")
+        return
+    x = ins[0]
+    shape = em.shapes[x]
+    rank = len(shape)
+    axes = sorted(int(a) % rank for a in layer.attrs["axis"])
+    if layer.attrs.get("rms_scaling"):
+        em.refuse(layer, "LayerNormalization with rms_scaling: the runtime subtracts the mean")
+        return
+    if not axes or axes[0] == 0 or axes != list(range(axes[0], rank)):
+        em.refuse(
+            layer,
+            f"LayerNormalization over axes {layer.attrs.get('axis')}: the runtime normalizes "
+            "over the trailing axes from one axis to the last",
+        )
+        return
+    inner = int(np.prod(shape[axes[0] :]))
+    inputs, peak = [x], 0.0
+    for key in ("gamma", "beta"):
+        value = layer.weights.get(key)
+        if value is None:
+            if key == "gamma" and "beta" in layer.weights:
+                value = np.ones(inner)  # the runtime takes beta as the third input only
+            else:
+                continue
+        value = np.asarray(value, np.float64).reshape(-1)
+        if value.size != inner:
+            raise ExportError(
+                f"layer {layer.describe()}: {key} has {value.size} values, expected {inner}"
+            )
+        e = auto_exponent(value, em.bits, name=f"{layer.name} {key}")
+        inputs.append(em._init(f"{layer.name}/{key}", em._quantize(value, e, em.dtype), e))
+        peak += float(np.max(np.abs(value))) * (np.sqrt(inner) if key == "gamma" else 1.0)
+    if len(inputs) == 1:
+        peak = float(np.sqrt(inner))
+    # |(x - mean) / std| <= sqrt(n - 1): the bound when nothing was calibrated
+    fallback = (em._range_exp(-peak, peak, layer.name), "the normalized bound")
+    e, src, rng = em._out_exp(layer, fallback)
+    attrs = {"axis": axes[0], "epsilon": float(layer.attrs.get("epsilon", 1e-3)), "stash_type": 1}
+    em._node(layer.name, "LayerNormalization", inputs, [layer.name], attrs)
+    em._tensor(layer.name, e, src, shape, rng)
+    em.tensor_of[layer.name] = layer.name
+    em.done(layer, "exported", [layer.name])
+
+
 def _maxpool(em: _Emitter, layer: SourceLayer, ins: list[str]) -> None:
     attrs, shape = _pool_geometry(em, layer, em.shapes[ins[0]])
     attrs["dilations"] = [1, 1]
@@ -835,8 +885,10 @@ def _avgpool(em: _Emitter, layer: SourceLayer, ins: list[str]) -> None:
     if any(attrs["pads"]):
         em.refuse(
             layer,
-            "AveragePooling2D with 'same' padding that pads: the v3 runtime divides by the "
-            "whole kernel at the borders, Keras by the valid part (use 'valid' padding)",
+            "AveragePooling2D with 'same' padding that pads: the v3 runtime's AveragePool "
+            "reads no count_include_pad and divides by the whole kernel at the borders "
+            "(dl_module_average_pool.hpp, dl_base_pool2d.hpp avg_pool_area), Keras by the "
+            "real cells only (use 'valid' padding)",
         )
         return
     attrs["count_include_pad"] = 1
@@ -1037,6 +1089,8 @@ _RUNTIME = {
     "Permute": _permute,
     "ZeroPadding2D": _pad,
     "UpSampling2D": _upsample,
+    "LayerNormalization": _layer_norm,
+    "LayerNorm": _layer_norm,  # MindSpore's nn.LayerNorm
 }
 
 

@@ -371,6 +371,7 @@ def _bias(ctx: _Context, node: Node, n: int, depthwise: bool) -> np.ndarray | No
 def _conv_core(ctx: _Context, node: Node, x: np.ndarray, rank: int) -> np.ndarray:
     act = _activation(ctx, node)
     filt = ctx.initializer(node.inputs[1], node)
+    _per_tensor_filter(ctx, node, filt)
     group = int(node.attributes.get("group", 1))
     channels = x.shape[-1]
     if group not in (1, channels):
@@ -637,6 +638,75 @@ def _softmax(ctx: _Context, node: Node) -> list[np.ndarray]:
     return [np.moveaxis(e / total[..., None], -1, axis)]
 
 
+def sqrt_newton(x: np.ndarray) -> np.ndarray:
+    """esp-dl's ``dl::math::sqrt_newton`` (dl_math.hpp) in float32, element by element: start
+    at ``x``, ``r = (r + x / r) · 0.5`` until ``|r − r_last| <= 1e-5``; 0 gives 0.
+
+    Example:
+        >>> sqrt_newton(np.float32([4.0, 0.0, 2.0])).tolist()
+        [2.0, 0.0, 1.4142135381698608]
+    """
+    x = np.asarray(x, np.float32)
+    result = x.copy()
+    active = x != 0
+    tol = np.float32(0.00001)
+    for _ in range(200):  # converges in a few dozen steps from r = x for any float32 x
+        if not active.any():
+            return result
+        last = result[active]
+        # (last + x / last) * 0.5: the 0.5 is a double, the product exact, stored as float
+        new = ((last + x[active] / last) * np.float32(0.5)).astype(np.float32)
+        result[active] = new
+        still = np.abs(new - last) > tol
+        active[np.flatnonzero(active)[~still]] = False
+    if active.any():
+        raise EspdlError("sqrt_newton does not settle for some values (the chip would loop)")
+    return result
+
+
+@_op("LayerNormalization")
+def _layer_norm(ctx: _Context, node: Node) -> list[np.ndarray]:
+    # dl_module_layer_normalization.hpp, its integer path, float32 operation by operation:
+    # int sum; mean = float(sum * 1.0 / n) (double); var = sum in order of float(x - mean)^2;
+    # mean *= s_in; var *= s_in^2; var /= n; inv = 1 / sqrt_newton(var + eps);
+    # y = round(((x * s_in - mean) * inv * (g * s_g) + b * s_b) * 2^-e_out), saturated.
+    # The chip's compiler may fuse a*b + c (GCC's -ffp-contract=fast); that is not modelled.
+    x = ctx.value(node.inputs[0], node)
+    if x.dtype.kind == "f":
+        raise ctx.refuse(node, "a float32 LayerNormalization is not simulated")
+    axis = int(node.attributes.get("axis", -1)) % x.ndim
+    if axis == 0:
+        raise ctx.refuse(node, "axis 0 would normalize over the batch")
+    inner = int(np.prod(x.shape[axis:]))
+    rows = x.reshape(-1, inner)
+    eps = np.float32(node.attributes.get("epsilon", 1e-5))
+    s_in = np.float32(2.0 ** ctx.exponent(node.inputs[0], node))
+    s_out = np.float32(2.0 ** -ctx.exponent(node.outputs[0], node))
+    params = []
+    for index in (1, 2):
+        if len(node.inputs) > index and node.inputs[index]:
+            t = ctx.initializer(node.inputs[index], node)
+            if t.data.size != inner:
+                raise ctx.refuse(node, f"{t.name!r} has {t.data.size} values, expected {inner}")
+            scale = np.float32(2.0**t.exponent)
+            params.append(t.data.reshape(1, inner).astype(np.float32) * scale)
+        else:
+            params.append(np.float32(1.0) if index == 1 else np.float32(0.0))
+    gamma, beta = params
+    total = rows.astype(np.int64).sum(axis=1)  # an int on the chip (overflow not modelled)
+    mean = (total.astype(np.float64) / inner).astype(np.float32)
+    diff = rows.astype(np.float32) - mean[:, None]
+    var = np.add.accumulate(diff * diff, axis=1, dtype=np.float32)[:, -1]  # in order
+    mean = mean * s_in
+    var = var * (s_in * s_in)
+    var = var / np.float32(inner)
+    inv = np.float32(1.0) / sqrt_newton(var + eps)
+    norm = (rows.astype(np.float32) * s_in - mean[:, None]) * inv[:, None]
+    result = norm * gamma + beta
+    out = round_float(result * s_out, ctx.half_even)
+    return [_saturate(out, ctx.out_dtype(node)).reshape(x.shape)]
+
+
 @_op("Clip")
 def _clip(ctx: _Context, node: Node) -> list[np.ndarray]:
     # dl_module_clip.hpp: clip the integers to min/max (inputs, in the input's quantization),
@@ -652,6 +722,21 @@ def _clip(ctx: _Context, node: Node) -> list[np.ndarray]:
     return [_saturate(out, ctx.out_dtype(node))]
 
 
+def _per_tensor_filter(ctx: _Context, node: Node, filt: Tensor) -> None:
+    """Refuse per-channel filter exponents (esp-ppq writes them for esp32p4 Conv/Gemm, ESP-DL
+    >= 3.3.1): only the esp32p4 assembly computes them. The C fallback's per-channel branch
+    (dl_base_activate_buffer.hpp) reads ``filter_channel_factor``, which nothing sets
+    (dl_base.hpp fills ``tie_filter_channel_factor`` for the assembly), and its loaders are never
+    called (dl_base_conv2d.cpp), so there is no C reference to follow bit for bit."""
+    if len(filt.exponents) > 1:
+        raise ctx.refuse(
+            node,
+            f"filter {filt.name!r} has {len(filt.exponents)} per-channel exponents: only the "
+            "esp32p4 assembly kernels compute per-channel Conv/Gemm (ESP-DL >= 3.3.1), the C "
+            "reference has no working path for them, so they are not simulated",
+        )
+
+
 @_op("MatMul")
 def _matmul(ctx: _Context, node: Node) -> list[np.ndarray]:
     # dl_module_matmul.hpp: with rank <= 2 operands, a 1x1 conv whose filter is input 1 (a
@@ -660,6 +745,7 @@ def _matmul(ctx: _Context, node: Node) -> list[np.ndarray]:
         raise ctx.refuse(node, "a MatMul of two activations is not simulated (constant B only)")
     x = ctx.value(node.inputs[0], node)
     filt = ctx.initializer(node.inputs[1], node)
+    _per_tensor_filter(ctx, node, filt)
     if x.ndim > 2 or len(filt.dims) > 2:
         raise ctx.refuse(node, "batched MatMul (rank > 2) is not simulated")
     dims = filt.dims if len(filt.dims) == 2 else [filt.dims[0], 1]
