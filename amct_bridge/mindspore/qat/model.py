@@ -195,6 +195,9 @@ def quantize_aware(
             fold_batchnorm=bool(fold_batchnorm),
         )
     )
+    from amct_bridge.mindspore import distributed
+
+    group = distributed.current() if activation_range == "learned" else None
     holders = places(qat)
     for key, d in chosen.items():
         if fold_batchnorm and key in chains:
@@ -214,6 +217,8 @@ def quantize_aware(
             channel_wise=channel_wise and d.parts[0].channel_wise,
         )
         wrapper.track_output = key not in info.folded  # the folded BN's observer has it
+        if group is not None:
+            wrapper.set_ranks(group.rank, group.world)
         _swap(holders, d.handle, wrapper, key)
         info.quantized[key] = d.parts[0].layout
     info.functional = _functional_homes(graph, leaves, chosen)
