@@ -4,10 +4,11 @@ test_ms_qat_dataparallel.py), on the tiny net and data of ms_dp_worker.py.
 ``python ms_qat_dp_worker.py OUT SAMPLES`` under msrun runs, one after the other:
 
 * ``ema`` / ``learned``: ``quantize_aware(net, "INT8", activation_range=...)``, ``Model.train``
-  (SGD, 1 epoch, sharded data), then ``save_qat_record`` to ``OUT/record/qat-<mode>.txt``;
+  (SGD, 1 epoch, sharded data), then ``save_qat_record`` to ``OUT/record<rank>/qat-<mode>.txt``
+  (a directory per rank, so the test sees which rank wrote);
 * ``fail``: rank 0 saves the trained ``ema`` network, rank 1 a fresh QAT network that never
-  trained (``OUT/record/fail.txt``);
-* ``weights``: rank 1 changes one kernel of the ``ema`` network first (``OUT/record/weights.txt``).
+  trained (``fail.txt``);
+* ``weights``: rank 1 changes one kernel of the ``ema`` network first (``weights.txt``).
 
 Each rank writes ``OUT/ranks/rank<r>.json``: per run the record text it got (or the error), its
 QAT range Parameters and kernels before the save, the warnings logged, the seconds taken.
@@ -70,7 +71,8 @@ def main(out: Path, samples: int) -> None:
     init()
     ms.set_auto_parallel_context(parallel_mode=ParallelMode.DATA_PARALLEL, gradients_mean=True)
     rank, world = get_rank(), get_group_size()
-    (out / "record").mkdir(parents=True, exist_ok=True)
+    records = out / f"record{rank}"  # each rank names its own directory: rank 1's stays empty
+    records.mkdir(parents=True, exist_ok=True)
     keep = _Keep()
     logger = logging.getLogger("amct_bridge.mindspore.qat.model")
     logger.addHandler(keep)
@@ -85,16 +87,16 @@ def main(out: Path, samples: int) -> None:
         qat = quantize_aware(make_net(), "INT8", activation_range=mode)
         make_model(qat, True).train(1, data, dataset_sink_mode=False)
         run = _state(qat)
-        run.update(_save(qat, out / "record" / f"qat-{mode}.txt", keep))
+        run.update(_save(qat, records / f"qat-{mode}.txt", keep))
         report["runs"][mode] = run
         trained[mode] = qat
     qat = trained["ema"] if rank == 0 else quantize_aware(make_net(), "INT8")
-    report["runs"]["fail"] = _save(qat, out / "record" / "fail.txt", keep)
+    report["runs"]["fail"] = _save(qat, records / "fail.txt", keep)
     qat = trained["ema"]
     if rank == 1:
         w = qat.parameters_dict()["2.weight"]
         w.set_data(Tensor(w.asnumpy() * np.float32(1.001)))
-    report["runs"]["weights"] = _save(qat, out / "record" / "weights.txt", keep)
+    report["runs"]["weights"] = _save(qat, records / "weights.txt", keep)
     ranks = out / "ranks"
     ranks.mkdir(parents=True, exist_ok=True)
     tmp = ranks / f".rank{rank}.json"
