@@ -65,7 +65,7 @@ def main(out: Path, samples: int) -> None:
     from mindspore.communication import get_group_size, get_rank, init
     from mindspore.context import ParallelMode
 
-    from amct_bridge.mindspore.qat import quantize_aware
+    from amct_bridge.mindspore.qat import quantize_aware, strip_qat
 
     ms.set_context(mode=ms.GRAPH_MODE)
     init()
@@ -88,6 +88,12 @@ def main(out: Path, samples: int) -> None:
         make_model(qat, True).train(1, data, dataset_sink_mode=False)
         run = _state(qat)
         run.update(_save(qat, records / f"qat-{mode}.txt", keep))
+        plain = strip_qat(qat)  # a deep copy: the learned cells hold an AllReduce
+        run["stripped_equal"] = all(
+            np.array_equal(p.asnumpy(), np.asarray(run["kernels"][p.name], np.float32))
+            for p in plain.get_parameters()
+            if p.name.endswith(".weight")
+        )
         report["runs"][mode] = run
         trained[mode] = qat
     qat = trained["ema"] if rank == 0 else quantize_aware(make_net(), "INT8")

@@ -89,6 +89,7 @@ def test_record_merges_both_ranks(run, mode):
     texts = [reports[r][mode]["text"] for r in range(WORLD)]
     assert texts[0] == texts[1]  # every rank returns the same record
     assert reports[0][mode]["kernels"] == reports[1][mode]["kernels"]
+    assert reports[0][mode]["stripped_equal"] and reports[1][mode]["stripped_equal"]  # strip_qat
     path = out / "record0" / f"qat-{mode}.txt"
     record = load(path, flavor="inner")
     assert record == loads(texts[0], flavor="inner")
