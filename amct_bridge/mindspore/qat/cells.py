@@ -187,7 +187,14 @@ class QATQuant(nn.Cell):
     def set_ranks(self, rank: int, world: int) -> None:
         """In a data-parallel run of ``world`` ranks, a learned range starts at the min / max of
         every rank's first batch (one small AllReduce per step), so every rank holds the same
-        range; the gradient all-reduce then moves it alike on every rank."""
+        range; the gradient all-reduce then moves it alike on every rank (``quantize_aware``
+        calls it under :func:`amct_bridge.mindspore.distributed.current`).
+
+        Example:
+            >>> q = QATQuant(nn.Dense(2, 1), "fc", "Dense", activation_range="learned")
+            >>> q.set_ranks(0, 1); q.world  # one rank: nothing to exchange
+            1
+        """
         self.world = int(world)
         if self.world > 1 and self.learned:
             row = np.zeros((self.world, 1), np.float32)
