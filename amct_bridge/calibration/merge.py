@@ -20,6 +20,10 @@ ends with the same numbers:
   moves);
 * :func:`merge_ranges` -- plain ``[min, max]`` arrays (per-channel ranges, per-site ranges, QAT
   observers' ranges) by elementwise min / max over the ranks;
+* :func:`merge_tracked` -- QAT range states ``(lo, hi, seen)``: EMA ranges averaged weighted by
+  the steps each rank saw, learned ranges (Parameters the gradient all-reduce moves alike)
+  checked equal; :func:`differing` -- which values (e.g. weight checksums) are not the same on
+  every rank;
 * :func:`check_shards` -- a rank count that does not divide the data is refused (the samplers pad
   the last shard with repeated samples, which would count twice).
 
@@ -53,11 +57,13 @@ __all__ = [
     "Gather",
     "agree",
     "check_shards",
+    "differing",
     "in_threads",
     "merge_means",
     "merge_observed",
     "merge_observers",
     "merge_ranges",
+    "merge_tracked",
 ]
 
 #: ``gather(array) -> [world, *array.shape]``: every rank's array, in rank order.
@@ -172,6 +178,56 @@ def merge_means(values: np.ndarray, gather: Gather, weights: float = 1.0) -> np.
     if w.sum() <= 0:
         raise CalibrationError("merge_means: every rank's weight is 0 (nothing observed)")
     return ((rows[:, 1:] * w[:, None]).sum(axis=0) / w.sum()).reshape(values.shape)
+
+
+def merge_tracked(
+    tracked: np.ndarray, learned: Sequence[bool], gather: Gather
+) -> tuple[np.ndarray, list[int]]:
+    """QAT range states ``[n, 3]`` (``lo, hi, seen``) merged over every rank, and the indices of
+    the learned ones that differ between ranks.
+
+    EMA rows (``learned`` False): ``lo`` and ``hi`` averaged over the ranks weighted by their
+    ``seen`` (a rank that saw nothing drops out), ``seen`` summed. The EMA is linear, so with
+    equal step counts the mean of the ranks' EMAs is the EMA of the ranks' mean batch min / max.
+    Learned rows: rank 0's values where every rank holds the same, else the weighted mean too,
+    the index listed (the caller says so). A row no rank saw keeps this rank's values, seen 0.
+    One collective; the result is the same on every rank.
+
+    Example:
+        >>> held = [np.array([[0.0, 2.0, 1.0], [-1.0, 1.0, 1.0]]),
+        ...         np.array([[-1.0, 4.0, 3.0], [-1.0, 1.0, 1.0]])]
+        >>> out = in_threads(2, lambda r, gather: merge_tracked(held[r], [False, True], gather))
+        >>> out[0][0].tolist(), out[0][1]
+        ([[-0.75, 3.5, 4.0], [-1.0, 1.0, 2.0]], [])
+    """
+    tracked = np.asarray(tracked, np.float64).reshape(-1, 3)
+    rows = np.asarray(gather(tracked))  # [world, n, 3]
+    seen = np.maximum(rows[:, :, 2], 0.0)
+    total = seen.sum(axis=0)
+    some = total > 0
+    w = seen / np.where(some, total, 1.0)
+    out = np.stack([(rows[:, :, 0] * w).sum(axis=0), (rows[:, :, 1] * w).sum(axis=0), total], 1)
+    out[~some, :2] = tracked[~some, :2]
+    differ = []
+    for i in np.flatnonzero(np.asarray(learned, bool)).tolist():
+        if (rows[:, i, :2] == rows[0, i, :2]).all():
+            out[i, :2] = rows[0, i, :2]
+        elif some[i]:
+            differ.append(i)
+    return out, differ
+
+
+def differing(values: np.ndarray, gather: Gather) -> list[int]:
+    """Indices of ``values`` (a vector, e.g. checksums of weights) that are not equal on every
+    rank. One collective.
+
+    Example:
+        >>> held = [np.array([7.0, 1.0]), np.array([7.0, 2.0])]
+        >>> in_threads(2, lambda r, gather: differing(held[r], gather))
+        [[1], [1]]
+    """
+    rows = np.asarray(gather(np.asarray(values, np.float64).reshape(-1)))
+    return np.flatnonzero((rows != rows[0]).any(axis=0)).tolist()
 
 
 def merge_observers(observers: Sequence[Observer], gather: Gather) -> list[Observer]:

@@ -6,13 +6,15 @@ rank), :func:`current` gives a :class:`Group`; its :meth:`Group.gather` is ``ops
 (on CPU ``AllReduce`` only sums, so min/max are gathered). Everything else, what is gathered and
 how it is merged, is framework-free: :mod:`amct_bridge.calibration.merge`.
 
-For QAT observers (or any other statistic) in a data-parallel run, :func:`merged_ranges`,
+``amct_bridge.mindspore.qat.save_qat_record`` merges the QAT ranges itself (with
+:func:`~amct_bridge.calibration.merge.merge_tracked`). For any other statistic in a data-parallel
+run, :func:`merged_ranges`,
 :func:`merged_means` and :func:`merged_observers` return their argument unchanged outside one,
 and the merge over every rank inside one; or with the group itself::
 
     group = current()
     if group is not None:
-        agree(group.gather, error_or_None, "saving the QAT record")  # before the merge
+        agree(group.gather, error_or_None, "the merge")  # before it: a failed rank fails all
         observers = merge_observers(observers, group.gather)  # amct_bridge.calibration.merge
         ranges = merge_ranges(np.stack([lo, hi]), group.gather)  # [2, n] min / max
 

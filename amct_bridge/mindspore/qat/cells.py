@@ -182,6 +182,25 @@ class QATQuant(nn.Cell):
         self.track_output = True
         self.is_transpose = kind == "Conv2DTranspose"
         self.is_dense = kind == "Dense"
+        self.world = 1  # set_ranks(): a data-parallel run starts learned ranges from all ranks
+
+    def set_ranks(self, rank: int, world: int) -> None:
+        """In a data-parallel run of ``world`` ranks, a learned range starts at the min / max of
+        every rank's first batch (one small AllReduce per step), so every rank holds the same
+        range; the gradient all-reduce then moves it alike on every rank (``quantize_aware``
+        calls it under :func:`amct_bridge.mindspore.distributed.current`).
+
+        Example:
+            >>> q = QATQuant(nn.Dense(2, 1), "fc", "Dense", activation_range="learned")
+            >>> q.set_ranks(0, 1); q.world  # one rank: nothing to exchange
+            1
+        """
+        self.world = int(world)
+        if self.world > 1 and self.learned:
+            row = np.zeros((self.world, 1), np.float32)
+            row[int(rank)] = 1.0
+            self.rank_row = Tensor(row)
+            self.all_reduce = ops.AllReduce()  # sums: each rank fills its own row
 
     def construct(self, x):
         """The cell's output on the fake-quantized input and weight."""
@@ -214,8 +233,12 @@ class QATQuant(nn.Cell):
         # learned: the first batch sets the range, then only gradients move it
         xs = ops.stop_gradient(x)
         first = self.in_seen <= 0.0
-        lo = ops.select(first, ops.reduce_min(xs), self.in_min)
-        hi = ops.select(first, ops.reduce_max(xs), self.in_max)
+        batch_lo, batch_hi = ops.reduce_min(xs), ops.reduce_max(xs)
+        if self.world > 1:
+            rows = self.all_reduce(self.rank_row * ops.stack([batch_lo, batch_hi]).reshape(1, 2))
+            batch_lo, batch_hi = ops.reduce_min(rows[:, 0]), ops.reduce_max(rows[:, 1])
+        lo = ops.select(first, batch_lo, self.in_min)
+        hi = ops.select(first, batch_hi, self.in_max)
         ops.assign(self.in_min, ops.stop_gradient(lo))
         ops.assign(self.in_max, ops.stop_gradient(hi))
         ops.assign_add(self.in_seen, ops.ones_like(self.in_seen))

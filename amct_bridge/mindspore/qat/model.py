@@ -35,6 +35,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,9 +43,10 @@ import numpy as np
 from mindspore import Tensor, nn
 
 from amct_bridge.calibration.layers import ModelDesc
+from amct_bridge.calibration.merge import agree, differing, merge_tracked
 from amct_bridge.calibration.plan import batchnorm_chains
 from amct_bridge.calibration.qat import algorithm_name, clipped, tensor_range, write_qat_outputs
-from amct_bridge.errors import QuantError, RecordError
+from amct_bridge.errors import CalibrationError, QuantError, RecordError
 from amct_bridge.mindspore.cells import (
     BATCH_NORM_KINDS,
     FOLDABLE_KINDS,
@@ -193,6 +195,9 @@ def quantize_aware(
             fold_batchnorm=bool(fold_batchnorm),
         )
     )
+    from amct_bridge.mindspore import distributed
+
+    group = distributed.current() if activation_range == "learned" else None
     holders = places(qat)
     for key, d in chosen.items():
         if fold_batchnorm and key in chains:
@@ -212,6 +217,8 @@ def quantize_aware(
             channel_wise=channel_wise and d.parts[0].channel_wise,
         )
         wrapper.track_output = key not in info.folded  # the folded BN's observer has it
+        if group is not None:
+            wrapper.set_ranks(group.rank, group.world)
         _swap(holders, d.handle, wrapper, key)
         info.quantized[key] = d.parts[0].layout
     info.functional = _functional_homes(graph, leaves, chosen)
@@ -367,7 +374,8 @@ def qat_record(qat_net: nn.Cell) -> Record:
 
     Keys are cell names; per quantized cell scale_d / offset_d from its input range, scale_w /
     offset_w by ARQ of its current (folded) weight, ``skip_fusion`` where a BatchNorm2d was
-    not folded.
+    not folded. In a data-parallel run this is this rank's own ranges: :func:`save_qat_record`
+    merges the ranks'.
 
     Raises:
         QuantError: not a QAT network, a cell never saw a training step, or a folded
@@ -379,11 +387,25 @@ def qat_record(qat_net: nn.Cell) -> Record:
     info = _info(qat_net)
     check_folded(qat_net, info)
     wrappers = _wrappers(qat_net)
+    return _record(info, wrappers, _ranges(wrappers))
+
+
+def _ranges(wrappers: dict[str, nn.Cell]) -> dict[tuple[str, str], tuple[float, float, float]]:
+    """(key, "input" / "output") -> ``(min, max, seen)`` of every tracked tensor."""
+    out = {}
+    for key, cell in wrappers.items():
+        if isinstance(cell, (QATQuant, QATObserveInput)):
+            out[(key, "input")] = cell.input_range()
+        out[(key, "output")] = cell.output_range()
+    return out
+
+
+def _record(info: QATInfo, wrappers: dict[str, nn.Cell], ranges: dict) -> Record:
     bits = bits_of(info.options["dst_type"])
     record = Record(flavor="inner")
     for key, layout in info.quantized.items():
         cell = wrappers[key]
-        lo, hi, seen = cell.input_range()
+        lo, hi, seen = ranges[(key, "input")]
         kernel = kernel_of(cell.cell, key) if layout is not None else None
         record.layers[key] = layer_factors(
             key,
@@ -413,9 +435,13 @@ def qat_stats(qat_net: nn.Cell) -> CalibrationStats:
     """
     info = _info(qat_net)
     wrappers = _wrappers(qat_net)
+    return _stats(info, wrappers, _ranges(wrappers))
+
+
+def _stats(info: QATInfo, wrappers: dict[str, nn.Cell], ranges: dict) -> CalibrationStats:
     clip_of = {}
     for producer, reader in info.readers.items():
-        clip_of[producer] = tensor_range(*wrappers[reader].input_range())
+        clip_of[producer] = tensor_range(*ranges[(reader, "input")])
     bn_of_output = {bn: key for key, bn in info.folded.items()}
     stats = CalibrationStats(algorithm=algorithm_name({info.options["activation_range"]}))
     ops_before: dict[str, list[tuple[str, str]]] = {}
@@ -425,20 +451,19 @@ def qat_stats(qat_net: nn.Cell) -> CalibrationStats:
     for key, cell in wrappers.items():
         for op, kind in ops_before.get(key, []):  # the op's output is this cell's input
             if isinstance(cell, (QATQuant, QATObserveInput)):
-                stats.layers[op] = LayerStats(kind, output=tensor_range(*cell.input_range()))
+                stats.layers[op] = LayerStats(kind, output=tensor_range(*ranges[(key, "input")]))
         if isinstance(cell, QATQuant):
-            lo, hi, seen = cell.input_range()
+            lo, hi, seen = ranges[(key, "input")]
             batches = max(batches, int(seen))
             bn = info.folded.get(key)
-            out_cell = wrappers[bn] if bn is not None else cell
             out_key = bn if bn is not None else key
-            output = clipped(tensor_range(*out_cell.output_range()), clip_of.get(out_key))
+            output = clipped(tensor_range(*ranges[(out_key, "output")]), clip_of.get(out_key))
             kind = describe(key, cell.cell).kind
             stats.layers[key] = LayerStats(kind, input=tensor_range(lo, hi, seen), output=output)
             if bn is not None:
                 stats.layers[bn] = LayerStats("BatchNormalization", output=output)
         elif key not in bn_of_output:
-            output = clipped(tensor_range(*cell.output_range()), clip_of.get(key))
+            output = clipped(tensor_range(*ranges[(key, "output")]), clip_of.get(key))
             stats.layers[key] = LayerStats(info.observed.get(key, "Activation"), output=output)
     stats.batches = batches
     return stats
@@ -448,13 +473,83 @@ def save_qat_record(qat_net: nn.Cell, path: str | os.PathLike) -> Record:
     """Write :func:`qat_record` to ``path`` and :func:`qat_stats` next to it
     (``<path>.calib.json``), as one set (temp files, then renamed); return the record.
 
+    In a data-parallel run (:func:`amct_bridge.mindspore.distributed.current`; every rank must
+    call it) the ranks' EMA ranges are averaged weighted by their steps, learned ranges checked
+    equal, weights checked identical (a checksum per quantized cell); rank 0 alone writes and
+    every rank returns the same record. A failure on any rank raises on every rank
+    (docs/mindspore.md, "Data-parallel runs").
+
     Raises:
         QuantError: not a QAT network, or saved before any training step (nothing written).
         ValidationError: the record breaks AMCT's rules (nothing written).
+        CalibrationError: data-parallel: a rank failed (named), or the ranks' weights differ.
 
     Example:
         >>> # save_qat_record(qat, "qat.txt"); export_espdl(strip_qat(qat), "qat.txt", "out", ...)
     """
+    from amct_bridge.mindspore import distributed
+
+    group = distributed.current()
+    if group is not None:
+        return _save_merged(qat_net, path, group)
     record = qat_record(qat_net)
     stats = qat_stats(qat_net)
     return write_qat_outputs(record, stats, path, what=f"network {type(qat_net).__name__!r}")
+
+
+def _save_merged(qat_net: nn.Cell, path: str | os.PathLike, group) -> Record:
+    """save_qat_record across the ranks of ``group``: agree, merge, check, rank 0 writes."""
+    what = f"network {type(qat_net).__name__!r}"
+    error, layout = None, ""
+    try:
+        info = _info(qat_net)
+        check_folded(qat_net, info)
+        wrappers = _wrappers(qat_net)
+        ranges = _ranges(wrappers)
+        names = list(ranges)
+        layout = ";".join(f"{k}/{t}" for k, t in names) + repr(sorted(info.options.items()))
+        for key in info.quantized:  # this rank's own steps: a rank that saw none is wrong
+            layer_factors(key, *ranges[(key, "input")][:2], ranges[(key, "input")][2], 8)
+    except Exception as err:  # every rank learns of it below, then raises
+        error = err
+    agree(group.gather, error, "saving the QAT record", layout=layout)
+
+    learned = info.options["activation_range"] == "learned"
+    is_learned = [learned and t == "input" and isinstance(wrappers[k], QATQuant) for k, t in names]
+    merged, differ = merge_tracked(np.array([ranges[n] for n in names]), is_learned, group.gather)
+    if differ:
+        log.warning(
+            "data-parallel QAT: the learned input ranges of %s differ between the %d ranks "
+            "(each rank starts them at its own first batch's min/max, and the all-reduced "
+            "gradients move them alike): the record takes their mean, weighted by steps; give "
+            "quantize_aware(init_record=...) to start every rank from the same ranges",
+            ", ".join(repr(names[i][0]) for i in differ),
+            group.world,
+        )
+    elif learned:
+        log.info("data-parallel QAT: the learned ranges are equal on every rank")
+    sums = [_checksum(kernel_of(wrappers[k].cell, k)) for k, lay in info.quantized.items() if lay]
+    keys = [k for k, lay in info.quantized.items() if lay]
+    bad = differing(np.array(sums, np.float64), group.gather)
+    if bad:
+        raise CalibrationError(
+            f"{what}: the weights of {', '.join(repr(keys[i]) for i in bad)} differ between the "
+            f"{group.world} ranks (checksums): the ranks did not train the same network (start "
+            "every rank from the same weights, ParallelMode.DATA_PARALLEL); no record written"
+        )
+    ranges = {n: tuple(float(v) for v in row) for n, row in zip(names, merged, strict=True)}
+    record = None
+    try:
+        record = _record(info, wrappers, ranges)
+        stats = _stats(info, wrappers, ranges)
+        if group.rank == 0:
+            write_qat_outputs(record, stats, path, what=what)
+    except Exception as err:
+        error = err
+    agree(group.gather, error, "writing the QAT record (rank 0)")
+    return record
+
+
+def _checksum(kernel: np.ndarray) -> float:
+    """CRC-32 of the kernel's bytes (exact in float64)."""
+    return float(zlib.crc32(np.ascontiguousarray(kernel).tobytes()))

@@ -1,0 +1,161 @@
+"""Data-parallel QAT under msrun (2 CPU workers, GRAPH_MODE; one start-up for every case, see
+tests/mindspore/ms_qat_dp_worker.py): ``save_qat_record`` merges the ranks' EMA ranges (the
+record equals the core formulas on the steps-weighted mean of both ranks' saved EMA states),
+learned ranges are equal on every rank, rank 0 alone writes, both ranks return the same record
+text; a rank that saves before any step, or whose weights differ, fails both ranks at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from amct_bridge.quant.arq import arq_scales
+from amct_bridge.quant.factors import activation_factors
+from amct_bridge.records import load, loads
+from amct_bridge.records.calibration import load_stats, sidecar_path
+
+WORKER = Path(__file__).with_name("ms_qat_dp_worker.py")
+WORLD = 2
+SAMPLES = 4 * WORLD * 4  # 4 batches of 4 per rank
+LAYOUTS = {"0": "OIHW", "2": "OIHW", "5": "OI"}  # the quantized cells of ms_dp_worker.make_net
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("qat_dp")
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    cmd = [
+        "msrun",
+        f"--worker_num={WORLD}",
+        f"--local_worker_num={WORLD}",
+        f"--master_port={_free_port()}",
+        f"--log_dir={out / 'log'}",
+        "--join=True",
+        str(WORKER),
+        str(out),
+        str(SAMPLES),
+    ]
+    done = subprocess.run(cmd, env=env, cwd=out, capture_output=True, text=True, timeout=240)
+    logs = "".join(
+        p.read_text(errors="replace")[-3000:] for p in sorted((out / "log").glob("worker_*.log"))
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:] + logs
+    reports = []
+    for r in range(WORLD):
+        path = out / "ranks" / f"rank{r}.json"
+        assert path.exists(), logs
+        reports.append(json.loads(path.read_text())["runs"])
+    return out, reports
+
+
+def _merged(reports: list, mode: str, name: str) -> tuple[float, float, float]:
+    """``(min, max, seen)`` of tensor ``name`` ("0.qat.input"): both ranks' values averaged
+    weighted by the steps each saw (the EMA is linear: the EMA of the ranks' mean extremes)."""
+    got = [reports[r][mode]["ranges"] for r in range(WORLD)]
+    seen = np.array([g[f"{name}_seen"] for g in got], np.float64)
+    lo = float(np.dot([g[f"{name}_min"] for g in got], seen) / seen.sum())
+    hi = float(np.dot([g[f"{name}_max"] for g in got], seen) / seen.sum())
+    return lo, hi, float(seen.sum())
+
+
+def _expected(reports: list, mode: str, key: str):
+    lo, hi, _ = _merged(reports, mode, f"{key}.qat.input")
+    kernel = np.asarray(reports[0][mode]["kernels"][f"{key}.weight"], np.float32)
+    return activation_factors(lo, hi, 8, False), arq_scales(kernel, LAYOUTS[key], True, num_bits=8)
+
+
+@pytest.mark.parametrize("mode", ["ema", "learned"])
+def test_record_merges_both_ranks(run, mode):
+    out, reports = run
+    for r in range(WORLD):
+        assert "error" not in reports[r][mode], reports[r][mode]["error"]
+    texts = [reports[r][mode]["text"] for r in range(WORLD)]
+    assert texts[0] == texts[1]  # every rank returns the same record
+    assert reports[0][mode]["kernels"] == reports[1][mode]["kernels"]
+    assert reports[0][mode]["stripped_equal"] and reports[1][mode]["stripped_equal"]  # strip_qat
+    path = out / "record0" / f"qat-{mode}.txt"
+    record = load(path, flavor="inner")
+    assert record == loads(texts[0], flavor="inner")
+    assert sorted(record.layers) == sorted(LAYOUTS)
+    for key, f in record.layers.items():
+        (scale_d, offset_d), scale_w = _expected(reports, mode, key)
+        assert f.scale_d == pytest.approx(scale_d, rel=1e-6), key
+        assert f.offset_d == offset_d, key
+        assert f.scale_w == pytest.approx(scale_w.tolist(), rel=1e-6), key
+        assert f.dst_type == "INT8"
+    stats = load_stats(sidecar_path(path))
+    assert stats.batches == 4 * WORLD  # both ranks' steps
+    for key in LAYOUTS:  # the quantized cells' input and output ranges
+        lo, hi, _ = _merged(reports, mode, f"{key}.qat.input")
+        assert (stats.layers[key].input.min, stats.layers[key].input.max) == pytest.approx(
+            (lo, hi), rel=1e-6, abs=1e-7
+        )
+    for key in ("1", "3"):  # the ReLUs' output EMAs
+        lo, hi, _ = _merged(reports, mode, f"{key}.qat.output")
+        got = stats.layers[key].output
+        assert (got.min, got.max) == pytest.approx((lo, hi), rel=1e-6, abs=1e-7), key
+
+
+def test_ema_ranges_differ_between_ranks_learned_ones_do_not(run):
+    """Each rank's EMA follows its own shard (hence the merge); learned ranges start at the
+    min/max of every rank's first batch and the all-reduced gradients move them alike."""
+    _, reports = run
+    ema = [reports[r]["ema"]["ranges"] for r in range(WORLD)]
+    assert ema[0]["2.qat.input_max"] != ema[1]["2.qat.input_max"]
+    learned = [reports[r]["learned"]["ranges"] for r in range(WORLD)]
+    for name, value in learned[0].items():
+        if ".qat.input_m" in name:
+            assert learned[1][name] == value, name
+    for r in range(WORLD):
+        assert (
+            "INFO: data-parallel QAT: the learned ranges are equal on every rank"
+            in (reports[r]["learned"]["log"])
+        )
+        assert not reports[r]["ema"]["log"]
+
+
+def test_only_rank0_writes(run):
+    out, _ = run
+    expect = ["qat-ema.txt", "qat-ema.txt.calib.json", "qat-learned.txt"]
+    expect.append("qat-learned.txt.calib.json")
+    assert sorted(p.name for p in (out / "record0").iterdir()) == expect
+    assert not list((out / "record1").iterdir())
+
+
+def test_a_rank_saving_before_any_step_fails_both(run):
+    out, reports = run
+    for r in range(WORLD):
+        error = reports[r]["fail"].get("error", "")
+        assert error.startswith("CalibrationError: rank 1 of 2 failed in saving the QAT record"), (
+            error
+        )
+        assert "layer '0': its input range was never observed" in error, error
+        assert "no record written" in error
+        assert reports[r]["fail"]["seconds"] < 10  # no wait for a timeout
+    assert not (out / "record0" / "fail.txt").exists()
+
+
+def test_weights_that_differ_between_ranks_fail_both(run):
+    out, reports = run
+    for r in range(WORLD):
+        error = reports[r]["weights"].get("error", "")
+        assert "the weights of '2' differ between the 2 ranks" in error, error
+        assert "'0'" not in error and "'5'" not in error
+    assert not (out / "record0" / "weights.txt").exists()
