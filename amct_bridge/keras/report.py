@@ -34,8 +34,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from amct_bridge.keras.qat.fake_quant import layer_spec
 from amct_bridge.keras.layers import class_name
+from amct_bridge.keras.qat.fake_quant import layer_spec
 from amct_bridge.keras.rewrite import quantizable_layers
 from amct_bridge.keras.simulate import (
     SimulatedQuant,

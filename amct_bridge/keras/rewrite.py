@@ -18,8 +18,8 @@ import keras
 import numpy as np
 
 from amct_bridge.errors import QuantError
-from amct_bridge.keras.qat.fake_quant import layer_spec
 from amct_bridge.keras.plan import batchnorm_chains, walk_layers
+from amct_bridge.keras.qat.fake_quant import layer_spec
 
 
 def layer_keys(model: keras.Model, prefix: str = "") -> dict[int, str]:
