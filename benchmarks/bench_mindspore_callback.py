@@ -28,6 +28,11 @@ The fixed cost is paid once per run (per ``Model.eval`` / ``train`` call, not pe
 cold first run compiles the graph once either way, with the probes or without.
 
 Targets of issue 12: GRAPH <= 1.10 (minmax) / 1.30 (hfmg); PYNATIVE is reported.
+
+On a loaded machine the step ratios understate the probes' share: the network's convolutions
+(multi-threaded) slow down far more under load than the probes' small kernels. The probes' own
+kernel time per step is in ``bench_mindspore_probe_kernels.py``; the fixed cost of a calibrated
+train epoch and of the plain epoch after it in ``bench_mindspore_calibrated_epoch.py``.
 """
 
 from __future__ import annotations

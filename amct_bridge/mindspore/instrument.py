@@ -5,11 +5,20 @@
 observed cell, :meth:`~Instrumentation.install` puts a wrapper cell (:class:`Probe`) in its
 place with ``parent.insert_child_to_cell(name, probe)`` (``setattr`` would rename the cell's
 parameters) at every place the cell is a child of, refreshes ``SequentialCell.cell_list`` and
-clears the compile cache of the network and of every other compiled top-level cell it was given
-(``Model``'s eval / train networks): a compiled graph never notices a swapped child, it would run
-on without statistics (or keep collecting after :meth:`~Instrumentation.remove`).
-:meth:`~Instrumentation.remove` puts the cells back and clears the caches again; the wrappers and
-their Parameters are gone, so outputs, parameter names and checkpoints are as before.
+makes the network and every other compiled top-level cell it was given (``Model``'s eval /
+train networks) compile anew: a compiled graph never notices a swapped child, it would run on
+without statistics (or keep collecting after :meth:`~Instrumentation.remove`).
+:meth:`~Instrumentation.remove` puts the cells back; the wrappers and their Parameters are gone,
+so outputs, parameter names and checkpoints are as before.
+
+The graphs compiled before the install are kept, not cleared: MindSpore names a compiled graph
+by phase, creation time and id of the top-level cell (``graph.api._real_phase``), so while the
+probes are in, each compiled cell gets another creation time (its instrumented graph compiles
+under another name), and :meth:`~Instrumentation.remove` puts back the creation time: the next
+run without probes reuses its graph instead of compiling it again (benchmark ResNet: the
+recompile after a calibrated epoch). The instrumented graph is freed with the cell or at the
+next install (freeing it renumbers MindSpore's arguments key of the cell: then every graph of
+the cell is freed, and the one without probes compiles again after that pass).
 
 A probe runs only graph ops on ``ops.stop_gradient`` of the observed tensor, so the same code
 runs in GRAPH_MODE (compiled into the network's graph, also under ``Model.train``) and in
@@ -45,7 +54,7 @@ merge all sites, one row per call, so ``Point.calls`` must give the calls per st
 numbers batches as ``row.step // calls``; too small a value fills the ring early and
 :meth:`~Instrumentation.drain` says so). Not seen: functional ops in ``construct`` (``x + y``,
 ``ops.concat``), cells referenced only outside the cell tree (plain lists, dicts), and
-``@ms.jit`` functions compiled by the user (only cells' compile caches are cleared). A
+``@ms.jit`` functions compiled by the user (only top-level cells given compile anew). A
 checkpoint saved *during* a pass (``ModelCheckpoint``) contains the statistics Parameters.
 
 Example:
@@ -62,10 +71,13 @@ Example:
 from __future__ import annotations
 
 import itertools
+import time
+import weakref
 from collections.abc import Iterable
 
 import numpy as np
 from mindspore import Parameter, Tensor, nn
+from mindspore.graph.api import _cell_graph_executor
 
 from amct_bridge.calibration.protocol import Point, Row
 from amct_bridge.errors import CalibrationError
@@ -77,6 +89,9 @@ __all__ = ["Instrumentation", "Probe", "Summary"]
 _ACC_LIMIT = 2**31 - 1  # int32 accumulator
 _OWN_HIST = 2.0  # ring marker: the row's histogram is the batch's own
 _uids = itertools.count()
+#: compiled top-level cell -> phases of its instrumented graphs of the last pass (freed at the
+#: next install, or with the cell)
+_DEAD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class Instrumentation:
@@ -104,6 +119,8 @@ class Instrumentation:
         self.python_calls = 0  # nothing of ours runs in Python per step (see module docstring)
         self._compiled: list = [net]
         self._installed: list[tuple[object, str, object]] = []  # (parent, name, original)
+        # compiled top-level cells while installed: (cell, creation time, compile cache)
+        self._shelf: list[tuple[nn.Cell, int, frozenset]] = []
         self.forget_graphs(*compiled)
         uid = next(_uids)
         by_cell: dict[int, list[int]] = {}
@@ -144,8 +161,9 @@ class Instrumentation:
     # ---- swapping -----------------------------------------------------------------------------
 
     def forget_graphs(self, *cells) -> None:
-        """Add top-level cells whose compile caches are cleared on install and remove (and
-        clear them now if installed: a graph compiled before must not run on unobserved).
+        """Add top-level cells that must compile anew while the probes are in (and at once if
+        installed: a graph compiled before must not run on unobserved); their graphs without
+        probes come back on remove.
 
         Example:
             >>> # inst.forget_graphs(run_context.original_args().get("eval_network"))
@@ -154,11 +172,11 @@ class Instrumentation:
             if cell is not None and all(cell is not c for c in self._compiled):
                 self._compiled.append(cell)
                 if self._installed:
-                    cell.compile_cache.clear()
+                    self._shelve(cell)
 
     def install(self) -> None:
-        """Put every probe in place of its cell (all places it is a child of), then clear the
-        compile caches. Idempotent."""
+        """Put every probe in place of its cell (all places it is a child of), then make the
+        compiled cells compile anew (their graphs are kept for :meth:`remove`). Idempotent."""
         if self._installed:
             return
         holders = places(self.net)
@@ -175,20 +193,42 @@ class Instrumentation:
             for parent, name in found:
                 self._installed.append((parent, name, cell))
                 put(parent, name, probe)
-        self._clear()
+        for cell in self._compiled:
+            self._shelve(cell)
 
     def remove(self) -> None:
-        """Put the original cells back and clear the compile caches (idempotent)."""
+        """Put the original cells back and the graphs compiled before :meth:`install`; free the
+        instrumented graphs (idempotent)."""
         if not self._installed:
             return
         while self._installed:
             parent, name, cell = self._installed.pop()
             put(parent, name, cell)
-        self._clear()
+        while self._shelf:
+            self._unshelve(*self._shelf.pop())
 
-    def _clear(self) -> None:
-        for cell in self._compiled:
-            cell.compile_cache.clear()
+    def _shelve(self, cell) -> None:
+        """Keep ``cell``'s compiled graphs aside: another creation time makes it compile anew."""
+        if not isinstance(cell, nn.Cell) or any(cell is c for c, _, _ in self._shelf):
+            return
+        cache = cell.compile_cache
+        if _DEAD.pop(cell, None):
+            # an earlier pass's instrumented graph: freeing it renumbers the cell's graphs
+            # (MindSpore's arguments key), so free them all; the plain one compiles again
+            _cell_graph_executor.del_net_res(cell, set(cache))
+            cache.clear()
+        self._shelf.append((cell, cell.create_time, frozenset(cache)))
+        object.__setattr__(cell, "_create_time", max(time.time_ns(), cell.create_time + 1))
+
+    @staticmethod
+    def _unshelve(cell, created: int, phases: frozenset) -> None:
+        # the instrumented graphs stay in the compile cache, so the cell frees them when it
+        # goes (Cell.__del__), or the next install does (freeing one now would renumber the
+        # graph without probes, which then compiles again)
+        probed = set(cell.compile_cache) - phases
+        if probed:
+            _DEAD[cell] = probed
+        object.__setattr__(cell, "_create_time", created)
 
     # ---- host side ----------------------------------------------------------------------------
 

@@ -14,9 +14,10 @@ counting and the record. This subclass says how MindSpore does its part:
 * **weights**: :class:`~amct_bridge.mindspore.weights.MindSporeWeights` (OIHW, Dense (out, in),
   Conv2dTranspose (in, out, kH, kW), BatchNorm2d ``eps`` and moving statistics).
 * **statistics**: an :class:`~amct_bridge.mindspore.instrument.Instrumentation` per pass
-  (wrapper cells updating Parameters, in the graph in both modes); the compile caches of the
-  network and of every compiled top-level cell given (``Model``'s eval / train networks) are
-  cleared on install and removal, so no stale graph runs on with or without probes.
+  (wrapper cells updating Parameters, in the graph in both modes); the network and every
+  compiled top-level cell given (``Model``'s eval / train networks) compile anew while the
+  probes are in and get their graphs from before back on removal, so no stale graph runs on
+  with or without probes.
 * **write**: the core's record (flavor "mindspore" by default, or "inner") and sidecar, both
   written atomically only after everything was built.
 
@@ -161,7 +162,7 @@ class Session(CalibrationSession):
     # ---- MindSpore specifics ------------------------------------------------------------------
 
     def forget_graphs(self, *cells) -> None:
-        """Top-level cells whose compile caches are cleared on install / removal (and now, if
+        """Top-level cells that compile anew while the probes are in (and now, if
         a pass is running), e.g. ``Model._eval_network``.
 
         Example:

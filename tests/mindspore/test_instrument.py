@@ -228,6 +228,34 @@ def test_no_stale_graph_either_way(mode):
     inst.remove()
 
 
+def test_graph_without_probes_kept_across_the_swap():
+    """GRAPH_MODE: after remove, the graph compiled before install is what runs again.
+
+    MindSpore reruns a compiled graph when its phase (phase, creation time, id) is in the cell's
+    compile cache and compiled (graph.api's reuse test)."""
+    from mindspore.graph.api import _cell_graph_executor
+
+    before = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        net = make_net()
+        x = ms.Tensor(batches()[0])
+        plain = net(x).asnumpy()
+        phase, cache = net.compile_phase, set(net.compile_cache)
+        inst = Instrumentation(net, [Point("fc", "input", net.fc)])
+        inst.install()
+        net(x)
+        probed = net.compile_phase
+        assert probed != phase and _cell_graph_executor.has_compiled(phase)
+        inst.remove()
+        assert set(net.compile_cache) == cache | {probed}  # freed with the net or next install
+        assert phase in net.compile_cache and _cell_graph_executor.has_compiled(phase)
+        np.testing.assert_array_equal(net(x).asnumpy(), plain)
+        assert net.compile_phase == phase and [r.step for r in inst.drain()] == [0]
+    finally:
+        ms.set_context(mode=before)
+
+
 def dataset(n_batches: int = 2):
     from mindspore import dataset as ds
 
