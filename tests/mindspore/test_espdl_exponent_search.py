@@ -5,6 +5,7 @@ error measured here against the network's own outputs."""
 from __future__ import annotations
 
 import numpy as np
+from isolate import in_fresh_process
 from mindspore import Tensor
 from nets import resnet_user
 
@@ -13,7 +14,9 @@ from amct_bridge.espdl.exponent_search import relative_error
 from amct_bridge.espdl.v1.chip import simulate_chip
 
 
-def test_searched_exponents_of_a_model_zoo_resnet_are_no_worse(tmp_path):
+def test_searched_exponents_of_a_model_zoo_resnet_are_no_worse(tmp_path, request):
+    if in_fresh_process(request):  # out += y leaves MindSpore's scopes changed: see isolate.py
+        return
     net = resnet_user()  # model-zoo spelling: out += identity, pad_mode="pad"
     x = np.random.default_rng(0).normal(0, 1, (48, 3, 16, 16)).astype(np.float32)
     ref = net(Tensor(x)).asnumpy()
