@@ -133,6 +133,11 @@ def check_options_v3(target: str, feature_type: str) -> int:
     return FEATURE_TYPES[feature_type]
 
 
+def _same_values(layer: SourceLayer) -> bool:
+    """A layer whose output holds its input's values (so its range): reshapes, pass-throughs."""
+    return layer.op == "runtime" and layer.kind in ("Flatten", "Reshape", *PASS_THROUGH)
+
+
 @dataclass
 class V3Layer:
     """What became of one source layer: ``status`` is ``exported`` (``nodes``), ``fused``
@@ -360,8 +365,10 @@ class _Emitter:
         top = (2 ** (self.bits - 1) - 1) * 2.0 ** self.exps[tensor]
         return -top, top
 
-    def _found(self, name: str):
-        """(exponent, source, range) of layer ``name``'s output from the sidecar / record."""
+    def _found(self, name: str, seen: frozenset[str] = frozenset()):
+        """(exponent, source, range) of layer ``name``'s output from the sidecar / record;
+        through a reader that only reshapes (Flatten, Reshape, a pass-through), whose values
+        are its input's: an MLP's input is read by a Flatten that has no entry of its own."""
         found = self.finder.range_exponent(name, "output")
         if found is not None:
             return found
@@ -371,6 +378,8 @@ class _Emitter:
             found = self.finder.range_exponent(user.name, "input")
             if found is None and user.op in WEIGHT_OPS:
                 found = self.finder.record_exponent(user.name)
+            if found is None and _same_values(user) and user.name not in seen:
+                found = self._found(user.name, seen | {name})
             if found is not None:
                 return found
         return None
