@@ -24,6 +24,7 @@ import numpy as np
 from amct_bridge.espdl.evaluation import Evaluation, chip_network, evaluate_export
 from amct_bridge.espdl.v3.evaluation import evaluate_espdl_model, is_espdl_file
 from amct_bridge.keras.espdl_weights import chip_input
+from amct_bridge.keras.float_outputs import float_outputs, output_of
 from amct_bridge.keras.simulate import forward_batches, simulate
 from amct_bridge.records.model import Record
 
@@ -65,7 +66,7 @@ def evaluate_espdl(
             y,
             float_scores=float_scores,
             fake_quant_scores=fq_scores,
-            floats=lambda names: _float_outputs(model, x, names, batch_size, v3_reasons),
+            floats=lambda names: float_outputs(model, x, names, batch_size, v3_reasons),
             output=model.outputs[0]._keras_history.operation.name,
             target=target,
             batch_size=batch_size,
@@ -83,7 +84,7 @@ def evaluate_espdl(
         y,
         float_scores=float_scores,
         fake_quant_scores=fq_scores,
-        floats=lambda names: _float_outputs(model, x, names, batch_size, reasons),
+        floats=lambda names: float_outputs(model, x, names, batch_size, reasons),
         output=model.outputs[0]._keras_history.operation.name,
         target=target,
         input_exponent=input_exponent,
@@ -104,79 +105,9 @@ def host_rest(model: keras.Model, name: str, values: np.ndarray, batch: int = 64
         [[0.5, 0.5]]
     """
     try:
-        tensor = _output_of(model.get_layer(name))
+        tensor = output_of(model.get_layer(name))
         rest = keras.Model(tensor, model.outputs[0])
     except (ValueError, AttributeError, KeyError, TypeError):
         return None  # nested, shared, or other inputs reach the output: cannot cut there
     shaped = np.asarray(values, np.float32).reshape((len(values), *tensor.shape[1:]))
     return forward_batches(rest, [shaped], batch)[0]
-
-
-def _float_outputs(
-    model, x: np.ndarray, names: list[str], batch: int, reasons: dict[str, str] | None = None
-) -> dict[str, np.ndarray]:
-    """Float outputs of the record keys ``names`` (nested ``outer/inner``, ``sep/...`` parts);
-    why a name has none goes to ``reasons`` (if given)."""
-    reasons = {} if reasons is None else reasons
-    top: dict[str, list[str]] = {}  # outermost layer -> the names inside it
-    for name in names:
-        top.setdefault(name.split("/")[0], []).append(name)
-    tensors, wanted = {}, {}
-    for head, keys in top.items():
-        try:
-            layer = model.get_layer(head)
-        except ValueError:
-            for key in keys:
-                reasons[key] = f"no layer {head!r} in the Keras model"
-            continue
-        if isinstance(layer, keras.Model) and any("/" in k for k in keys):
-            tensors[head + "/<input>"] = _outer_input(layer)
-            wanted[head] = keys
-        for key in keys:
-            if key == head:
-                tensors[key] = _output_of(layer)
-            elif key == f"{head}/pointwise":  # the layer's output (activation included)
-                tensors[key] = layer.output
-            elif key == f"{head}/depthwise":
-                tensors[head + "/<input>"] = layer.input
-                wanted.setdefault(head, []).append(key)
-    inputs = model.inputs[0] if len(model.inputs) == 1 else model.inputs  # as the model is called
-    probe = keras.Model(inputs, list(tensors.values()))
-    found = dict(zip(tensors, forward_batches(probe, [x], batch), strict=True))
-    for head, keys in wanted.items():
-        layer, given = model.get_layer(head), found.pop(head + "/<input>")
-        if isinstance(layer, keras.Model):
-            inner = [k.split("/", 1)[1] for k in keys if "/" in k]
-            got = _float_outputs(layer, given, inner, batch, inner_reasons := {})
-            found.update({f"{head}/{k}": v for k, v in got.items()})
-            reasons.update({f"{head}/{k}": v for k, v in inner_reasons.items()})
-        else:  # SeparableConv2D: its depthwise part, from its input and its kernel
-            found[f"{head}/depthwise"] = _depthwise_part(layer, given)
-    return {k: found[k] for k in names if k in found}
-
-
-def _output_of(layer):
-    """The layer's output in the model calling it (a nested model's ``output`` is its inner
-    graph's tensor)."""
-    if isinstance(layer, keras.Model):
-        return layer._inbound_nodes[0].output_tensors[0]
-    return layer.output
-
-
-def _outer_input(nested: keras.Model):
-    """The tensor a nested model reads in the model that calls it (its first call)."""
-    node = nested._inbound_nodes[0]
-    tensors = node.input_tensors
-    return tensors[0] if len(tensors) == 1 else list(tensors)
-
-
-def _depthwise_part(layer, x: np.ndarray) -> np.ndarray:
-    """A SeparableConv2D's depthwise output (what ESP-DL's first part computes, no bias)."""
-    out = keras.ops.depthwise_conv(
-        keras.ops.convert_to_tensor(x),
-        layer.depthwise_kernel,
-        strides=layer.strides,
-        padding=layer.padding,
-        dilation_rate=layer.dilation_rate,
-    )
-    return np.asarray(keras.ops.convert_to_numpy(out))

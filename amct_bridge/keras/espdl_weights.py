@@ -394,11 +394,11 @@ def export_espdl(
     rule = exponents or ("max" if calibration_data is None else "search")
     if rule == "search" and calibration_data is not None:
         from amct_bridge.espdl.v1.search import search_samples
-        from amct_bridge.keras.espdl_eval import _float_outputs
+        from amct_bridge.keras.float_outputs import float_outputs
 
         x = search_samples(np.asarray(calibration_data, np.float32))
         output = model.outputs[0]._keras_history.operation.name
-        floats = lambda names: _float_outputs(model, x, names, 64)  # noqa: E731
+        floats = lambda names: float_outputs(model, x, names, 64)  # noqa: E731
         options["calibration"] = CalibrationData(x, floats, output)
     return export(record, layers, out_dir, exponents=rule, **options)
 
