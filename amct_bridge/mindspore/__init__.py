@@ -37,8 +37,7 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from amct_bridge.lazy import lazy_exports
 
 _LAZY = {
     "extract_graph": "amct_bridge.mindspore.graph",
@@ -62,12 +61,4 @@ _LAZY = {
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        # importing the submodule ``calibrate`` bound the package attribute to the module:
-        # bind the function instead
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'amct_bridge.mindspore' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -20,10 +20,8 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from amct_bridge.keras.qat import layers as _layers  # noqa: F401  (Keras registration)
+from amct_bridge.lazy import lazy_exports
 
 _LAZY = {
     "RANGE_MODES": "amct_bridge.keras.qat.layers",
@@ -39,14 +37,4 @@ _LAZY = {
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'amct_bridge.keras.qat' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

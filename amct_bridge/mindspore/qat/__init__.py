@@ -14,8 +14,7 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from amct_bridge.lazy import lazy_exports
 
 _LAZY = {
     "QATObserve": "amct_bridge.mindspore.qat.cells",
@@ -29,14 +28,4 @@ _LAZY = {
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'amct_bridge.mindspore.qat' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
