@@ -13,11 +13,6 @@ batch k together: the same samples a data-parallel step sees).
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -26,51 +21,19 @@ import numpy as np
 import pytest
 from mindspore import dataset as ds
 from ms_dp_worker import ALL, BATCH, make_data, make_model, make_net, shard_batches
+from msrun import WORLD, run_workers
 
 from amct_bridge.mindspore import QuantCalibration
 from amct_bridge.records import load
 from amct_bridge.records.calibration import load_stats, sidecar_path
 
 WORKER = Path(__file__).with_name("ms_dp_worker.py")
-WORLD = 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_msrun(out: Path, case: str, algorithm: str, samples: int, timeout: float = 120) -> dict:
     """Both ranks' reports; the run must end (well) within ``timeout``."""
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    cmd = [
-        "msrun",
-        f"--worker_num={WORLD}",
-        f"--local_worker_num={WORLD}",
-        f"--master_port={_free_port()}",
-        f"--log_dir={out / 'log'}",
-        "--join=True",
-        str(WORKER),
-        str(out),
-        case,
-        algorithm,
-        str(samples),
-    ]
-    done = subprocess.run(cmd, env=env, cwd=out, capture_output=True, text=True, timeout=timeout)
-    logs = "".join(
-        p.read_text(errors="replace")[-3000:] for p in sorted((out / "log").glob("worker_*.log"))
-    )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:] + logs
-    reports = {}
-    for r in range(WORLD):
-        path = out / "ranks" / f"rank{r}.json"
-        assert path.exists(), logs
-        reports[r] = json.loads(path.read_text())
-    return reports
+    reports = run_workers(WORKER, out, [case, algorithm, str(samples)], timeout)
+    return dict(enumerate(reports))
 
 
 def _union_dataset(x: np.ndarray, y: np.ndarray) -> ds.Dataset:

@@ -7,15 +7,11 @@ text; a rank that saves before any step, or whose weights differ, fails both ran
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from msrun import WORLD, run_workers
 
 from amct_bridge.quant.arq import arq_scales
 from amct_bridge.quant.factors import activation_factors
@@ -23,46 +19,15 @@ from amct_bridge.records import load, loads
 from amct_bridge.records.calibration import load_stats, sidecar_path
 
 WORKER = Path(__file__).with_name("ms_qat_dp_worker.py")
-WORLD = 2
 SAMPLES = 4 * WORLD * 4  # 4 batches of 4 per rank
 LAYOUTS = {"0": "OIHW", "2": "OIHW", "5": "OI"}  # the quantized cells of ms_dp_worker.make_net
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("qat_dp")
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    cmd = [
-        "msrun",
-        f"--worker_num={WORLD}",
-        f"--local_worker_num={WORLD}",
-        f"--master_port={_free_port()}",
-        f"--log_dir={out / 'log'}",
-        "--join=True",
-        str(WORKER),
-        str(out),
-        str(SAMPLES),
-    ]
-    done = subprocess.run(cmd, env=env, cwd=out, capture_output=True, text=True, timeout=240)
-    logs = "".join(
-        p.read_text(errors="replace")[-3000:] for p in sorted((out / "log").glob("worker_*.log"))
-    )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:] + logs
-    reports = []
-    for r in range(WORLD):
-        path = out / "ranks" / f"rank{r}.json"
-        assert path.exists(), logs
-        reports.append(json.loads(path.read_text())["runs"])
-    return out, reports
+    reports = run_workers(WORKER, out, [str(SAMPLES)], timeout=240)
+    return out, [report["runs"] for report in reports]
 
 
 def _merged(reports: list, mode: str, name: str) -> tuple[float, float, float]:
