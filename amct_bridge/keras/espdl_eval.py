@@ -21,6 +21,7 @@ from pathlib import Path
 import keras
 import numpy as np
 
+from amct_bridge.errors import ExportError
 from amct_bridge.espdl.evaluation import Evaluation, chip_network, evaluate_export
 from amct_bridge.espdl.v3.evaluation import evaluate_espdl_model, is_espdl_file
 from amct_bridge.keras.espdl_weights import chip_input
@@ -54,43 +55,34 @@ def evaluate_espdl(
     Example:
         >>> # see the module docstring
     """
-    if is_espdl_file(export_dir):  # ESP-DL v3: the .espdl file and its simulator
-        v3_reasons: dict[str, str] = {}  # why a tensor has no float counterpart
-        float_scores = forward_batches(model, [x], batch_size)[0]
-        fq_scores = None
-        if record is not None:
-            fq_scores = forward_batches(simulate(model, record), [x], batch_size)[0]
-        return evaluate_espdl_model(
-            export_dir,
-            chip_input(model, x),
-            y,
-            float_scores=float_scores,
-            fake_quant_scores=fq_scores,
-            floats=lambda names: float_outputs(model, x, names, batch_size, v3_reasons),
-            output=model.outputs[0]._keras_history.operation.name,
-            target=target,
-            batch_size=batch_size,
-            missing_reasons=v3_reasons,
-        )
-    net = chip_network(export_dir, x)  # before the model meets data of another shape
-    reasons: dict[str, str] = {}  # why a chip layer has no float counterpart
+    v3 = is_espdl_file(export_dir)  # ESP-DL v3: the .espdl file and its simulator
+    if v3 and input_exponent is not None:
+        raise ExportError(f"{export_dir}: an .espdl file runs at its own input exponent")
+    # v1: the chip graph before the model meets data of another shape
+    net = None if v3 else chip_network(export_dir, x)
+    reasons: dict[str, str] = {}  # why a chip layer / tensor has no float counterpart
     float_scores = forward_batches(model, [x], batch_size)[0]
     fq_scores = None
     if record is not None:
         fq_scores = forward_batches(simulate(model, record), [x], batch_size)[0]
-    return evaluate_export(
-        net,
-        x,
-        y,
+    common = dict(
         float_scores=float_scores,
         fake_quant_scores=fq_scores,
         floats=lambda names: float_outputs(model, x, names, batch_size, reasons),
         output=model.outputs[0]._keras_history.operation.name,
         target=target,
-        input_exponent=input_exponent,
         batch_size=batch_size,
         missing_reasons=reasons,
+    )
+    if v3:
+        return evaluate_espdl_model(export_dir, chip_input(model, x), y, **common)
+    return evaluate_export(
+        net,
+        x,
+        y,
+        input_exponent=input_exponent,
         host_rest=lambda name, values: host_rest(model, name, values, batch_size),
+        **common,
     )
 
 

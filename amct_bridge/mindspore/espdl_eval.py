@@ -63,14 +63,17 @@ def evaluate_espdl(
     """
     x = np.asarray(x, np.float32)
     x_chip = x.transpose(0, 2, 3, 1) if x.ndim == 4 else x  # the chip runs NHWC
-    if is_espdl_file(export_dir):  # ESP-DL v3: the .espdl file and its simulator
-        if input_exponent is not None:
-            raise ExportError(f"{export_dir}: an .espdl file runs at its own input exponent")
-        floats, float_scores, reasons, output = _float_run(net, x, batch_size)
-        fq = None
-        if record is not None:
-            outputs = simulate(net, record, x, batch_size=batch_size).outputs
-            fq = outputs[0] if isinstance(outputs, tuple) else outputs
+    v3 = is_espdl_file(export_dir)  # ESP-DL v3: the .espdl file and its simulator
+    if v3 and input_exponent is not None:
+        raise ExportError(f"{export_dir}: an .espdl file runs at its own input exponent")
+    # v1: the chip graph before the network meets data of another shape
+    chip = None if v3 else chip_network(export_dir, x_chip)
+    floats, float_scores, reasons, output = _float_run(net, x, batch_size)
+    fq = None
+    if record is not None:
+        outputs = simulate(net, record, x, batch_size=batch_size).outputs
+        fq = outputs[0] if isinstance(outputs, tuple) else outputs
+    if v3:
         return evaluate_espdl_model(
             export_dir,
             x_chip,
@@ -84,12 +87,6 @@ def evaluate_espdl(
             source_label="cell",
             missing_reasons=reasons,
         )
-    chip = chip_network(export_dir, x_chip)  # before the network meets data of another shape
-    floats, float_scores, reasons, output = _float_run(net, x, batch_size)
-    fq = None
-    if record is not None:
-        outputs = simulate(net, record, x, batch_size=batch_size).outputs
-        fq = outputs[0] if isinstance(outputs, tuple) else outputs
     return evaluate_export(
         chip,
         x_chip,
