@@ -26,7 +26,14 @@ from mindspore.nn.layer.conv import _deconv_output_length
 from amct_bridge.errors import QuantError
 from amct_bridge.mindspore.qat.fake_quant import arq_fake_quant, fake_quant_range, limits
 
-__all__ = ["OUT_AXIS", "QATObserve", "QATObserveInput", "QATQuant", "range_params"]
+__all__ = [
+    "OUT_AXIS",
+    "QATObserve",
+    "QATObserveInput",
+    "QATQuant",
+    "output_padding",
+    "range_params",
+]
 
 #: kind -> the weight's output-channel axis in MindSpore's layout (None: one scale).
 OUT_AXIS: dict[str, int | None] = {
@@ -36,6 +43,39 @@ OUT_AXIS: dict[str, int | None] = {
     "Dense": None,
     "AveragePooling2D": None,
 }
+
+
+def output_padding(cell: nn.Cell, key: str) -> tuple[int, int]:
+    """``(bottom, right)`` zero rows / columns an ``nn.Conv2dTranspose`` appends to its output.
+
+    MindSpore 2.10 applies ``output_padding`` after the transposed convolution and its bias
+    as ``ops.Pad`` with zeros (not PyTorch's extra computed rows: the bias is not added there
+    either), and only with ``pad_mode='pad'``, each value below ``max(stride, dilation)``. The
+    cell checks that when it runs; the QAT cell computes the op itself, so it is checked here.
+
+    Raises:
+        QuantError: a value the cell itself would refuse when run.
+
+    Example:
+        >>> output_padding(nn.Conv2dTranspose(1, 1, 3, 2, pad_mode="pad", output_padding=1), "up")
+        (1, 1)
+    """
+    pad = getattr(cell, "output_padding", 0)
+    pads = (int(pad), int(pad)) if isinstance(pad, int) else tuple(int(p) for p in pad)
+    for axis, p in zip(("height", "width"), pads, strict=True):
+        i = 0 if axis == "height" else 1
+        limit = max(cell.stride[i], cell.dilation[i])
+        if not 0 <= p < limit:
+            raise QuantError(
+                f"cell {key!r}: Conv2dTranspose output_padding {pad}: the {axis} value must be in "
+                f"[0, max(stride, dilation)) = [0, {limit}) (the cell itself refuses it when run)"
+            )
+    if any(pads) and not cell.is_pad:
+        raise QuantError(
+            f"cell {key!r}: Conv2dTranspose output_padding {pad} needs pad_mode='pad', not "
+            f"{cell.pad_mode!r} (the cell itself refuses it when run)"
+        )
+    return pads
 
 
 def range_params(key: str, tensor: str, *, trainable: bool) -> tuple[Parameter, ...]:
@@ -181,6 +221,10 @@ class QATQuant(nn.Cell):
         # off where a folded BN follows: its observer sees the same tensor plus the bias
         self.track_output = True
         self.is_transpose = kind == "Conv2DTranspose"
+        pads = output_padding(cell, key) if self.is_transpose else (0, 0)
+        self.has_output_padding = any(pads)
+        # as nn.Conv2dTranspose.construct: zeros after the bias, bottom rows and right columns
+        self.pad_output = ops.Pad(((0, 0), (0, 0), (0, pads[0]), (0, pads[1])))
         self.is_dense = kind == "Dense"
         self.world = 1  # set_ranks(): a data-parallel run starts learned ranges from all ranks
 
@@ -284,6 +328,8 @@ class QATQuant(nn.Cell):
         y = cell.conv2d_transpose(x, w, (n, cell.out_channels, h_out, w_out))
         if cell.has_bias:
             y = cell.bias_add(y, cell.bias)
+        if self.has_output_padding:
+            y = self.pad_output(y)
         return y
 
     def input_range(self) -> tuple[float, float, float]:

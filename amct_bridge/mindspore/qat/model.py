@@ -56,7 +56,12 @@ from amct_bridge.mindspore.cells import (
     leaf_cells,
 )
 from amct_bridge.mindspore.instrument_cells import places, put
-from amct_bridge.mindspore.qat.cells import QATObserve, QATObserveInput, QATQuant
+from amct_bridge.mindspore.qat.cells import (
+    QATObserve,
+    QATObserveInput,
+    QATQuant,
+    output_padding,
+)
 from amct_bridge.mindspore.weights import batch_norm_params, bias_of, kernel_of
 from amct_bridge.quant.factors import bits_of
 from amct_bridge.quant.fold import fold_batchnorm
@@ -161,10 +166,9 @@ def quantize_aware(
             f"{'' if not skip_layers else ', not in skip_layers'}); its cells are: "
             f"{', '.join(kinds) or 'none'}"
         )
-    for key, d in chosen.items():
-        pad = getattr(d.handle, "output_padding", 0)
-        if d.kind == "Conv2DTranspose" and pad not in (0, (0, 0)):
-            raise QuantError(f"cell {key!r}: Conv2dTranspose output_padding {pad} is not supported")
+    for key, d in chosen.items():  # refuse a bad output_padding before anything is changed
+        if d.kind == "Conv2DTranspose":
+            output_padding(d.handle, key)
     has_bn = any(d.kind in BATCH_NORM_KINDS for d in leaves.values())
     if has_bn and sample_input is None:
         raise QuantError(
