@@ -124,6 +124,11 @@ def _head_problem(layer: SourceLayer) -> str | None:
             "activation relu6: ESP-DL v1 has no ReLU6 (no clip): replace it with ReLU and "
             "fine-tune briefly, replace_relu6() of amct_bridge.keras or amct_bridge.mindspore"
         )
+    if act == "prelu":  # a layer's own PReLU (MindSpore nn.Dense(activation="prelu"))
+        return (
+            "activation 'prelu' applied by the layer itself: ESP-DL v1 fuses a PReLU only as "
+            "a separate layer after it (its alpha is read there): use an nn.PReLU cell"
+        )
     if act not in (None, *_OWN_ACTIVATIONS):
         return f"activation {act!r}: ESP-DL v1 can fuse only ReLU, LeakyReLU and PReLU"
     return None

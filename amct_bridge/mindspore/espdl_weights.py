@@ -45,6 +45,7 @@ from amct_bridge.espdl.source import SourceLayer
 from amct_bridge.espdl.v3.export import V3ExportResult, export_layers_v3
 from amct_bridge.graph.ir import Graph, Node
 from amct_bridge.mindspore.graph import extract_graph
+from amct_bridge.mindspore.graph_cells import dense_activation
 from amct_bridge.mindspore.weights import batch_norm_params, bias_of, kernel_of
 from amct_bridge.records import load
 from amct_bridge.records.calibration import CalibrationStats, load_stats, sidecar_path
@@ -159,16 +160,17 @@ def _conv(cell: Any, node: Node, graph: Graph) -> Translated:
 
 
 def _dense_activation(cell: Any) -> dict:
-    if not getattr(cell, "activation_flag", False):
+    """The activation ``nn.Dense`` applies itself, by Keras' name (``"softmax"``, ``"tanh"``:
+    the core fuses, leaves to the host or refuses it by that name); an activation the graph
+    has no name for keeps its class name (``"Mish"``), refused with it."""
+    name = dense_activation(cell)
+    if name == "linear":
         return {"activation": None}
-    act = cell.activation
-    if isinstance(act, nn.ReLU6):
-        return {"activation": "relu6"}
-    if isinstance(act, nn.ReLU):
-        return {"activation": "relu"}
-    if isinstance(act, nn.LeakyReLU):
-        return {"activation": "leaky_relu", "alpha": float(act.alpha)}
-    return {"activation": type(act).__name__}  # the exporter refuses it with this name
+    if name == "leaky_relu":
+        return {"activation": name, "alpha": float(cell.activation.alpha)}
+    if isinstance(cell.activation, nn.PReLU):
+        return {"activation": "prelu"}  # its alpha is not read: refused by the core
+    return {"activation": name}
 
 
 def _flatten_input(graph: Graph, tid: str) -> tuple[int, ...] | None:

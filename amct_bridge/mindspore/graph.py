@@ -129,7 +129,9 @@ class _Builder:
             if owners[p.index] is None:
                 continue
             for v in _node_values(p.inputs):
-                if self.same_call(owners[v[1]], owners[p.index]):
+                if self.same_call(owners[v[1]], owners[p.index]) or self.stray_activation(
+                    p, owners[v[1]], owners[p.index]
+                ):
                     ra, rb = find(v[1]), find(p.index)
                     parent[max(ra, rb)] = min(ra, rb)
         roots: dict[int, int] = {}
@@ -156,6 +158,20 @@ class _Builder:
             return True
         ca, cb = self.cells[a], self.cells[b]
         return type(ca) is type(cb) and cell_kind(ca) is None  # custom leaf cells, see above
+
+    def stray_activation(self, prim: Prim, producer: str | None, owner: str | None) -> bool:
+        """A primitive of a later ``nn.Dense``'s activation that MindIR scoped under the first
+        instance of the class (``0.activation`` for the second Dense's SiLU / GELU / LeakyReLU,
+        MindSpore 2.10) reading that later Dense: it belongs to the later Dense's call."""
+        if producer is None or owner is None or producer == owner:
+            return False
+        a, b = self.cells[producer], self.cells[owner]
+        return (
+            type(a) is type(b)
+            and cell_kind(a) == "Dense"
+            and _in_scope(prim.cell_path, f"{owner}.activation" if owner else "activation")
+            and self.cell_order.get(producer, -1) > self.cell_order.get(owner, -1)
+        )
 
     # ---- building --------------------------------------------------------------------------
     def build(self, input_shapes: list[tuple[int, ...]], outputs: list[tuple]) -> Graph:
@@ -288,6 +304,15 @@ class _Builder:
         cell = self.cells[cell_name]
         kind = cell_kind(cell)
         ops = [p.op for p in prims]
+        if kind == "Dense" and getattr(cell, "activation_flag", False):
+            # the primitives of its own activation cell (nn.Dense(activation="softmax")): the
+            # params name that activation (dense_activation), so none computes unseen
+            inner = f"{cell_name}.activation" if cell_name else "activation"
+            ops = [
+                p.op
+                for p in prims
+                if not _in_scope(p.cell_path, inner) and self.prim_cell(p) == cell_name
+            ]  # (another instance's scope: a stray_activation primitive of this call)
         required, optional = CELL_PRIMS.get(kind or "", ((), ()))
         if kind is None or (required and not any(op in required for op in ops)):
             kind = None
@@ -295,7 +320,7 @@ class _Builder:
             kind = None  # e.g. a subclass whose construct does more than its base class
         if kind is None:
             return unknown_kind(type(cell).__name__), "", {"framework_class": type(cell).__name__}
-        params = cell_params(cell, kind, in_rank, ops)
+        params = cell_params(cell, kind, in_rank, [p.op for p in prims])
         return ir_cell_kind(kind), cell_op_type(kind, params), params
 
     def prim_node(self, prim: Prim, in_rank: int) -> tuple:
@@ -389,3 +414,8 @@ def _axes(consts: list[Any], rank: int) -> tuple[int, ...] | None:
         if isinstance(c, int) and not isinstance(c, bool):
             return (_neg(int(c), rank),)
     return None
+
+
+def _in_scope(path: str, scope: str) -> bool:
+    """Whether a primitive's cell path lies in the cell named ``scope``."""
+    return path == scope or path.startswith(scope + ".")

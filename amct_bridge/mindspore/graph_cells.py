@@ -80,6 +80,42 @@ ACTIVATION_PRIMS = {
     "Floor": "Floor",
     "Round": "Round",
 }
+#: Activation cells an ``nn.Dense(activation=...)`` holds -> the fused activation's name in
+#: the graph params (Keras' names: the core's rules read ``softmax`` as channel mixing).
+DENSE_ACTIVATIONS = {
+    "ReLU": "relu",
+    "ReLU6": "relu6",
+    "LeakyReLU": "leaky_relu",
+    "Sigmoid": "sigmoid",
+    "Tanh": "tanh",
+    "Softmax": "softmax",
+    "LogSoftmax": "log_softmax",
+    "GELU": "gelu",
+    "SiLU": "silu",
+    "HSwish": "hard_silu",
+    "HSigmoid": "hard_sigmoid",
+    "ELU": "elu",
+}
+
+
+def dense_activation(cell: Any) -> str:
+    """The name of the activation an ``nn.Dense`` applies itself (``"linear"``: none); an
+    activation class outside :data:`DENSE_ACTIVATIONS` keeps its class name (``"Mish"``),
+    which no rule or exporter takes for a known one.
+
+    Example:
+        >>> from mindspore import nn
+        >>> dense_activation(nn.Dense(2, 2, activation="softmax")), dense_activation(nn.Dense(2, 2))
+        ('softmax', 'linear')
+    """
+    if not getattr(cell, "activation_flag", False):
+        return "linear"
+    for cls in type(cell.activation).__mro__:
+        if cls.__name__ in DENSE_ACTIVATIONS:
+            return DENSE_ACTIVATIONS[cls.__name__]
+    return type(cell.activation).__name__
+
+
 _PLAIN = {"Cast", "Reshape", "Mul", "Muls", "Maximum", "Minimum", "Add", "Sub"}
 #: Primitives a call of each kind must contain (one of them) and the others it may contain.
 CELL_PRIMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -192,7 +228,6 @@ def cell_params(cell: Any, kind: str, in_rank: int, prims: list[str]) -> dict[st
     if kind in ("Conv2D", "Conv2DTranspose"):
         params.update(_conv_params(cell, in_rank))
     elif kind == "Dense":
-        act = [p for p in prims if p in ACTIVATION_PRIMS]
         params.update(
             channel_axis=-1,
             units=int(cell.out_channels),
@@ -200,7 +235,7 @@ def cell_params(cell: Any, kind: str, in_rank: int, prims: list[str]) -> dict[st
             kernel_shape=tuple(int(d) for d in cell.weight.shape),
             kernel_layout="OI",
             use_bias=bool(cell.has_bias),
-            activation=ACTIVATION_PRIMS[act[0]].lower() if act else "linear",
+            activation=dense_activation(cell),
         )
     elif kind == "BatchNormalization":
         axis = 1 - in_rank if in_rank >= 2 else -1  # MindSpore normalizes axis 1
