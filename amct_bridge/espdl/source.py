@@ -100,6 +100,43 @@ PASS_THROUGH: tuple[str, ...] = (
     "FoldedBatchNorm",
 )
 
+#: Export format (``export_espdl(format=...)``) -> the runtime named in messages.
+RUNTIMES: dict[str, str] = {"v1": "ESP-DL v1", "espdl": "ESP-DL v3"}
+V1 = RUNTIMES["v1"]
+
+
+def runtime_name(format: str) -> str:
+    """The runtime an adapter's refusal reasons name: a reason written for the v1 export must
+    not show up in a v3 refusal (``ESP-DL v3 export cannot take ...: ... no ESP-DL v1 ...``).
+
+    Raises:
+        ExportError: an unknown format.
+
+    Example:
+        >>> runtime_name("espdl")
+        'ESP-DL v3'
+    """
+    if format not in RUNTIMES:
+        raise ExportError(f"format {format!r}: expected 'v1' (convert.py set) or 'espdl' (v3)")
+    return RUNTIMES[format]
+
+
+def no_equivalent(what: str, runtime: str) -> str:
+    """A refusal reason for something the adapter does not translate, worded for ``runtime``
+    (:func:`runtime_name`): v1 lacks such layers; the v3 runtime has many more, so there it is
+    this exporter that has no translation.
+
+    Example:
+        >>> no_equivalent("functional StridedSlice", "ESP-DL v1")
+        'functional StridedSlice has no ESP-DL v1 equivalent'
+        >>> no_equivalent("functional StridedSlice", "ESP-DL v3")
+        'functional StridedSlice is not translated by the ESP-DL v3 exporter'
+    """
+    if runtime == V1:
+        return f"{what} has no ESP-DL v1 equivalent"
+    return f"{what} is not translated by the {runtime} exporter"
+
+
 #: Standalone activations the runtime applies in place (output exponent = input exponent).
 _KEEPING_ACTIVATIONS = ("relu", "leaky_relu")
 

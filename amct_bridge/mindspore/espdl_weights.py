@@ -41,7 +41,7 @@ from mindspore import nn
 
 from amct_bridge.errors import ExportError
 from amct_bridge.espdl import ExportResult, export
-from amct_bridge.espdl.source import SourceLayer
+from amct_bridge.espdl.source import V1, SourceLayer, no_equivalent, runtime_name
 from amct_bridge.espdl.v3.export import V3ExportResult, export_layers_v3
 from amct_bridge.graph.ir import Graph, Node
 from amct_bridge.mindspore.graph import extract_graph
@@ -61,12 +61,17 @@ RUNTIME_KINDS: dict[str, bool] = {
 }
 _ELEMENTWISE = ("Add", "Subtract", "Multiply", "Maximum", "Minimum")
 _PASS = ("Dropout", "Identity")
-#: What to do instead, for cells users often have.
+#: What to do instead, for cells users often have (ESP-DL v1).
 HINTS: dict[str, str] = {
     "Softmax": "apply softmax on the host to the int outputs (it keeps the arg max)",
     "Conv2DTranspose": "ESP-DL v1 has no transposed convolution",
     "ReLU6": "retrain with nn.ReLU",
 }
+#: The v3 runtime runs ConvTranspose as InsertZeros + Conv: this exporter does not write it.
+_V3_TRANSPOSE = (
+    "the ESP-DL v3 exporter writes no transposed convolution (the v3 runtime runs one as "
+    "InsertZeros + Conv, which this exporter does not write yet)"
+)
 
 Translated = tuple[str, dict, dict]
 
@@ -126,9 +131,10 @@ def _padding(cell: Any, hw: tuple[int, int], kernel: tuple[int, int], strides: t
     return {"padding": "valid", "pads": pads}
 
 
-def _conv(cell: Any, node: Node, graph: Graph) -> Translated:
+def _conv(cell: Any, node: Node, graph: Graph, runtime: str) -> Translated:
     if isinstance(cell, nn.Conv2dTranspose):
-        return _unsupported(f"nn.Conv2dTranspose: {HINTS['Conv2DTranspose']}")
+        why = HINTS["Conv2DTranspose"] if runtime == V1 else _V3_TRANSPOSE
+        return _unsupported(f"nn.Conv2dTranspose: {why}")
     in_shape = graph.tensors[node.inputs[0]].shape
     problems = []
     if cell.data_format != "NCHW":
@@ -144,7 +150,7 @@ def _conv(cell: Any, node: Node, graph: Graph) -> Translated:
     strides = _pair(cell.stride)
     padding = _padding(cell, tuple(in_shape[-2:]), kernel.shape[-2:], strides)
     if problems:
-        return _unsupported(f"{', '.join(problems)}: not supported by the ESP-DL v1 exporter")
+        return _unsupported(f"{', '.join(problems)}: not supported by the {runtime} exporter")
     attrs: dict = {"activation": None, "strides": strides, **padding}
     if group == 1:
         op, hwio = "conv2d", kernel.transpose(2, 3, 1, 0)  # OIHW -> HWIO (HWCN)
@@ -183,7 +189,7 @@ def _flatten_input(graph: Graph, tid: str) -> tuple[int, ...] | None:
     return graph.tensors[node.inputs[0]].shape
 
 
-def _dense(cell: Any, node: Node, graph: Graph) -> Translated:
+def _dense(cell: Any, node: Node, graph: Graph, runtime: str) -> Translated:
     rank = len(graph.tensors[node.inputs[0]].shape)
     if rank != 2:
         return _unsupported(
@@ -191,7 +197,7 @@ def _dense(cell: Any, node: Node, graph: Graph) -> Translated:
             "chip's FullyConnected on all of it: insert nn.Flatten before it"
         )
     if node.shared:
-        return _unsupported("cell called more than once: not supported by the ESP-DL v1 exporter")
+        return _unsupported(f"cell called more than once: not supported by the {runtime} exporter")
     kernel = kernel_of(cell, node.layer).T  # (out, in) -> (in, out)
     shape = _flatten_input(graph, node.inputs[0])
     if shape is not None and len(shape) == 4 and shape[2] * shape[3] > 1:
@@ -271,7 +277,7 @@ def _readers(graph: Graph, node: Node) -> list[Node]:
     return out
 
 
-def _functional(node: Node, graph: Graph) -> Translated:
+def _functional(node: Node, graph: Graph, runtime: str) -> Translated:
     kind, prim = node.kind, node.params.get("primitive", node.kind)
     shapes = [graph.tensors[t].shape for t in node.inputs]
     if kind == "Relu":
@@ -280,7 +286,7 @@ def _functional(node: Node, graph: Graph) -> Translated:
         return "relu6", {}, {}  # refused by the plan with the replace_relu6 path
     if kind in _ELEMENTWISE:
         if len(shapes) != 2 or node.params.get("const_operands", 0):
-            return _unsupported(f"{prim} with a constant operand: ESP-DL v1 has no such layer")
+            return _unsupported(no_equivalent(f"{prim} with a constant operand", runtime))
         if shapes[0] != shapes[1]:
             return _unsupported(f"{prim} of shapes {shapes[0]} and {shapes[1]} (broadcast)")
         return "runtime", {}, {"keeps_exponent": RUNTIME_KINDS[kind]}
@@ -295,15 +301,15 @@ def _functional(node: Node, graph: Graph) -> Translated:
     if _is_flatten(graph, node):
         return _flatten(node, graph)
     return _unsupported(
-        f"functional {prim} has no ESP-DL v1 equivalent here (tensors are NCHW in MindSpore, "
+        f"{no_equivalent(f'functional {prim}', runtime)} here (tensors are NCHW in MindSpore, "
         "NHWC on the chip)"
     )
 
 
-def _layer_norm(cell: Any, node: Node, graph: Graph) -> Translated:
+def _layer_norm(cell: Any, node: Node, graph: Graph, runtime: str) -> Translated:
     """nn.LayerNorm for the v3 export: the normalized NCHW axes as NHWC axes, gamma and beta
     in the chip's order (C, H, W -> H, W, C)."""
-    op, _, attrs = _unsupported("MindSpore nn.LayerNorm has no ESP-DL v1 equivalent")
+    op, _, attrs = _unsupported(no_equivalent("MindSpore nn.LayerNorm", runtime))
     rank = len(graph.tensors[node.inputs[0]].shape)
     begin = int(cell.begin_norm_axis) % rank
     nhwc = {4: {1: 3, 2: 1, 3: 2}, 2: {1: 1}}.get(rank)
@@ -324,19 +330,20 @@ def _layer_norm(cell: Any, node: Node, graph: Graph) -> Translated:
     return op, weights, attrs
 
 
-def _translate(cell: Any, node: Node, graph: Graph) -> Translated:
-    """(op, weights, attrs) of one graph node (``attrs["kind"]`` overrides the node's kind)."""
+def _translate(cell: Any, node: Node, graph: Graph, runtime: str) -> Translated:
+    """(op, weights, attrs) of one graph node (``attrs["kind"]`` overrides the node's kind);
+    refusal reasons name ``runtime`` (:func:`amct_bridge.espdl.source.runtime_name`)."""
     if cell is None:
         if node.kind in ("MaxPooling2D", "AveragePooling2D"):
             return _pool(None, node, graph)
-        return _functional(node, graph)
+        return _functional(node, graph, runtime)
     kind = node.kind
     if isinstance(cell, nn.PReLU):  # not in the graph's cell table: an opaque leaf call
         return "prelu", {"alpha": np.asarray(cell.w.asnumpy(), np.float32)}, {}
     if kind in ("Conv2D", "Conv2DTranspose"):
-        return _conv(cell, node, graph)
+        return _conv(cell, node, graph, runtime)
     if kind == "Dense":
-        return _dense(cell, node, graph)
+        return _dense(cell, node, graph, runtime)
     if kind == "BatchNormalization":
         return _batch_norm(cell, node)
     if kind == "ReLU":
@@ -350,13 +357,13 @@ def _translate(cell: Any, node: Node, graph: Graph) -> Translated:
     if kind == "Flatten":
         return _flatten(node, graph)
     if isinstance(cell, nn.LayerNorm) and node.inputs:  # v1 refuses it; the v3 export reads it
-        return _layer_norm(cell, node, graph)
+        return _layer_norm(cell, node, graph, runtime)
     if kind in _PASS:
         return "runtime", {}, {"keeps_exponent": True}
     name = type(cell).__name__
     own = type(cell).__module__.startswith("mindspore.")
-    reason = f"{'MindSpore nn.' if own else 'cell class '}{name} has no ESP-DL v1 equivalent"
-    hint = HINTS.get(kind if kind in HINTS else name)
+    reason = no_equivalent(f"{'MindSpore nn.' if own else 'cell class '}{name}", runtime)
+    hint = HINTS.get(kind if kind in HINTS else name) if runtime == V1 else None
     op, weights, attrs = _unsupported(f"{reason} ({hint})" if hint else reason)
     if isinstance(cell, nn.Softmax) and node.inputs:  # the ESP-DL v3 export reads the axis
         rank = len(graph.tensors[node.inputs[0]].shape)
@@ -378,12 +385,14 @@ def _chip_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
     return (shape[2], shape[3], shape[1]) if len(shape) == 4 else tuple(shape[1:])
 
 
-def source_layers(net: nn.Cell, sample_input: Any) -> list[SourceLayer]:
+def source_layers(net: nn.Cell, sample_input: Any, *, format: str = "v1") -> list[SourceLayer]:
     """Translate ``net`` into :class:`SourceLayer` objects in execution order (NHWC layouts).
 
     Args:
         net: the network (it must compile in GRAPH_MODE with ``sample_input``; not run).
         sample_input: input shape such as ``(1, 3, 16, 16)``, an array or a Tensor.
+        format: the export the layers are for (``"v1"`` or ``"espdl"``): refusal reasons
+            name its runtime.
 
     Example:
         >>> from mindspore import nn
@@ -391,6 +400,7 @@ def source_layers(net: nn.Cell, sample_input: Any) -> list[SourceLayer]:
         >>> layers[0].attrs["shape"], layers[1].weights["kernel"].shape
         ((4,), (4, 2))
     """
+    runtime = runtime_name(format)
     graph = extract_graph(net, sample_input)
     cells = dict(net.cells_and_names())
     result = [
@@ -399,7 +409,7 @@ def source_layers(net: nn.Cell, sample_input: Any) -> list[SourceLayer]:
     ]
     for node in graph:
         cell = cells.get(node.layer) if node.is_layer else None
-        op, weights, attrs = _translate(cell, node, graph)
+        op, weights, attrs = _translate(cell, node, graph, runtime)
         kind = attrs.pop("kind", node.kind)
         if op != "runtime":  # messages name the MindSpore class; runtime kinds are the core's
             kind = type(cell).__name__ if cell is not None else str(node.params.get("primitive"))
@@ -486,7 +496,7 @@ def export_espdl(
         >>> entry["operation"], entry["input_exponent"], entry["output_exponent"]
         ('fully_connected', -6, -6)
     """
-    layers = source_layers(net, sample_input)
+    layers = source_layers(net, sample_input, format=format)  # refuses an unknown format
     record, stats = _resolve(record, stats)
     if record is not None:
         names = [x.name for x in layers]
@@ -513,8 +523,6 @@ def export_espdl(
         return export_layers_v3(
             layers, out_dir, record=record, stats=stats, test_input=test_input, **options
         )
-    if format != "v1":
-        raise ExportError(f"format {format!r}: expected 'v1' (convert.py set) or 'espdl' (v3)")
     rule = exponents or ("max" if calibration_data is None else "search")
     if rule == "search" and calibration_data is not None:
         from amct_bridge.espdl.exponent_search import CalibrationData
