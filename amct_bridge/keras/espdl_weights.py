@@ -29,7 +29,7 @@ import numpy as np
 from amct_bridge.errors import ExportError
 from amct_bridge.espdl import ExportResult, export
 from amct_bridge.espdl.exponent_search import CalibrationData
-from amct_bridge.espdl.source import SourceLayer
+from amct_bridge.espdl.source import V1, SourceLayer, no_equivalent, runtime_name
 from amct_bridge.espdl.v3.export import V3ExportResult, export_layers_v3
 from amct_bridge.graph.ir import Graph, Node
 from amct_bridge.keras.graph import extract_graph, find_layer
@@ -75,6 +75,11 @@ HINTS: dict[str, str] = {
     "with the first layer's input_exponent",
 }
 
+#: Hints about the v1 runtime only (the v3 export handles these kinds itself).
+_V1_HINTS = frozenset(
+    {"Subtract", "Multiply", "UpSampling2D", "Softmax", "Rescaling", "Normalization"}
+)
+
 #: Input preprocessing that keeps the shape and works per element: skipped (with
 #: skip_unsupported) right after the model input, the host applies it and the chip's input is
 #: its output.
@@ -97,21 +102,23 @@ def _own_activation(name: str) -> tuple[str | None, dict]:
     return name, {}
 
 
-def _relu(layer: Any) -> tuple[str, dict]:
+def _relu(layer: Any, runtime: str) -> tuple[str, dict]:
     max_value = layer.max_value
     slope, threshold = float(layer.negative_slope), float(layer.threshold)
     if threshold != 0.0:
-        return "unsupported", {"reason": f"ReLU threshold {threshold}: ESP-DL v1 has none"}
+        why = "ESP-DL v1 has none" if runtime == V1 else f"not translated for {runtime}"
+        return "unsupported", {"reason": f"ReLU threshold {threshold}: {why}"}
     if max_value is not None:
         if float(max_value) == 6.0 and slope == 0.0:
             return "relu6", {}
-        return "unsupported", {"reason": f"ReLU max_value {max_value}: ESP-DL v1 cannot clip"}
+        why = "ESP-DL v1 cannot clip" if runtime == V1 else f"not translated for {runtime}"
+        return "unsupported", {"reason": f"ReLU max_value {max_value}: {why}"}
     if slope != 0.0:
         return "leaky_relu", {"alpha": slope}
     return "relu", {}
 
 
-def _activation(node: Node) -> tuple[str, dict]:
+def _activation(node: Node, runtime: str) -> tuple[str, dict]:
     name = node.params.get("activation", "linear")
     if name in ("relu", "relu6"):
         return name, {}
@@ -121,11 +128,13 @@ def _activation(node: Node) -> tuple[str, dict]:
         return "runtime", {"keeps_exponent": True}
     # the v3 export reads "activation"; a final softmax / sigmoid is left to the host by v1
     # (amct_bridge.espdl.v1.head)
-    reason = f"activation {name!r}: ESP-DL v1 has no such layer"
+    reason = f"activation {name!r}: " + (
+        "ESP-DL v1 has no such layer" if runtime == V1 else f"no {runtime} op for it here"
+    )
     return "unsupported", {"reason": reason, "activation": name}
 
 
-def _layer_norm(layer: Any) -> tuple[dict, dict]:
+def _layer_norm(layer: Any, runtime: str) -> tuple[dict, dict]:
     """Weights and attributes of a LayerNormalization for the v3 export (v1 has none)."""
     weights = {}
     if layer.scale:
@@ -134,7 +143,7 @@ def _layer_norm(layer: Any) -> tuple[dict, dict]:
         weights["beta"] = _to_numpy(layer.beta)
     axis = layer.axis if isinstance(layer.axis, list | tuple) else [layer.axis]
     attrs = {
-        "reason": "Keras LayerNormalization has no ESP-DL v1 equivalent",
+        "reason": no_equivalent("Keras LayerNormalization", runtime),
         "axis": [int(a) for a in axis],
         "epsilon": float(layer.epsilon),
         "rms_scaling": bool(getattr(layer, "rms_scaling", False)),
@@ -142,16 +151,16 @@ def _layer_norm(layer: Any) -> tuple[dict, dict]:
     return weights, attrs
 
 
-def _prelu(layer: Any) -> tuple[str, dict, dict]:
+def _prelu(layer: Any, runtime: str) -> tuple[str, dict, dict]:
     alpha = _to_numpy(layer.alpha)
     per_channel = alpha.reshape(-1, alpha.shape[-1])
     if not np.all(per_channel == per_channel[0]):
-        reason = "PReLU alpha varies over positions: ESP-DL v1 takes one alpha per channel"
+        reason = f"PReLU alpha varies over positions: {runtime} takes one alpha per channel"
         return "unsupported", {}, {"reason": reason}
     return "prelu", {"alpha": per_channel[0]}, {}
 
 
-def _conv_like(layer: Any, node: Node, op: str) -> tuple[str, dict, dict]:
+def _conv_like(layer: Any, node: Node, op: str, runtime: str) -> tuple[str, dict, dict]:
     p = node.params
     problems = []
     if p.get("data_format", "channels_last") != "channels_last":
@@ -163,7 +172,7 @@ def _conv_like(layer: Any, node: Node, op: str) -> tuple[str, dict, dict]:
     if node.shared:
         problems.append("layer called more than once")
     if problems:
-        reason = f"{', '.join(problems)}: not supported by the ESP-DL v1 exporter"
+        reason = f"{', '.join(problems)}: not supported by the {runtime} exporter"
         return "unsupported", {}, {"reason": reason}
     weights: dict = {}
     if hasattr(layer, "kernel"):  # SeparableConv2D: its kernels are read by _separable
@@ -209,10 +218,10 @@ def _runtime_attrs(layer: Any, node: Node) -> dict:
     return attrs
 
 
-def _separable(layer: Any, node: Node, inputs: list[str]) -> list[SourceLayer]:
+def _separable(layer: Any, node: Node, inputs: list[str], runtime: str) -> list[SourceLayer]:
     """A SeparableConv2D as ESP-DL runs it: a depthwise conv ``<name>/depthwise`` (no bias) and
     a 1x1 conv ``<name>/pointwise`` (bias, activation), the record's two keys."""
-    op, weights, attrs = _conv_like(layer, node, "conv2d")
+    op, weights, attrs = _conv_like(layer, node, "conv2d", runtime)
     if op == "unsupported":
         return [SourceLayer(node.name, op, inputs, node.kind, {}, attrs)]
     dw_name, pw_name = f"{node.name}/depthwise", f"{node.name}/pointwise"
@@ -238,33 +247,34 @@ def _separable(layer: Any, node: Node, inputs: list[str]) -> list[SourceLayer]:
     ]
 
 
-def _translate(layer: Any, node: Node) -> tuple[str, dict, dict]:
-    """(op, weights, attrs) of one graph node (see amct_bridge.espdl.source for the ops)."""
+def _translate(layer: Any, node: Node, runtime: str) -> tuple[str, dict, dict]:
+    """(op, weights, attrs) of one graph node (see amct_bridge.espdl.source for the ops);
+    refusal reasons name ``runtime`` (:func:`amct_bridge.espdl.source.runtime_name`)."""
     kind = class_name(layer) if layer is not None else node.kind
     if kind == "Conv2D":
-        return _conv_like(layer, node, "conv2d")
+        return _conv_like(layer, node, "conv2d", runtime)
     if kind == "DepthwiseConv2D":
-        return _conv_like(layer, node, "depthwise_conv2d")
+        return _conv_like(layer, node, "depthwise_conv2d", runtime)
     if kind == "Dense":
-        return _conv_like(layer, node, "dense")
+        return _conv_like(layer, node, "dense", runtime)
     if kind == "BatchNormalization":
         return _batch_norm(layer, node)
     if kind == "ReLU":
-        op, attrs = _relu(layer)
+        op, attrs = _relu(layer, runtime)
         return op, {}, attrs
     if kind == "LeakyReLU":
         return "leaky_relu", {}, {"alpha": float(layer.negative_slope)}
     if kind == "PReLU":
-        return _prelu(layer)
+        return _prelu(layer, runtime)
     if kind == "Activation":
-        op, attrs = _activation(node)
+        op, attrs = _activation(node, runtime)
         return op, {}, attrs
     if kind in RUNTIME_KINDS:
         return "runtime", {}, {"keeps_exponent": RUNTIME_KINDS[kind], **_runtime_attrs(layer, node)}
     if kind == "LayerNormalization":  # v1 refuses it; the v3 export reads these
-        return "unsupported", *_layer_norm(layer)
-    reason = f"Keras {kind} has no ESP-DL v1 equivalent"
-    if kind in HINTS:
+        return "unsupported", *_layer_norm(layer, runtime)
+    reason = no_equivalent(f"Keras {kind}", runtime)
+    if kind in HINTS and (runtime == V1 or kind not in _V1_HINTS):
         reason += f" ({HINTS[kind]})"
     # elementwise, shape-keeping input preprocessing: skipped, the host applies it
     attrs = {"reason": reason, "host_input": kind in HOST_INPUT_KINDS}
@@ -280,11 +290,13 @@ def _input_name(graph: Graph, tid: str) -> str:
     return producer.name if producer is not None else tid.rsplit(":", 1)[0]
 
 
-def source_layers(model: keras.Model) -> list[SourceLayer]:
+def source_layers(model: keras.Model, *, format: str = "v1") -> list[SourceLayer]:
     """Translate a built Keras model into :class:`SourceLayer` objects in execution order.
 
     Args:
         model: a built Functional or Sequential Keras 3 model.
+        format: the export the layers are for (``"v1"`` or ``"espdl"``): refusal reasons
+            name its runtime.
 
     Example:
         >>> m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, name="fc"),
@@ -292,6 +304,7 @@ def source_layers(model: keras.Model) -> list[SourceLayer]:
         >>> [(s.name, s.op) for s in source_layers(m)][1:]
         [('fc', 'dense'), ('r6', 'relu6')]
     """
+    runtime = runtime_name(format)
     graph = extract_graph(model)
     result = [
         SourceLayer(  # shape without the batch axis: the C++ app's input tensor
@@ -311,13 +324,13 @@ def source_layers(model: keras.Model) -> list[SourceLayer]:
         inputs = [alias.get(name, name) for name in inputs]
         output = any(graph.is_output(t) for t in node.outputs)
         if layer is not None and class_name(layer) == "SeparableConv2D":
-            parts = _separable(layer, node, inputs)
+            parts = _separable(layer, node, inputs, runtime)
             alias[node.name] = parts[-1].name
             if output:
                 parts[-1].attrs["model_output"] = True
             result += parts
             continue
-        op, weights, attrs = _translate(layer, node)
+        op, weights, attrs = _translate(layer, node, runtime)
         if output:
             attrs["model_output"] = True
         if op == "dense":  # FullyConnected(flatten=...) in the C++ model
@@ -368,7 +381,7 @@ def export_espdl(
     A record keyed by TF op names (``keys="tf_op"``) is re-keyed by layer name, as
     :func:`amct_bridge.keras.simulate` does.
     """
-    layers = source_layers(model)
+    layers = source_layers(model, format=format)  # refuses an unknown format
     if record is not None and not isinstance(record, Record):
         from amct_bridge.records import load
 
@@ -389,8 +402,6 @@ def export_espdl(
         )
     if format == "espdl":
         return _export_v3(model, layers, record, out_dir, options)
-    if format != "v1":
-        raise ExportError(f"format {format!r}: expected 'v1' (convert.py set) or 'espdl' (v3)")
     rule = exponents or ("max" if calibration_data is None else "search")
     if rule == "search" and calibration_data is not None:
         from amct_bridge.espdl.v1.search import search_samples
