@@ -89,7 +89,7 @@ def track_ema(x, lo_p, hi_p, seen_p, decay: float, rest: float):
 def track_ema_site(x, lo_p, hi_p, seen_p, site, hot, decay: float, rest: float):
     """:func:`track_ema` of call site ``site`` (int32 scalar; ``hot``: its one-hot bool mask)
     in per-site Parameters ``[n]``: the same float32 arithmetic on that site's entry, the other
-    entries unchanged. Returns that site's new range and the whole new ``(lo, hi)`` vectors."""
+    entries unchanged. Returns the new ``(lo, hi)`` vectors."""
     xs = ops.stop_gradient(ops.cast(x, ms.float32))
     batch_lo = ops.reduce_min(xs)
     batch_hi = ops.reduce_max(xs)
@@ -101,7 +101,7 @@ def track_ema_site(x, lo_p, hi_p, seen_p, site, hot, decay: float, rest: float):
     ops.assign(lo_p, lo_all)
     ops.assign(hi_p, hi_all)
     ops.assign_add(seen_p, ops.cast(hot, ms.float32))
-    return lo, hi, lo_all, hi_all
+    return lo_all, hi_all
 
 
 def _union(lo_p, hi_p, seen_p) -> tuple[float, float, float]:
@@ -385,7 +385,7 @@ class QATQuant(_Sites, nn.Cell):
     def _update_sites(self, x, site, hot):
         """The clip range of call site ``site`` of a cell called at several sites."""
         if not self.learned:
-            _, _, lo_all, hi_all = track_ema_site(
+            lo_all, hi_all = track_ema_site(
                 x, self.in_min, self.in_max, self.in_seen, site, hot, self.decay, self.rest
             )
             # the union of the sites' EMAs (a site not seen yet holds 0, inside the range's

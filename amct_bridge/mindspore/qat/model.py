@@ -101,6 +101,8 @@ class QATInfo:
         bn_modes: folded BN key -> its ``use_batch_statistics`` before (strip_qat restores it).
         sites: key of a cell called at several sites per step -> its call sites, in
             execution order (``["relu", "relu@1", ...]``).
+        order: key (cell or functional op) -> position of its first call in the graph (the
+            sidecar lists entries in execution order, a cell's sites after its first one).
     """
 
     options: dict
@@ -112,6 +114,7 @@ class QATInfo:
     functional: dict[str, tuple[str, str]] = field(default_factory=dict)
     bn_modes: dict[str, Any] = field(default_factory=dict)
     sites: dict[str, list[str]] = field(default_factory=dict)
+    order: dict[str, int] = field(default_factory=dict)
 
 
 def quantize_aware(
@@ -279,7 +282,8 @@ def quantize_aware(
         if layer_of[reader] not in chosen and layer_of[reader] not in info.observed:
             del info.functional[op]  # read by a cell that is neither quantized nor observed
     if graph is not None:
-        for node in graph.nodes:
+        for index, node in enumerate(graph.nodes):
+            info.order.setdefault(node.layer, index)
             if node.layer in chosen and node.inputs:
                 producer = graph.producer_of(node.inputs[0])
                 if producer is not None:
@@ -314,7 +318,8 @@ def _functional_homes(graph, leaves: dict) -> dict[str, tuple[str, str]]:
 def _may_share(net: nn.Cell, leaves: dict, holders: dict) -> str:
     """Why, without a graph, a cell of ``net`` may be called at several sites per step ("": it
     cannot: nested ``nn.SequentialCell`` s call each child once, in order)."""
-    for key, cell in leaves.items():
+    for key, d in leaves.items():
+        cell = d.handle
         if len(holders.get(id(cell), ())) > 1:
             where = ", ".join(repr(n) for _, n in holders[id(cell)])
             return f"cell {key!r} ({type(cell).__name__}) is held at several places ({where})"
@@ -524,6 +529,10 @@ def _stats(info: QATInfo, wrappers: dict[str, nn.Cell], ranges: dict) -> Calibra
         if isinstance(cell, QATQuant):
             batches = max(batches, int(_input_clip(cell, ranges)[2]))
     stats.batches = batches
+    if info.order:  # execution order, as the calibration sidecar; a site after its first one
+        end = len(info.order)
+        rank = {k: info.order.get(k.split("@")[0], end) for k in stats.layers}
+        stats.layers = dict(sorted(stats.layers.items(), key=lambda kv: rank[kv[0]]))
     return stats
 
 
