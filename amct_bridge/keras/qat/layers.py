@@ -297,17 +297,16 @@ class QATQuant(keras.layers.Wrapper):
     def _quantize_activation(self, x, name, training, site=None, hot=None):
         lo_var, hi_var, seen = self.ranges[name]
         if training and hot is not None and self.site_input:
-            lo_all, hi_all = track_ema_site(x, lo_var, hi_var, seen, hot, self.ema_decay)
-            lo, hi = ops.min(lo_all), ops.max(hi_all)  # the union (unseen nodes hold 0)
+            # the union below (a node not seen yet holds 0, inside the widening to 0 anyway)
+            lo, hi = track_ema_site(x, lo_var, hi_var, seen, hot, self.ema_decay)
         elif training and hot is not None:
             lo, hi = self._update_learned_sites(x, lo_var, hi_var, seen, site, name)
         elif training:
             lo, hi = self._update_range(x, lo_var, hi_var, seen)
-        elif self.site_input:
-            lo, hi = ops.min(lo_var), ops.max(hi_var)
-            seen = ops.max(seen)
         else:
             lo, hi = lo_var, hi_var
+        if self.site_input:  # every node clips at the union of the nodes' EMAs
+            lo, hi, seen = ops.min(lo), ops.max(hi), ops.max(seen)
         y = fake_quant_range(x, lo, hi, self.bits, symmetric=not self.activation_offset)
         # Before any training batch the range is unknown: pass the input through unchanged.
         return ops.where(ops.logical_or(seen > 0, bool(training)), y, x)
