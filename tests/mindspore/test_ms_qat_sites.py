@@ -293,3 +293,45 @@ def test_sample_input_is_required_where_cells_may_be_shared():
     # nested SequentialCells call each child once: no graph needed
     nested = nn.SequentialCell([nn.SequentialCell([nn.Dense(2, 2), nn.ReLU()]), nn.Dense(2, 1)])
     assert quantize_aware(nested).amct_qat.sites == {}
+
+
+class Block(nn.Cell):
+    """A residual block written the common way: one ``relu`` before and after ``+ identity``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(2, 2, 3)
+        self.conv2 = nn.Conv2d(2, 2, 3)
+        self.relu = nn.ReLU()
+        self.flatten = nn.Flatten()
+        self.fc = nn.Dense(2 * 4 * 4, 3)
+
+    def construct(self, x):
+        y = self.relu(self.conv1(x))
+        return self.fc(self.flatten(self.relu(self.conv2(y) + y)))
+
+
+def test_an_add_read_by_a_second_site_gets_that_sites_input_range(mode, tmp_path):
+    """``out = relu(conv2(y) + y)``, the block's second call of ``relu``: the add's sidecar
+    entry is relu@1's input EMA (reference: the plain block's add output, by hand)."""
+    ms.set_seed(0)
+    net = Block()
+    net.set_train(False)
+    x = np.random.default_rng(7).normal(0, 1, (8, 2, 4, 4)).astype(np.float32)
+    qat = quantize_aware(net, ema_decay=DECAY, skip_layers=["conv1", "conv2"], sample_input=x[:1])
+    assert qat.amct_qat.functional == {"add_op0": ("Add", "relu@1")}
+    train(qat, x, np.zeros(8, np.int32))
+    before = ms.get_context("mode")
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    try:
+        adds = []
+        for k in (0, 4):
+            y = net.relu(net.conv1(Tensor(x[k : k + 4])))
+            adds.append((net.conv2(y) + y).asnumpy())
+    finally:
+        ms.set_context(mode=before)
+    save_qat_record(qat, tmp_path / "qat.txt")
+    layers = load_stats(sidecar_path(tmp_path / "qat.txt")).layers
+    got = layers["add_op0"].output
+    np.testing.assert_allclose((got.min, got.max), numpy_ema(adds), rtol=1e-6, atol=1e-7)
+    assert got.min < 0 and layers["relu@1"].output.min == 0.0  # before and after the ReLU
