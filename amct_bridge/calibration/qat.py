@@ -12,26 +12,101 @@ Sidecar rules (the calibration callback's format, ``algorithm: "qat-ema"`` / ``"
   the EMA of its output;
 * a tensor a quantized layer reads gets that reader's clip range as ``min`` / ``max`` and keeps
   the EMA as ``observed_min`` / ``observed_max`` (:func:`clipped`): the network was trained to
-  see it clipped there.
+  see it clipped there;
+* a layer called at several sites per step (one ReLU cell used four times) keeps a range per
+  site (:func:`call_sites` names them as the graph does: ``relu``, ``relu@1``...), and each
+  site gets its own entry, as in the calibration sidecar. A quantized layer called at several
+  sites clips every site's input at one range, the :func:`union_range` of its sites' ranges:
+  the record holds one ``scale_d`` / ``offset_d`` per layer, applied at every site.
 
 Example:
     >>> clipped(TensorRange(-1.0, 9.0), TensorRange(0.0, 6.0)).to_dict()
     {'min': 0.0, 'max': 6.0, 'observed_min': -1.0, 'observed_max': 9.0}
     >>> tensor_range(0.0, 1.0, seen=0) is None
     True
+    >>> union_range([(-1.0, 2.0, 3), (0.0, 5.0, 3), (-9.0, 9.0, 0)])
+    (-1.0, 5.0, 3.0)
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 from amct_bridge.calibration.records import Built, write_outputs
 from amct_bridge.errors import QuantError, ValidationError
+from amct_bridge.graph.ir import Graph
 from amct_bridge.records import dumps, validate
 from amct_bridge.records.calibration import CalibrationStats, TensorRange
 from amct_bridge.records.model import Record
 
-__all__ = ["algorithm_name", "clipped", "tensor_range", "write_qat_outputs"]
+__all__ = [
+    "algorithm_name",
+    "call_sites",
+    "clipped",
+    "shared_layers",
+    "site_names",
+    "tensor_range",
+    "union_range",
+    "write_qat_outputs",
+]
+
+
+def site_names(key: str, n: int) -> list[str]:
+    """The names of a layer's ``n`` call sites, as the graph IR names its nodes: the first site
+    is the layer's own key, the k-th ``"<key>@k"``.
+
+    Example:
+        >>> site_names("relu", 3)
+        ['relu', 'relu@1', 'relu@2']
+    """
+    return [key] + [f"{key}@{k}" for k in range(1, int(n))]
+
+
+def call_sites(graph: Graph | None) -> dict[str, list[str]]:
+    """Layer key -> its node names in execution (topological) order, for every layer the graph
+    calls more than once. The k-th call of a step is site k: QAT cells count their calls and
+    keep the state of site ``calls mod n``, as the calibration probes number their rows.
+
+    Example:
+        >>> from amct_bridge.graph.ir import Graph, Node
+        >>> g = Graph()
+        >>> for name in ("relu", "fc", "relu@1"):
+        ...     g.add_node(Node(name, name.split("@")[0], "ReLU", "Relu", [], [], {}))
+        >>> call_sites(g)
+        {'relu': ['relu', 'relu@1']}
+    """
+    if graph is None:
+        return {}
+    found: dict[str, list[str]] = {}
+    for node in graph.nodes:
+        found.setdefault(node.layer, []).append(node.name)
+    return {layer: names for layer, names in found.items() if len(names) > 1}
+
+
+def shared_layers(sites: dict[str, list[str]], keys: Iterable[str]) -> list[str]:
+    """The ``keys`` called at several sites, named with their sites (for messages).
+
+    Example:
+        >>> shared_layers({"fc": ["fc", "fc@1"]}, ["fc", "out"])
+        ["'fc' (sites fc, fc@1)"]
+    """
+    return [f"{k!r} (sites {', '.join(sites[k])})" for k in keys if k in sites]
+
+
+def union_range(rows: Iterable[tuple[float, float, float]]) -> tuple[float, float, float]:
+    """One ``(min, max, seen)`` covering every site's ``(min, max, seen)`` that saw a batch: the
+    clip range of a quantized layer called at several sites (``seen``: the most any site saw).
+    None seen: ``(0.0, 0.0, 0.0)``.
+
+    Example:
+        >>> union_range([(0.0, 1.0, 0)])
+        (0.0, 0.0, 0.0)
+    """
+    seen = [(float(lo), float(hi), float(n)) for lo, hi, n in rows if n > 0]
+    if not seen:
+        return 0.0, 0.0, 0.0
+    return min(r[0] for r in seen), max(r[1] for r in seen), max(r[2] for r in seen)
 
 
 def tensor_range(lo: float, hi: float, seen: float) -> TensorRange | None:

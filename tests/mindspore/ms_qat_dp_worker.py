@@ -8,7 +8,9 @@ test_ms_qat_dataparallel.py), on the tiny net and data of ms_dp_worker.py.
   (a directory per rank, so the test sees which rank wrote);
 * ``fail``: rank 0 saves the trained ``ema`` network, rank 1 a fresh QAT network that never
   trained (``fail.txt``);
-* ``weights``: rank 1 changes one kernel of the ``ema`` network first (``weights.txt``).
+* ``weights``: rank 1 changes one kernel of the ``ema`` network first (``weights.txt``);
+* ``sites``: the ``ema`` run on :func:`shared_relu_net`, whose one ReLU cell is called at two
+  sites (per-site ranges, ``qat-sites.txt``).
 
 Each rank writes ``OUT/ranks/rank<r>.json``: per run the record text it got (or the error), its
 QAT range Parameters and kernels before the save, the warnings logged, the seconds taken.
@@ -35,9 +37,26 @@ class _Keep(logging.Handler):
         self.messages.append(f"{record.levelname}: {record.getMessage()}")
 
 
+def shared_relu_net():
+    """ms_dp_worker.make_net's layers with one ReLU cell called at two sites (input 3x6x6)."""
+    from mindspore import nn
+
+    class SharedRelu(nn.Cell):
+        def __init__(self) -> None:
+            super().__init__()
+            seq = make_net()
+            self.conv1, self.conv2, self.flatten, self.fc = seq[0], seq[2], seq[4], seq[5]
+            self.relu = nn.ReLU()
+
+        def construct(self, x):
+            return self.fc(self.flatten(self.relu(self.conv2(self.relu(self.conv1(x))))))
+
+    return SharedRelu()
+
+
 def _state(qat) -> dict:
     params = {p.name: p.asnumpy() for p in qat.get_parameters()}  # the record's names
-    ranges = {n: float(v) for n, v in params.items() if ".qat." in n}
+    ranges = {n: v.tolist() for n, v in params.items() if ".qat." in n}  # per-site: lists
     kernels = {n: v.tolist() for n, v in params.items() if n.endswith(".weight")}
     return {"ranges": ranges, "kernels": kernels}
 
@@ -96,6 +115,14 @@ def main(out: Path, samples: int) -> None:
         )
         report["runs"][mode] = run
         trained[mode] = qat
+    data = ds.NumpySlicesDataset(
+        (x, y), ["x", "y"], shuffle=False, num_shards=world, shard_id=rank
+    ).batch(BATCH)
+    qat = quantize_aware(shared_relu_net(), "INT8", sample_input=(1, 3, 6, 6))
+    make_model(qat, True).train(1, data, dataset_sink_mode=False)
+    run = _state(qat)
+    run.update(_save(qat, records / "qat-sites.txt", keep))
+    report["runs"]["sites"] = run
     qat = trained["ema"] if rank == 0 else quantize_aware(make_net(), "INT8")
     report["runs"]["fail"] = _save(qat, records / "fail.txt", keep)
     qat = trained["ema"]

@@ -96,10 +96,35 @@ def test_ema_ranges_differ_between_ranks_learned_ones_do_not(run):
         assert not reports[r]["ema"]["log"]
 
 
+def test_per_site_ranges_merge_across_ranks(run):
+    """One ReLU cell at two sites: each site's EMA is merged on its own (steps-weighted mean of
+    the ranks' per-site values), and the sidecar names the sites as calibration does."""
+    out, reports = run
+    for r in range(WORLD):
+        assert "error" not in reports[r]["sites"], reports[r]["sites"]["error"]
+    assert reports[0]["sites"]["text"] == reports[1]["sites"]["text"]
+    got = [reports[r]["sites"]["ranges"] for r in range(WORLD)]
+    assert len(got[0]["relu.qat.output_max"]) == 2
+    assert got[0]["relu.qat.output_max"] != got[1]["relu.qat.output_max"]  # each rank's shard
+    stats = load_stats(sidecar_path(out / "record0" / "qat-sites.txt"))
+    assert stats.batches == 4 * WORLD
+    for k, site in enumerate(["relu", "relu@1"]):
+        seen = np.array([g["relu.qat.output_seen"][k] for g in got])
+        lo = np.dot([g["relu.qat.output_min"][k] for g in got], seen) / seen.sum()
+        hi = np.dot([g["relu.qat.output_max"][k] for g in got], seen) / seen.sum()
+        entry = stats.layers[site].output
+        # relu is what conv2 reads: clipped there, its own EMA kept as observed
+        observed = (entry.observed_min, entry.observed_max) if k == 0 else (entry.min, entry.max)
+        assert observed == pytest.approx((lo, hi), rel=1e-6, abs=1e-7), site
+    record = load(out / "record0" / "qat-sites.txt", flavor="inner")
+    assert sorted(record.layers) == ["conv1", "conv2", "fc"]
+
+
 def test_only_rank0_writes(run):
     out, _ = run
     expect = ["qat-ema.txt", "qat-ema.txt.calib.json", "qat-learned.txt"]
     expect.append("qat-learned.txt.calib.json")
+    expect += ["qat-sites.txt", "qat-sites.txt.calib.json"]
     assert sorted(p.name for p in (out / "record0").iterdir()) == expect
     assert not list((out / "record1").iterdir())
 

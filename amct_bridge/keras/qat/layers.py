@@ -6,6 +6,14 @@
 trained ranges into record entries (:meth:`QATQuant.factors`). All three are registered Keras
 serializables (package "amct_bridge"), so a saved QAT model loads back.
 
+A layer called at several nodes of a functional model (one ReLU layer used twice) is one
+wrapper called at each node; with ``sites = n`` (its node count in the model graph) its range
+weights hold one value per node (shape ``[n]``), a ``calls`` counter picks the node of each call
+(``calls mod n``: the model runs its nodes in the graph's order) and only that entry moves, so
+every node keeps its own range, named ``relu``, ``relu@1``... as the calibration sidecar names
+them. A quantized layer at several nodes keeps a range per node too but clips every node at
+their union (``learned``: one range): the record holds one scale_d / offset_d per layer.
+
 Example:
     >>> import keras
     >>> QATQuant(keras.layers.Dense(2), dst_type="INT4", name="fc").dst_type
@@ -18,6 +26,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from amct_bridge.calibration.qat import union_range
 from amct_bridge.errors import QuantError
 from amct_bridge.keras.qat.fake_quant import (
     arq_fake_quant,
@@ -49,18 +58,22 @@ class FoldedBatchNorm(keras.layers.Layer):
         return input_shape
 
 
-def add_range_weights(layer: keras.layers.Layer, name: str, *, trainable: bool) -> tuple:
-    """``(lo, hi, seen)`` variables of one tracked tensor of ``layer`` (``seen``: batches seen).
+def add_range_weights(
+    layer: keras.layers.Layer, name: str, *, trainable: bool, sites: int = 1
+) -> tuple:
+    """``(lo, hi, seen)`` variables of one tracked tensor of ``layer`` (``seen``: batches seen):
+    scalars, or one value per node (shape ``[sites]``) for a layer called at several nodes.
 
     Example:
         >>> # used by QATQuant.build and QATObserve.build
     """
+    shape = () if sites <= 1 else (int(sites),)
     # "mean": under tf.distribute each replica tracks its own batches and the kept range is
     # the replicas' mean (like BatchNormalization's moving statistics).
     lo, hi = (
         layer.add_weight(
             name=f"{name}_{end}",
-            shape=(),
+            shape=shape,
             initializer="zeros",
             trainable=trainable,
             aggregation="mean",
@@ -70,7 +83,7 @@ def add_range_weights(layer: keras.layers.Layer, name: str, *, trainable: bool) 
     )
     seen = layer.add_weight(
         name=f"{name}_seen",
-        shape=(),
+        shape=shape,
         initializer="zeros",
         trainable=False,
         aggregation="only_first_replica",
@@ -98,6 +111,65 @@ def track_ema(x, lo_var, hi_var, seen, decay: float):
     return lo, hi
 
 
+def track_ema_site(x, lo_var, hi_var, seen, hot, decay: float):
+    """:func:`track_ema` of the node whose one-hot bool mask is ``hot`` in per-node variables
+    ``[n]`` (the same float32 arithmetic on that entry; the others unchanged). Returns the new
+    ``(lo, hi)`` vectors.
+
+    Example:
+        >>> # see QATObserve with sites > 1
+    """
+    batch_lo = ops.stop_gradient(ops.cast(ops.min(x), "float32"))
+    batch_hi = ops.stop_gradient(ops.cast(ops.max(x), "float32"))
+    pick = lambda v: ops.sum(ops.where(hot, v, ops.zeros_like(v)))  # noqa: E731 (exact)
+    first = pick(seen) <= 0
+    lo = ops.where(first, batch_lo, decay * pick(lo_var) + (1 - decay) * batch_lo)
+    hi = ops.where(first, batch_hi, decay * pick(hi_var) + (1 - decay) * batch_hi)
+    lo_all = ops.where(hot, lo, lo_var)
+    hi_all = ops.where(hot, hi, hi_var)
+    lo_var.assign(lo_all)
+    hi_var.assign(hi_all)
+    seen.assign(seen + ops.cast(hot, "float32"))
+    return lo_all, hi_all
+
+
+def add_call_counter(layer: keras.layers.Layer, sites: int):
+    """The call counter of a layer called at ``sites`` nodes, None for one node.
+
+    Example:
+        >>> # used by QATQuant.build and QATObserve.build
+    """
+    if sites <= 1:
+        return None
+    return layer.add_weight(
+        name="calls",
+        shape=(),
+        dtype="int32",
+        initializer="zeros",
+        trainable=False,
+        aggregation="only_first_replica",
+    )
+
+
+def next_site(counter, sites: int):
+    """``(node index, its one-hot bool mask)`` of this call; counts the call."""
+    calls = ops.convert_to_tensor(counter)
+    site = ops.mod(calls, sites)
+    counter.assign(calls + 1)
+    return site, ops.equal(ops.arange(sites, dtype="int32"), site)
+
+
+def range_values(variables) -> list[tuple[float, float, float]]:
+    """``(lo, hi, seen)`` per node (one row for scalar variables).
+
+    Example:
+        >>> range_values([np.float32(0.0), np.float32(2.0), np.float32(3.0)])
+        [(0.0, 2.0, 3.0)]
+    """
+    lo, hi, seen = (np.atleast_1d(np.asarray(v, np.float64)) for v in variables)
+    return [(float(a), float(b), float(c)) for a, b, c in zip(lo, hi, seen, strict=True)]
+
+
 @keras.saving.register_keras_serializable(package="amct_bridge")
 class QATObserve(keras.layers.Wrapper):
     """Runs its layer unchanged and, while training, tracks an EMA of the output's min/max.
@@ -111,17 +183,22 @@ class QATObserve(keras.layers.Wrapper):
         'relu'
     """
 
-    def __init__(self, layer, ema_decay=0.99, **kwargs):
+    def __init__(self, layer, ema_decay=0.99, sites=1, **kwargs):
         super().__init__(layer, **kwargs)
         self.ema_decay = float(ema_decay)
+        self.sites = int(sites)
 
     def build(self, input_shape=None):
         super().build(input_shape)
-        self.output_range = add_range_weights(self, "output", trainable=False)
+        self.output_range = add_range_weights(self, "output", trainable=False, sites=self.sites)
+        self.calls = add_call_counter(self, self.sites)
 
     def call(self, inputs, training=None, **kwargs):
         y = self.layer(inputs, training=training, **kwargs)
-        if training:
+        if training and self.sites > 1:
+            _, hot = next_site(self.calls, self.sites)
+            track_ema_site(y, *self.output_range, hot, self.ema_decay)
+        elif training:
             track_ema(y, *self.output_range, self.ema_decay)
         return y
 
@@ -129,7 +206,7 @@ class QATObserve(keras.layers.Wrapper):
         return self.layer.compute_output_shape(input_shape)
 
     def get_config(self):
-        return {**super().get_config(), "ema_decay": self.ema_decay}
+        return {**super().get_config(), "ema_decay": self.ema_decay, "sites": self.sites}
 
 
 @keras.saving.register_keras_serializable(package="amct_bridge")
@@ -144,6 +221,9 @@ class QATQuant(keras.layers.Wrapper):
         activation_offset: asymmetric activations (AMCT default True); False: symmetric.
         channel_wise: per-output-channel weight scales where AMCT allows them.
         skip_fusion: written to the record (a BN follows that was not folded).
+        sites: nodes of the model that call this layer (module docstring): each keeps its own
+            output EMA and (``ema``) input EMA; every node clips at the union of the input
+            EMAs (``learned``: one range, started at the union of the first step's nodes).
 
     Example:
         >>> import keras
@@ -160,9 +240,12 @@ class QATQuant(keras.layers.Wrapper):
         activation_offset=True,
         channel_wise=True,
         skip_fusion=None,
+        sites=1,
         **kwargs,
     ):
         super().__init__(layer, **kwargs)
+        self.sites = int(sites)
+        self.site_input = self.sites > 1 and activation_range == "ema"
         self.bits = check_options(dst_type, activation_range, ema_decay)
         self.dst_type = dst_type
         self.activation_range = activation_range
@@ -180,13 +263,21 @@ class QATQuant(keras.layers.Wrapper):
         names = ["input"] + (
             ["mid"] if isinstance(self.layer, keras.layers.SeparableConv2D) else []
         )
-        self.ranges = {name: add_range_weights(self, name, trainable=trainable) for name in names}
+        per_site = self.sites if self.site_input else 1
+        self.ranges = {
+            name: add_range_weights(self, name, trainable=trainable, sites=per_site)
+            for name in names
+        }
         # The output range is only observed (EMA, never a clip): the ESP-DL export needs it in
         # the sidecar (a chain output feeding an Add, the model output); see qat.sidecar.
-        self.output_range = add_range_weights(self, "output", trainable=False)
+        self.output_range = add_range_weights(self, "output", trainable=False, sites=self.sites)
+        self.calls = add_call_counter(self, self.sites)
 
     def call(self, inputs, training=None):
-        x = self._quantize_activation(inputs, "input", training)
+        site = hot = None
+        if training and self.sites > 1:
+            site, hot = next_site(self.calls, self.sites)
+        x = self._quantize_activation(inputs, "input", training, site, hot)
         if self.spec.op is None:  # average pooling: input only
             y = self.layer(x)
         else:
@@ -195,18 +286,27 @@ class QATQuant(keras.layers.Wrapper):
                 attr: arq_fake_quant(getattr(self.layer, attr), layout, self.bits, channel_wise=cw)
                 for attr, layout in self.spec.kernels
             }
-            mid = lambda v: self._quantize_activation(v, "mid", training)  # noqa: E731
+            mid = lambda v: self._quantize_activation(v, "mid", training, site, hot)  # noqa: E731
             y = finish(self.layer, self.spec.op(self.layer, x, kernels, mid))
-        if training:
+        if training and hot is not None:
+            track_ema_site(y, *self.output_range, hot, self.ema_decay)
+        elif training:
             track_ema(y, *self.output_range, self.ema_decay)
         return y
 
-    def _quantize_activation(self, x, name, training):
+    def _quantize_activation(self, x, name, training, site=None, hot=None):
         lo_var, hi_var, seen = self.ranges[name]
-        if training:
+        if training and hot is not None and self.site_input:
+            # the union below (a node not seen yet holds 0, inside the widening to 0 anyway)
+            lo, hi = track_ema_site(x, lo_var, hi_var, seen, hot, self.ema_decay)
+        elif training and hot is not None:
+            lo, hi = self._update_learned_sites(x, lo_var, hi_var, seen, site, name)
+        elif training:
             lo, hi = self._update_range(x, lo_var, hi_var, seen)
         else:
             lo, hi = lo_var, hi_var
+        if self.site_input:  # every node clips at the union of the nodes' EMAs
+            lo, hi, seen = ops.min(lo), ops.max(hi), ops.max(seen)
         y = fake_quant_range(x, lo, hi, self.bits, symmetric=not self.activation_offset)
         # Before any training batch the range is unknown: pass the input through unchanged.
         return ops.where(ops.logical_or(seen > 0, bool(training)), y, x)
@@ -223,6 +323,32 @@ class QATQuant(keras.layers.Wrapper):
         seen.assign(seen + 1.0)  # a batch counter (the sidecar's "batches")
         return lo_var + ops.stop_gradient(lo - lo_var), hi_var + ops.stop_gradient(hi - hi_var)
 
+    def _update_learned_sites(self, x, lo_var, hi_var, seen, site, name):
+        """One learned range for every node: the first step's nodes set it (their union, the
+        first node's "mid" for a separable conv), then gradients; ``seen`` counts steps."""
+        batch_lo = ops.stop_gradient(ops.cast(ops.min(x), "float32"))
+        batch_hi = ops.stop_gradient(ops.cast(ops.max(x), "float32"))
+        first = seen <= 0
+        # the counter was already moved for this call: calls <= sites in the first step
+        widen = ops.logical_and(
+            ops.logical_and(site > 0, ops.convert_to_tensor(self.calls) <= self.sites), seen <= 1
+        )
+        lo = ops.where(first, batch_lo, ops.where(widen, ops.minimum(lo_var, batch_lo), lo_var))
+        hi = ops.where(first, batch_hi, ops.where(widen, ops.maximum(hi_var, batch_hi), hi_var))
+        lo_var.assign(ops.stop_gradient(lo))
+        hi_var.assign(ops.stop_gradient(hi))
+        seen.assign(seen + ops.cast(site == 0, "float32"))
+        return lo_var + ops.stop_gradient(lo - lo_var), hi_var + ops.stop_gradient(hi - hi_var)
+
+    def input_clip(self, name: str = "input") -> tuple[float, float, float]:
+        """``(lo, hi, seen)`` the layer clips tensor ``name`` at (several nodes: the union of
+        their EMAs).
+
+        Example:
+            >>> # lo, hi, seen = qat.get_layer("fc").input_clip()
+        """
+        return union_range(range_values(self.ranges[name]))
+
     def compute_output_shape(self, input_shape):
         return self.layer.compute_output_shape(input_shape)
 
@@ -235,6 +361,7 @@ class QATQuant(keras.layers.Wrapper):
             "activation_offset": self.activation_offset,
             "channel_wise": self.channel_wise,
             "skip_fusion": self.skip_fusion,
+            "sites": self.sites,
         }
 
     def factors(self, key: str) -> dict[str, LayerFactors]:
@@ -245,7 +372,7 @@ class QATQuant(keras.layers.Wrapper):
         parts = list(zip(("input", "mid"), attrs, strict=False))
         cw = self.channel_wise and self.spec.channel_wise
         for i, (name, attr) in enumerate(parts or [("input", None)]):
-            lo, hi, seen = (float(np.asarray(v)) for v in self.ranges[name])
+            lo, hi, seen = self.input_clip(name)
             layout = dict(self.spec.kernels).get(attr)
             entries[self.spec.key(key, i)] = layer_factors(
                 key,

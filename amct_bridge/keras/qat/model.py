@@ -27,7 +27,9 @@ moving statistics frozen into the kernel and bias, the BN replaced by a FoldedBa
 layer of the same name), so the trained kernel is the deployed kernel and the record needs no
 fusion; otherwise the layer's record carries ``skip_fusion: true``. Activations, runtime layers
 (Add, Concatenate, pools) and unfolded BNs are wrapped in a QATObserve that tracks their output
-range for the sidecar the ESP-DL export reads.
+range for the sidecar the ESP-DL export reads. A layer called at several nodes of the model
+(one ReLU layer used twice) keeps a range per node, named ``relu``, ``relu@1``... in the sidecar
+as in the calibration sidecar (:mod:`amct_bridge.keras.qat.layers`).
 
 Example:
     >>> import keras, numpy as np
@@ -41,12 +43,13 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import os
 
 import keras
 import numpy as np
 
-from amct_bridge.calibration.qat import write_qat_outputs
+from amct_bridge.calibration.qat import call_sites, shared_layers, write_qat_outputs
 from amct_bridge.errors import QuantError
 from amct_bridge.keras.layers import is_activation, is_batch_norm, is_runtime
 from amct_bridge.keras.qat.fake_quant import layer_spec
@@ -64,6 +67,8 @@ from amct_bridge.quant.factors import bits_of
 from amct_bridge.quant.fold import fold_batchnorm
 from amct_bridge.quant.qat import check_options, record_range
 from amct_bridge.records.model import Record
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "RANGE_MODES",
@@ -127,6 +132,27 @@ def quantize_aware(
     chosen = {k for k in layers if k not in set(skip_layers)}
     if not chosen:
         raise QuantError(f"model {model.name!r} has no quantizable layer to train")
+    from amct_bridge.errors import GraphError
+    from amct_bridge.keras.graph import extract_graph
+
+    try:
+        sites = call_sites(extract_graph(model))  # layer key -> its nodes' names, if several
+    except GraphError:
+        sites = {}  # an unbuilt or subclassed model: clone_with below says why it cannot
+    shared_quantized = shared_layers(sites, sorted(chosen))
+    if shared_quantized:
+        log.warning(
+            "quantize_aware(%s): quantized layer(s) %s called at several nodes: every node's "
+            "input is fake-quantized with one range (an AMCT record holds one scale_d / "
+            "offset_d per layer, which simulate applies at every node; %s), each node's "
+            "output range is kept apart in the sidecar; the ESP-DL exporters refuse a layer "
+            "called more than once: give each node a layer of its own to deploy it",
+            model.name,
+            ", ".join(shared_quantized),
+            "the union of the nodes' own EMAs"
+            if activation_range == "ema"
+            else "one learned range, started at the union of the first step's nodes",
+        )
     bns = {k: bn for k, bn in batchnorm_after(model).items() if k in chosen}
     folded = {id(bn) for bn in bns.values()} if fold_batchnorm else set()
     options = dict(
@@ -140,8 +166,9 @@ def quantize_aware(
     def make_layer(key, layer):
         if id(layer) in folded:
             return FoldedBatchNorm(name=layer.name)
+        n = len(sites.get(key, [key]))
         if key not in chosen and _observed(layer):  # its output range goes to the sidecar
-            return QATObserve(plain_copy(layer), ema_decay=ema_decay, name=layer.name)
+            return QATObserve(plain_copy(layer), ema_decay=ema_decay, sites=n, name=layer.name)
         if key not in chosen:
             return plain_copy(layer)
         config = layer.get_config()
@@ -149,7 +176,7 @@ def quantize_aware(
             config["use_bias"] = True
         skip = True if key in bns and not fold_batchnorm else None
         inner = layer.__class__.from_config(config)
-        return QATQuant(inner, skip_fusion=skip, name=layer.name, **options)
+        return QATQuant(inner, skip_fusion=skip, sites=n, name=layer.name, **options)
 
     clone, pairs = clone_with(model, make_layer)
     for key, (orig, new) in pairs.items():
@@ -185,10 +212,10 @@ def _init_ranges(qat_model: keras.Model, init_record: Record | str | os.PathLike
             continue
         bits = bits_of(f.dst_type or f.act_type or "INT8")
         lo, hi = record_range(f.scale_d, f.offset_d, bits)
-        lo_var, hi_var, seen = parts[key]
-        lo_var.assign(np.float32(lo))
-        hi_var.assign(np.float32(hi))
-        seen.assign(np.float32(1.0))
+        lo_var, hi_var, seen = parts[key]  # every node's range, for a layer at several
+        lo_var.assign(np.full(lo_var.shape, lo, np.float32))
+        hi_var.assign(np.full(hi_var.shape, hi, np.float32))
+        seen.assign(np.full(seen.shape, 1.0, np.float32))
 
 
 def _observed(layer: keras.layers.Layer) -> bool:

@@ -14,9 +14,12 @@ document from what QAT tracked while training:
   network was trained to see it clipped there; ``observed_min``/``observed_max`` keep the
   EMA), as the callback shares one observer per tensor.
 
-Raw ops (``x + y`` in a functional model) are not layers and get no entry: the exporter then
-bounds an Add2D by its inputs (docs/espdl-export.md). Entries are in execution order; nested
-models are keyed ``"outer/inner"``.
+A layer called at several nodes gets one entry per node, keyed as the graph and the
+calibration sidecar key them (``relu``, ``relu@1``...), each from that node's own range; the
+clip of a quantized reader applies to the node it reads. Raw ops (``x + y`` in a functional
+model) are not layers and get no entry: the exporter then bounds an Add2D by its inputs
+(docs/espdl-export.md). Entries are in execution order; nested models are keyed
+``"outer/inner"``.
 
 Example:
     >>> import keras, numpy as np
@@ -35,10 +38,10 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from amct_bridge.calibration.qat import algorithm_name, clipped, tensor_range
+from amct_bridge.calibration.qat import algorithm_name, clipped, site_names, tensor_range
 from amct_bridge.errors import QuantError
 from amct_bridge.keras.layers import class_name
-from amct_bridge.keras.qat.layers import FoldedBatchNorm, QATObserve, QATQuant
+from amct_bridge.keras.qat.layers import FoldedBatchNorm, QATObserve, QATQuant, range_values
 from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange
 
 __all__ = ["qat_stats"]
@@ -48,16 +51,22 @@ def _range(variables) -> TensorRange | None:
     return tensor_range(*(float(np.asarray(v)) for v in variables))
 
 
-def _producers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
-    """Layers whose outputs ``layer`` reads (in its model's graph; inputs excluded)."""
-    found = []
-    for node in getattr(layer, "_inbound_nodes", []):
-        for tensor in node.input_tensors:
-            history = getattr(tensor, "_keras_history", None)
-            op = getattr(history, "operation", None)
-            if op is not None and not isinstance(op, keras.layers.InputLayer):
-                found.append(op)
-    return found
+def _links(qat_model: keras.Model) -> tuple[dict[str, str], dict[str, str]]:
+    """From the model graph: (producer node -> the first quantized node reading it, node ->
+    the node producing its first input). Node names are the sidecar keys (``relu@1``)."""
+    from amct_bridge.keras.graph import extract_graph_and_operations
+
+    graph, operations = extract_graph_and_operations(qat_model)
+    readers: dict[str, str] = {}
+    producer_of: dict[str, str] = {}
+    for node in graph.nodes:
+        producer = graph.producer_of(node.inputs[0]) if node.inputs else None
+        if producer is None:
+            continue
+        producer_of[node.name] = producer.name
+        if isinstance(operations.get(node.layer), QATQuant):
+            readers.setdefault(producer.name, node.name)
+    return readers, producer_of
 
 
 def qat_stats(qat_model: keras.Model) -> CalibrationStats:
@@ -72,51 +81,60 @@ def qat_stats(qat_model: keras.Model) -> CalibrationStats:
         3.91
     """
     stats = CalibrationStats(algorithm="qat", batches=0)
-    found = _collect(qat_model, "", stats)
+    readers, producer_of = _links(qat_model)
+    found: list[QATQuant] = []
+    clip_at: dict[str, TensorRange | None] = {}  # node of a quantized layer -> its clip
+    for key, layer in _walk(qat_model, ""):
+        if isinstance(layer, QATQuant):
+            found.append(layer)
+            clip = tensor_range(*layer.input_clip())
+            clip_at.update(dict.fromkeys(site_names(key, layer.sites), clip))
     if not found:
         raise QuantError(f"model {qat_model.name!r} has no QAT layer: use quantize_aware(model)")
+    clip_of = {p: clip_at[r] for p, r in readers.items() if r in clip_at}
+    outputs: dict[str, TensorRange | None] = {}
+    for key, layer in _walk(qat_model, ""):
+        if isinstance(layer, (QATQuant, QATObserve)):
+            rows = range_values(layer.output_range)
+            for k, (site, row) in enumerate(zip(site_names(key, layer.sites), rows, strict=True)):
+                outputs[site] = clipped(tensor_range(*row), clip_of.get(site))
+                if isinstance(layer, QATQuant):
+                    _quant_entries(layer, site, k, outputs[site], stats)
+                else:
+                    stats.layers[site] = LayerStats(class_name(layer.layer), output=outputs[site])
+        elif isinstance(layer, FoldedBatchNorm):
+            own = outputs.get(producer_of.get(key, ""))
+            outputs[key] = clipped(own, clip_of.get(key))
+            stats.layers[key] = LayerStats("BatchNormalization", output=outputs[key])
     stats.algorithm = algorithm_name({layer.activation_range for layer in found})
-    stats.batches = max(int(np.asarray(layer.ranges["input"][2])) for layer in found)
+    stats.batches = max(int(layer.input_clip()[2]) for layer in found)
     return stats
 
 
-def _collect(model: keras.Model, prefix: str, stats: CalibrationStats) -> list[QATQuant]:
-    """Add ``model``'s entries to ``stats`` (execution order); returns its QATQuant layers."""
-    found: list[QATQuant] = []
-    # the clip range each quantized reader applies to a producer's output
-    clip_of: dict[int, TensorRange] = {}
-    for layer in model.layers:
-        if isinstance(layer, QATQuant):
-            clip = _range(layer.ranges["input"])
-            for producer in _producers(layer):
-                if clip is not None:
-                    clip_of.setdefault(id(producer), clip)
-    outputs: dict[int, TensorRange | None] = {}
+def _walk(model: keras.Model, prefix: str):
+    """``(key, layer)`` of every layer, nested models' inside (``"outer/inner"``), in order."""
     for layer in model.layers:
         key = prefix + layer.name
         if isinstance(layer, keras.Model):
-            found += _collect(layer, key + "/", stats)
-            continue
-        if isinstance(layer, QATQuant):
-            found.append(layer)
-            outputs[id(layer)] = clipped(_range(layer.output_range), clip_of.get(id(layer)))
-            _quant_entries(layer, key, outputs[id(layer)], stats)
-        elif isinstance(layer, FoldedBatchNorm):
-            folded = _producers(layer)
-            own = outputs.get(id(folded[0])) if folded else None
-            outputs[id(layer)] = clipped(own, clip_of.get(id(layer)))
-            stats.layers[key] = LayerStats("BatchNormalization", output=outputs[id(layer)])
-        elif isinstance(layer, QATObserve):
-            outputs[id(layer)] = clipped(_range(layer.output_range), clip_of.get(id(layer)))
-            stats.layers[key] = LayerStats(class_name(layer.layer), output=outputs[id(layer)])
-    return found
+            yield from _walk(layer, key + "/")
+        else:
+            yield key, layer
 
 
-def _quant_entries(layer: QATQuant, key: str, output, stats: CalibrationStats) -> None:
-    """One entry per record part: input = its clip range; the last part's output = ``output``."""
+def _quant_entries(layer: QATQuant, key: str, site: int, output, stats: CalibrationStats) -> None:
+    """One entry per record part of node ``site`` (keyed ``key``): input = its clip range (with
+    the node's own EMA as observed, for a layer at several nodes); the last part's output =
+    ``output``."""
     names = list(layer.ranges)  # "input", then "mid" for a separable conv
     kind = class_name(layer.layer)
+
+    def part_input(name):
+        clip = tensor_range(*layer.input_clip(name))
+        if not layer.site_input:
+            return clip
+        return clipped(tensor_range(*range_values(layer.ranges[name])[site]), clip)
+
     for i, name in enumerate(names):
         part_key = layer.spec.key(key, i) if i < len(layer.spec.keys) else key
-        after = _range(layer.ranges[names[i + 1]]) if i + 1 < len(names) else output
-        stats.layers[part_key] = LayerStats(kind, input=_range(layer.ranges[name]), output=after)
+        after = part_input(names[i + 1]) if i + 1 < len(names) else output
+        stats.layers[part_key] = LayerStats(kind, input=part_input(name), output=after)

@@ -8,6 +8,14 @@ never collide with the network's own names; they wrap their cell as child ``cell
 prefix (``insert_child_to_cell``), so the cell's parameters keep their names (``conv1.weight``).
 Only graph ops and ``ops.assign`` in ``construct``: GRAPH_MODE compiles them, PyNative runs them.
 
+A cell called at several sites per step (LeNet5's one ``self.relu`` called four times) gets one
+wrapper with ``sites`` = its call-site names from the graph (``relu``, ``relu@1``...): its range
+Parameters then hold one value per site (shape ``[n]``), an int32 Parameter
+``<cell>.qat.calls`` counts the training calls, and the call ``calls mod n`` updates its site's
+entry alone (a one-hot select), as the calibration probes number their rows. A quantized cell
+called at several sites keeps its sites' input EMAs apart too, but clips every site at their
+union (the record holds one scale_d / offset_d per cell); a learned range is one pair.
+
 Example:
     >>> import numpy as np
     >>> from mindspore import Tensor, nn
@@ -23,6 +31,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.nn.layer.conv import _deconv_output_length
 
+from amct_bridge.calibration.qat import union_range
 from amct_bridge.errors import QuantError
 from amct_bridge.mindspore.qat.fake_quant import arq_fake_quant, fake_quant_range, limits
 
@@ -78,20 +87,24 @@ def output_padding(cell: nn.Cell, key: str) -> tuple[int, int]:
     return pads
 
 
-def range_params(key: str, tensor: str, *, trainable: bool) -> tuple[Parameter, ...]:
-    """``(min, max, seen)`` Parameters of one tracked tensor of cell ``key``.
+def range_params(
+    key: str, tensor: str, *, trainable: bool, sites: int = 1
+) -> tuple[Parameter, ...]:
+    """``(min, max, seen)`` Parameters of one tracked tensor of cell ``key``: scalars, or one
+    value per call site (shape ``[sites]``) for a cell called at several sites.
 
     Example:
         >>> [p.name for p in range_params("conv1", "input", trainable=False)]
         ['conv1.qat.input_min', 'conv1.qat.input_max', 'conv1.qat.input_seen']
+        >>> range_params("relu", "output", trainable=False, sites=4)[0].shape
+        (4,)
     """
+    zero = np.zeros(() if sites <= 1 else (int(sites),), np.float32)
     lo, hi = (
-        Parameter(
-            Tensor(np.float32(0.0)), name=f"{key}.qat.{tensor}_{end}", requires_grad=trainable
-        )
+        Parameter(Tensor(zero), name=f"{key}.qat.{tensor}_{end}", requires_grad=trainable)
         for end in ("min", "max")
     )
-    seen = Parameter(Tensor(np.float32(0.0)), name=f"{key}.qat.{tensor}_seen", requires_grad=False)
+    seen = Parameter(Tensor(zero), name=f"{key}.qat.{tensor}_seen", requires_grad=False)
     return lo, hi, seen
 
 
@@ -113,33 +126,111 @@ def track_ema(x, lo_p, hi_p, seen_p, decay: float, rest: float):
     return lo, hi
 
 
-class QATObserve(nn.Cell):
-    """Runs ``cell`` unchanged; while training, an EMA of its output's min/max.
+def track_ema_site(x, lo_p, hi_p, seen_p, site, hot, decay: float, rest: float):
+    """:func:`track_ema` of call site ``site`` (int32 scalar; ``hot``: its one-hot bool mask)
+    in per-site Parameters ``[n]``: the same float32 arithmetic on that site's entry, the other
+    entries unchanged. Returns the new ``(lo, hi)`` vectors."""
+    xs = ops.stop_gradient(ops.cast(x, ms.float32))
+    batch_lo = ops.reduce_min(xs)
+    batch_hi = ops.reduce_max(xs)
+    first = ops.gather(seen_p, site, 0) <= 0.0
+    lo = ops.select(first, batch_lo, decay * ops.gather(lo_p, site, 0) + rest * batch_lo)
+    hi = ops.select(first, batch_hi, decay * ops.gather(hi_p, site, 0) + rest * batch_hi)
+    lo_all = ops.select(hot, ops.broadcast_to(lo, lo_p.shape), lo_p)
+    hi_all = ops.select(hot, ops.broadcast_to(hi, hi_p.shape), hi_p)
+    ops.assign(lo_p, lo_all)
+    ops.assign(hi_p, hi_all)
+    ops.assign_add(seen_p, ops.cast(hot, ms.float32))
+    return lo_all, hi_all
+
+
+def _union(lo_p, hi_p, seen_p) -> tuple[float, float, float]:
+    """A tracked tensor's ``(min, max, seen)``: its values, or the union of its sites'."""
+    lo, hi, seen = (np.atleast_1d(p.asnumpy()).astype(np.float64) for p in (lo_p, hi_p, seen_p))
+    rows = zip(lo, hi, seen, strict=True)
+    return union_range(rows)
+
+
+class _Sites:
+    """Call-site bookkeeping of a wrapper (mixed into the cells below): ``site_names``, and for
+    several sites the call counter Parameter and the site ids."""
+
+    def _init_sites(self, key: str, sites) -> None:
+        names = list(sites) if sites else [key]
+        self.site_names = names
+        self.n_sites = len(names)
+        self.shared = self.n_sites > 1
+        if self.shared:
+            self.calls = Parameter(
+                Tensor(np.int32(0)), name=f"{key}.qat.calls", requires_grad=False
+            )
+            self.site_ids = Tensor(np.arange(self.n_sites, dtype=np.int32))
+            self.one = Tensor(1, ms.int32)
+
+    def _site(self):
+        """This call's site (int32 scalar) and its one-hot mask; counts the call."""
+        site = ops.floor_mod(self.calls + 0, self.n_sites)  # read before the increment
+        ops.assign_add(self.calls, self.one)
+        return site, ops.equal(self.site_ids, site)
+
+    def tracked(self) -> dict[tuple[str, str], tuple[float, float, float]]:
+        """``(site or cell name, "input" / "output") -> (min, max, seen)`` of every tracked
+        tensor: one row per site where the state is per site, else one under the cell's key."""
+        out = {}
+        for tensor, params in self._tracked_params():
+            values = [p.asnumpy().astype(np.float64) for p in params]
+            if values[0].ndim == 0:
+                out[(self.key, tensor)] = tuple(float(v) for v in values)
+            else:
+                for k, name in enumerate(self.site_names):
+                    out[(name, tensor)] = tuple(float(v[k]) for v in values)
+        return out
+
+
+class QATObserve(_Sites, nn.Cell):
+    """Runs ``cell`` unchanged; while training, an EMA of its output's min/max (per call site
+    when ``sites`` names several).
 
     Example:
         >>> o = QATObserve(nn.ReLU(), "relu")
         >>> [p.name for p in o.get_parameters()][0]
         'relu.qat.output_min'
+        >>> QATObserve(nn.ReLU(), "relu", sites=["relu", "relu@1"]).out_max.shape
+        (2,)
     """
 
-    def __init__(self, cell: nn.Cell, key: str, ema_decay: float = 0.99) -> None:
+    def __init__(
+        self, cell: nn.Cell, key: str, ema_decay: float = 0.99, sites: list[str] | None = None
+    ) -> None:
         super().__init__(auto_prefix=False)
         self.insert_child_to_cell("cell", cell)
         self.key = key
         self.decay = float(ema_decay)
         self.rest = float(1.0 - ema_decay)
-        self.out_min, self.out_max, self.out_seen = range_params(key, "output", trainable=False)
+        self._init_sites(key, sites)
+        self.out_min, self.out_max, self.out_seen = range_params(
+            key, "output", trainable=False, sites=self.n_sites
+        )
+
+    def _tracked_params(self):
+        return [("output", (self.out_min, self.out_max, self.out_seen))]
 
     def construct(self, *inputs):
         """The cell's output; its range is tracked in training."""
         y = self.cell(*inputs)
         if self.training:
-            track_ema(y, self.out_min, self.out_max, self.out_seen, self.decay, self.rest)
+            if self.shared:
+                site, hot = self._site()
+                track_ema_site(
+                    y, self.out_min, self.out_max, self.out_seen, site, hot, self.decay, self.rest
+                )
+            else:
+                track_ema(y, self.out_min, self.out_max, self.out_seen, self.decay, self.rest)
         return y
 
     def output_range(self) -> tuple[float, float, float]:
-        """``(min, max, seen)`` of the output, as floats."""
-        return tuple(float(p.asnumpy()) for p in (self.out_min, self.out_max, self.out_seen))
+        """``(min, max, seen)`` of the output, as floats (several sites: their union)."""
+        return _union(self.out_min, self.out_max, self.out_seen)
 
 
 class QATObserveInput(QATObserve):
@@ -152,25 +243,40 @@ class QATObserveInput(QATObserve):
         ['relu.qat.input_max', 'relu.qat.input_min']
     """
 
-    def __init__(self, cell: nn.Cell, key: str, ema_decay: float = 0.99) -> None:
-        super().__init__(cell, key, ema_decay)
-        self.in_min, self.in_max, self.in_seen = range_params(key, "input", trainable=False)
+    def __init__(
+        self, cell: nn.Cell, key: str, ema_decay: float = 0.99, sites: list[str] | None = None
+    ) -> None:
+        super().__init__(cell, key, ema_decay, sites)
+        self.in_min, self.in_max, self.in_seen = range_params(
+            key, "input", trainable=False, sites=self.n_sites
+        )
+
+    def _tracked_params(self):
+        return [("input", (self.in_min, self.in_max, self.in_seen)), *super()._tracked_params()]
 
     def construct(self, *inputs):
         """The cell's output; its input and output ranges are tracked in training."""
-        if self.training:
-            track_ema(inputs[0], self.in_min, self.in_max, self.in_seen, self.decay, self.rest)
-        y = self.cell(*inputs)
-        if self.training:
+        if not self.training:
+            return self.cell(*inputs)
+        x = inputs[0]
+        if self.shared:
+            site, hot = self._site()
+            d, r = self.decay, self.rest
+            track_ema_site(x, self.in_min, self.in_max, self.in_seen, site, hot, d, r)
+            y = self.cell(*inputs)
+            track_ema_site(y, self.out_min, self.out_max, self.out_seen, site, hot, d, r)
+        else:
+            track_ema(x, self.in_min, self.in_max, self.in_seen, self.decay, self.rest)
+            y = self.cell(*inputs)
             track_ema(y, self.out_min, self.out_max, self.out_seen, self.decay, self.rest)
         return y
 
     def input_range(self) -> tuple[float, float, float]:
-        """``(min, max, seen)`` of the input, as floats."""
-        return tuple(float(p.asnumpy()) for p in (self.in_min, self.in_max, self.in_seen))
+        """``(min, max, seen)`` of the input, as floats (several sites: their union)."""
+        return _union(self.in_min, self.in_max, self.in_seen)
 
 
-class QATQuant(nn.Cell):
+class QATQuant(_Sites, nn.Cell):
     """Fake-quantizes ``cell``'s input (clip range tracked or learned) and weight (ARQ,
     recomputed every step), then computes the cell's op on them (docs/qat.md, MindSpore).
 
@@ -184,6 +290,10 @@ class QATQuant(nn.Cell):
         ema_decay: EMA momentum.
         symmetric: offset 0 for the input (``activation_offset=False``).
         channel_wise: per-output-channel weight scales (convolutions).
+        sites: the cell's call-site names when it is called at several sites per step: each
+            keeps its own output EMA and (``ema``) input EMA; every site clips at the union of
+            the input EMAs (``learned``: one range, started at the union of the first step's
+            sites), as the record holds one scale_d / offset_d per cell.
 
     Example:
         >>> q = QATQuant(nn.Conv2d(1, 2, 3), "conv", "Conv2D", bits=8)
@@ -201,6 +311,7 @@ class QATQuant(nn.Cell):
         ema_decay: float = 0.99,
         symmetric: bool = False,
         channel_wise: bool = True,
+        sites: list[str] | None = None,
     ) -> None:
         super().__init__(auto_prefix=False)
         if kind not in OUT_AXIS:
@@ -216,8 +327,14 @@ class QATQuant(nn.Cell):
         self.symmetric = bool(symmetric)
         self.has_weight = kind != "AveragePooling2D"
         self.out_axis = OUT_AXIS[kind] if channel_wise else None
-        self.in_min, self.in_max, self.in_seen = range_params(key, "input", trainable=self.learned)
-        self.out_min, self.out_max, self.out_seen = range_params(key, "output", trainable=False)
+        self._init_sites(key, sites)
+        self.site_input = self.shared and not self.learned  # an input EMA per site
+        self.in_min, self.in_max, self.in_seen = range_params(
+            key, "input", trainable=self.learned, sites=self.n_sites if self.site_input else 1
+        )
+        self.out_min, self.out_max, self.out_seen = range_params(
+            key, "output", trainable=False, sites=self.n_sites
+        )
         # off where a folded BN follows: its observer sees the same tensor plus the bias
         self.track_output = True
         self.is_transpose = kind == "Conv2DTranspose"
@@ -249,43 +366,89 @@ class QATQuant(nn.Cell):
     def construct(self, x):
         """The cell's output on the fake-quantized input and weight."""
         if self.training:
+            if self.shared:
+                site, hot = self._site()
+                lo, hi = self._update_sites(x, site, hot)
+                y = self._op(fake_quant_range(x, lo, hi, self.qmin, self.qmax, self.symmetric))
+                if self.track_output:
+                    d, r = self.decay, self.rest
+                    track_ema_site(y, self.out_min, self.out_max, self.out_seen, site, hot, d, r)
+                return y
             lo, hi = self._update(x)
-            xq = fake_quant_range(x, lo, hi, self.qmin, self.qmax, self.symmetric)
+            y = self._op(fake_quant_range(x, lo, hi, self.qmin, self.qmax, self.symmetric))
+            if self.track_output:
+                track_ema(y, self.out_min, self.out_max, self.out_seen, self.decay, self.rest)
+            return y
+        if self.site_input:  # every site clips at the union of the sites' EMAs
+            lo, hi = ops.reduce_min(self.in_min), ops.reduce_max(self.in_max)
+            seen = ops.reduce_max(self.in_seen)
         else:
-            xq = fake_quant_range(x, self.in_min, self.in_max, self.qmin, self.qmax, self.symmetric)
-            # before any training batch the range is unknown: the input passes unchanged
-            xq = ops.select(ops.broadcast_to(self.in_seen > 0.0, x.shape), xq, x)
-        if self.has_weight:
-            w = arq_fake_quant(self.cell.weight, self.out_axis, self.qmin, self.qmax)
-            if self.is_dense:
-                y = self._dense(xq, w)
-            elif self.is_transpose:
-                y = self._transpose(xq, w)
-            else:
-                y = self.cell.conv2d(xq, w)
-                if self.cell.has_bias:
-                    y = self.cell.bias_add(y, self.cell.bias)
-        else:
-            y = self.cell(xq)
-        if self.training and self.track_output:
-            track_ema(y, self.out_min, self.out_max, self.out_seen, self.decay, self.rest)
+            lo, hi, seen = self.in_min, self.in_max, self.in_seen
+        xq = fake_quant_range(x, lo, hi, self.qmin, self.qmax, self.symmetric)
+        # before any training batch the range is unknown: the input passes unchanged
+        xq = ops.select(ops.broadcast_to(seen > 0.0, x.shape), xq, x)
+        return self._op(xq)
+
+    def _op(self, xq):
+        """The cell's op on the fake-quantized input, with the fake-quantized weight."""
+        if not self.has_weight:
+            return self.cell(xq)
+        w = arq_fake_quant(self.cell.weight, self.out_axis, self.qmin, self.qmax)
+        if self.is_dense:
+            return self._dense(xq, w)
+        if self.is_transpose:
+            return self._transpose(xq, w)
+        y = self.cell.conv2d(xq, w)
+        if self.cell.has_bias:
+            y = self.cell.bias_add(y, self.cell.bias)
         return y
+
+    def _batch_range(self, x):
+        """``x``'s min / max (over every rank's batch for a learned range of a data-parallel
+        run: that range starts there)."""
+        xs = ops.stop_gradient(x)
+        batch_lo, batch_hi = ops.reduce_min(xs), ops.reduce_max(xs)
+        if self.world > 1:
+            rows = self.all_reduce(self.rank_row * ops.stack([batch_lo, batch_hi]).reshape(1, 2))
+            batch_lo, batch_hi = ops.reduce_min(rows[:, 0]), ops.reduce_max(rows[:, 1])
+        return batch_lo, batch_hi
 
     def _update(self, x):
         if not self.learned:
             return track_ema(x, self.in_min, self.in_max, self.in_seen, self.decay, self.rest)
         # learned: the first batch sets the range, then only gradients move it
-        xs = ops.stop_gradient(x)
         first = self.in_seen <= 0.0
-        batch_lo, batch_hi = ops.reduce_min(xs), ops.reduce_max(xs)
-        if self.world > 1:
-            rows = self.all_reduce(self.rank_row * ops.stack([batch_lo, batch_hi]).reshape(1, 2))
-            batch_lo, batch_hi = ops.reduce_min(rows[:, 0]), ops.reduce_max(rows[:, 1])
+        batch_lo, batch_hi = self._batch_range(x)
         lo = ops.select(first, batch_lo, self.in_min)
         hi = ops.select(first, batch_hi, self.in_max)
         ops.assign(self.in_min, ops.stop_gradient(lo))
         ops.assign(self.in_max, ops.stop_gradient(hi))
         ops.assign_add(self.in_seen, ops.ones_like(self.in_seen))
+        return lo, hi
+
+    def _update_sites(self, x, site, hot):
+        """The clip range of call site ``site`` of a cell called at several sites."""
+        if not self.learned:
+            lo_all, hi_all = track_ema_site(
+                x, self.in_min, self.in_max, self.in_seen, site, hot, self.decay, self.rest
+            )
+            # the union of the sites' EMAs (a site not seen yet holds 0, inside the range's
+            # widening to 0 anyway): what the record's one scale_d / offset_d encodes
+            return ops.reduce_min(lo_all), ops.reduce_max(hi_all)
+        # learned: one range for every site; the first step's sites set it (their union),
+        # then only gradients move it; ``seen`` counts steps (site 0's calls)
+        batch_lo, batch_hi = self._batch_range(x)
+        first = self.in_seen <= 0.0
+        widen = ops.logical_and(
+            ops.logical_and(site > 0, self.calls <= self.n_sites), self.in_seen <= 1.0
+        )
+        lo = ops.select(first, batch_lo, self.in_min)
+        hi = ops.select(first, batch_hi, self.in_max)
+        lo = ops.select(widen, ops.minimum(lo, batch_lo), lo)
+        hi = ops.select(widen, ops.maximum(hi, batch_hi), hi)
+        ops.assign(self.in_min, ops.stop_gradient(lo))
+        ops.assign(self.in_max, ops.stop_gradient(hi))
+        ops.assign_add(self.in_seen, ops.cast(site == 0, ms.float32))
         return lo, hi
 
     def _dense(self, x, w):
@@ -333,16 +496,25 @@ class QATQuant(nn.Cell):
         return y
 
     def input_range(self) -> tuple[float, float, float]:
-        """``(min, max, seen)`` of the input clip range, as floats."""
-        return tuple(float(p.asnumpy()) for p in (self.in_min, self.in_max, self.in_seen))
+        """``(min, max, seen)`` of the input clip range, as floats (several sites: the union
+        of their EMAs, what every site clips at)."""
+        return _union(self.in_min, self.in_max, self.in_seen)
 
     def output_range(self) -> tuple[float, float, float]:
-        """``(min, max, seen)`` of the output EMA, as floats."""
-        return tuple(float(p.asnumpy()) for p in (self.out_min, self.out_max, self.out_seen))
+        """``(min, max, seen)`` of the output EMA, as floats (several sites: their union)."""
+        return _union(self.out_min, self.out_max, self.out_seen)
+
+    def _tracked_params(self):
+        return [
+            ("input", (self.in_min, self.in_max, self.in_seen)),
+            ("output", (self.out_min, self.out_max, self.out_seen)),
+        ]
 
     def set_input_range(self, lo: float, hi: float) -> None:
         """Start from the range ``[lo, hi]`` (``init_record``): training continues the EMA (or
-        the learned range) from it instead of from the first batch."""
-        self.in_min.set_data(Tensor(np.float32(lo)))
-        self.in_max.set_data(Tensor(np.float32(hi)))
-        self.in_seen.set_data(Tensor(np.float32(1.0)))
+        the learned range) from it instead of from the first batch (every site's EMA for a
+        cell called at several sites)."""
+        shape = self.in_min.shape
+        self.in_min.set_data(Tensor(np.full(shape, lo, np.float32)))
+        self.in_max.set_data(Tensor(np.full(shape, hi, np.float32)))
+        self.in_seen.set_data(Tensor(np.full(shape, 1.0, np.float32)))

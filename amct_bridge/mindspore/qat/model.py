@@ -19,6 +19,12 @@ folded into its weight before training and becomes an exact identity plus bias (
 0, variance ``1 - eps``, ``beta`` = the folded bias, moving statistics frozen): the cell
 classes and parameter names stay the network's, and the trained weight is the deployed one.
 
+A cell called at several sites per step (the tutorial LeNet5 calls one ``self.relu`` four
+times) keeps a range per call site, named as the graph names its nodes (``relu``, ``relu@1``...):
+the sidecar gets an entry per site, as the calibration sidecar does, and the export takes each
+site's range (:mod:`amct_bridge.mindspore.qat.cells`). The call sites come from the graph of
+``sample_input``, so a network with a ``construct`` of its own needs it.
+
 Example:
     >>> import numpy as np
     >>> from mindspore import Tensor, nn
@@ -45,7 +51,15 @@ from mindspore import Tensor, nn
 from amct_bridge.calibration.layers import ModelDesc
 from amct_bridge.calibration.merge import agree, differing, merge_tracked
 from amct_bridge.calibration.plan import batchnorm_chains
-from amct_bridge.calibration.qat import algorithm_name, clipped, tensor_range, write_qat_outputs
+from amct_bridge.calibration.qat import (
+    algorithm_name,
+    call_sites,
+    clipped,
+    shared_layers,
+    tensor_range,
+    union_range,
+    write_qat_outputs,
+)
 from amct_bridge.errors import CalibrationError, QuantError, RecordError
 from amct_bridge.mindspore.cells import (
     BATCH_NORM_KINDS,
@@ -85,10 +99,15 @@ class QATInfo:
         unfolded: quantized key -> key of the BatchNorm2d that follows it, not folded
             (``skip_fusion``).
         observed: key -> kind of each QATObserve cell.
-        readers: key of a cell whose output a quantized cell reads -> that reader's key.
+        readers: call site (graph node name: ``relu``, ``relu@1``) whose output a quantized
+            cell reads -> that reader's call site.
         functional: functional op (``x + y``, ``ops.concat``: graph node name) -> (its kind,
-            the key of the cell that reads its output alone and so observes its range).
+            the call site of the cell that reads its output alone and so observes its range).
         bn_modes: folded BN key -> its ``use_batch_statistics`` before (strip_qat restores it).
+        sites: key of a cell called at several sites per step -> its call sites, in
+            execution order (``["relu", "relu@1", ...]``).
+        order: key (cell or functional op) -> position of its first call in the graph (the
+            sidecar lists entries in execution order, a cell's sites after its first one).
     """
 
     options: dict
@@ -99,6 +118,8 @@ class QATInfo:
     readers: dict[str, str] = field(default_factory=dict)
     functional: dict[str, tuple[str, str]] = field(default_factory=dict)
     bn_modes: dict[str, Any] = field(default_factory=dict)
+    sites: dict[str, list[str]] = field(default_factory=dict)
+    order: dict[str, int] = field(default_factory=dict)
 
 
 def quantize_aware(
@@ -129,8 +150,10 @@ def quantize_aware(
             input ranges, so the first training step quantizes with calibrated ranges (AMCT's
             ``UlqInitializer(record)``).
         sample_input: an input shape, array or Tensor: the graph tells which BatchNorm2d
-            follows which cell, and which cell's output each quantized cell reads (sidecar).
-            Needed when the network has BatchNorm2d cells.
+            follows which cell, which cell's output each quantized cell reads (sidecar), and
+            which cells are called at several sites (each site keeps its own ranges). Needed
+            when the network has BatchNorm2d cells or a ``construct`` of its own (anything but
+            nested ``nn.SequentialCell`` s), or holds one cell at several places.
 
     Returns:
         A new ``nn.Cell`` (the same classes, ``amct_qat`` holding a :class:`QATInfo`): train it
@@ -138,7 +161,7 @@ def quantize_aware(
 
     Raises:
         QuantError: a bad option, a ``skip_layers`` name that is no quantizable cell, no
-            quantizable cell at all, or BatchNorm2d cells without ``sample_input``.
+            quantizable cell at all, or no ``sample_input`` for a network that needs it.
         RecordError: ``init_record`` names a cell that is not quantized here.
 
     Example:
@@ -175,11 +198,21 @@ def quantize_aware(
             f"network {name!r} has BatchNorm2d cells: give sample_input (an input shape or array) "
             "so the graph tells which BatchNorm2d follows which quantized cell"
         )
+    holders = places(qat)
+    if sample_input is None:
+        why = _may_share(qat, leaves, holders)
+        if why:
+            raise QuantError(
+                f"network {name!r}: give sample_input (an input shape or array): {why}, so a "
+                "cell may be called at several sites, and only the graph tells; each site then "
+                "keeps its own ranges (one range for all would merge them)"
+            )
     graph = None
     if sample_input is not None:
         from amct_bridge.mindspore.graph import extract_graph
 
         graph = extract_graph(qat, sample_input)
+    sites = {k: v for k, v in call_sites(graph).items() if k in leaves}
     desc = ModelDesc(
         name,
         leaves,
@@ -202,7 +235,21 @@ def quantize_aware(
     from amct_bridge.mindspore import distributed
 
     group = distributed.current() if activation_range == "learned" else None
-    holders = places(qat)
+    info.sites = sites
+    shared_quantized = shared_layers(sites, chosen)
+    if shared_quantized:
+        log.warning(
+            "quantize_aware(%s): quantized cell(s) %s called at several sites: every site's "
+            "input is fake-quantized with one range (an AMCT record holds one scale_d / "
+            "offset_d per cell, which simulate applies at every site; %s), each site's output "
+            "range is kept apart in the sidecar; the ESP-DL exporters refuse a cell called "
+            "more than once: give each site a cell of its own to deploy it",
+            name,
+            ", ".join(shared_quantized),
+            "the union of the sites' own EMAs"
+            if activation_range == "ema"
+            else "one learned range, started at the union of the first step's sites",
+        )
     for key, d in chosen.items():
         if fold_batchnorm and key in chains:
             _fold(d.handle, leaves[chains[key]].handle, key, chains[key], d.parts[0].layout)
@@ -219,54 +266,74 @@ def quantize_aware(
             ema_decay,
             symmetric=not activation_offset,
             channel_wise=channel_wise and d.parts[0].channel_wise,
+            sites=sites.get(key),
         )
         wrapper.track_output = key not in info.folded  # the folded BN's observer has it
         if group is not None:
             wrapper.set_ranks(group.rank, group.world)
         _swap(holders, d.handle, wrapper, key)
         info.quantized[key] = d.parts[0].layout
-    info.functional = _functional_homes(graph, leaves, chosen)
-    watch_input = {reader for _, reader in info.functional.values()}
+    info.functional = _functional_homes(graph, leaves)
+    layer_of = {n.name: n.layer for n in graph.nodes} if graph is not None else {}
+    watch_input = {layer_of[reader] for _, reader in info.functional.values()}
     for key, d in leaves.items():
         if key in chosen or not (d.activation or d.runtime or d.kind in BATCH_NORM_KINDS):
             continue
         kind = QATObserveInput if key in watch_input else QATObserve
-        _swap(holders, d.handle, kind(d.handle, key, ema_decay), key)
+        _swap(holders, d.handle, kind(d.handle, key, ema_decay, sites.get(key)), key)
         info.observed[key] = d.kind
     for op, (_, reader) in list(info.functional.items()):
-        if reader not in chosen and reader not in info.observed:
+        if layer_of[reader] not in chosen and layer_of[reader] not in info.observed:
             del info.functional[op]  # read by a cell that is neither quantized nor observed
     if graph is not None:
-        for node in graph.nodes:
+        for index, node in enumerate(graph.nodes):
+            info.order.setdefault(node.layer, index)
             if node.layer in chosen and node.inputs:
                 producer = graph.producer_of(node.inputs[0])
                 if producer is not None:
-                    info.readers.setdefault(producer.layer, node.layer)
+                    info.readers.setdefault(producer.name, node.name)
     qat.amct_qat = info
     if init_record is not None:
         _init_ranges(qat, init_record)
     return qat
 
 
-def _functional_homes(graph, leaves: dict, chosen: dict) -> dict[str, tuple[str, str]]:
-    """Functional Add / concat ops whose output a cell called once reads alone: that cell's
-    input is the op's output (as the calibration session observes them)."""
+def _functional_homes(graph, leaves: dict) -> dict[str, tuple[str, str]]:
+    """Functional Add / concat ops whose output a cell reads alone: that cell's input at that
+    call site is the op's output (as the calibration session observes them; a cell called at
+    several sites observes its input per site, so any site can be the home)."""
     if graph is None:
         return {}
-    single = {n.layer for n in graph.nodes if n.is_layer and n.layer in leaves and not n.shared}
     found = {}
     for node in graph.nodes:
         if node.is_layer or node.kind not in RUNTIME or not node.outputs:
             continue
         for reader in graph.consumers_of(node.outputs[0]):
-            if reader.layer in single and reader.inputs == [node.outputs[0]]:
-                found[node.layer] = (node.kind, reader.layer)
+            if reader.is_layer and reader.layer in leaves and reader.inputs == [node.outputs[0]]:
+                found[node.layer] = (node.kind, reader.name)
                 break
         else:
             log.info(
                 "functional op %r: no cell reads its output alone; no sidecar range", node.name
             )
     return found
+
+
+def _may_share(net: nn.Cell, leaves: dict, holders: dict) -> str:
+    """Why, without a graph, a cell of ``net`` may be called at several sites per step ("": it
+    cannot: nested ``nn.SequentialCell`` s call each child once, in order)."""
+    for key, d in leaves.items():
+        cell = d.handle
+        if len(holders.get(id(cell), ())) > 1:
+            where = ", ".join(repr(n) for _, n in holders[id(cell)])
+            return f"cell {key!r} ({type(cell).__name__}) is held at several places ({where})"
+    for key, cell in net.cells_and_names():
+        if key in leaves or any(key.startswith(f"{k}.") for k in leaves):
+            continue
+        if type(cell).construct is not nn.SequentialCell.construct:
+            where = f"cell {key!r}" if key else "it"
+            return f"{where} ({type(cell).__name__}) has a construct of its own"
+    return ""
 
 
 def _swap(holders: dict, cell: nn.Cell, wrapper: nn.Cell, key: str) -> None:
@@ -395,13 +462,19 @@ def qat_record(qat_net: nn.Cell) -> Record:
 
 
 def _ranges(wrappers: dict[str, nn.Cell]) -> dict[tuple[str, str], tuple[float, float, float]]:
-    """(key, "input" / "output") -> ``(min, max, seen)`` of every tracked tensor."""
+    """(call site or key, "input" / "output") -> ``(min, max, seen)`` of every tracked tensor
+    (a cell called once: its key; per-site state: each site's name, the first being the key)."""
     out = {}
-    for key, cell in wrappers.items():
-        if isinstance(cell, (QATQuant, QATObserveInput)):
-            out[(key, "input")] = cell.input_range()
-        out[(key, "output")] = cell.output_range()
+    for cell in wrappers.values():
+        out.update(cell.tracked())
     return out
+
+
+def _input_clip(cell: QATQuant, ranges: dict) -> tuple[float, float, float]:
+    """A quantized cell's input clip range: its own, or the union of its sites' EMAs."""
+    if cell.site_input:
+        return union_range(ranges[(site, "input")] for site in cell.site_names)
+    return ranges[(cell.key, "input")]
 
 
 def _record(info: QATInfo, wrappers: dict[str, nn.Cell], ranges: dict) -> Record:
@@ -409,7 +482,7 @@ def _record(info: QATInfo, wrappers: dict[str, nn.Cell], ranges: dict) -> Record
     record = Record(flavor="inner")
     for key, layout in info.quantized.items():
         cell = wrappers[key]
-        lo, hi, seen = ranges[(key, "input")]
+        lo, hi, seen = _input_clip(cell, ranges)
         kernel = kernel_of(cell.cell, key) if layout is not None else None
         record.layers[key] = layer_factors(
             key,
@@ -443,34 +516,58 @@ def qat_stats(qat_net: nn.Cell) -> CalibrationStats:
 
 
 def _stats(info: QATInfo, wrappers: dict[str, nn.Cell], ranges: dict) -> CalibrationStats:
-    clip_of = {}
-    for producer, reader in info.readers.items():
-        clip_of[producer] = tensor_range(*ranges[(reader, "input")])
-    bn_of_output = {bn: key for key, bn in info.folded.items()}
+    clip_at = {}  # call site of a quantized cell -> its input clip range
+    for cell in wrappers.values():
+        if isinstance(cell, QATQuant):
+            clip = tensor_range(*_input_clip(cell, ranges))
+            clip_at.update(dict.fromkeys(cell.site_names, clip))
+    clip_of = {p: clip_at[r] for p, r in info.readers.items() if r in clip_at}
     stats = CalibrationStats(algorithm=algorithm_name({info.options["activation_range"]}))
     ops_before: dict[str, list[tuple[str, str]]] = {}
     for op, (kind, reader) in info.functional.items():
         ops_before.setdefault(reader, []).append((op, kind))
     batches = 0
     for key, cell in wrappers.items():
-        for op, kind in ops_before.get(key, []):  # the op's output is this cell's input
-            if isinstance(cell, (QATQuant, QATObserveInput)):
-                stats.layers[op] = LayerStats(kind, output=tensor_range(*ranges[(key, "input")]))
+        for site in cell.site_names:  # a cell called once: its key alone
+            _site_stats(info, cell, key, site, ranges, clip_at, clip_of, ops_before, stats)
         if isinstance(cell, QATQuant):
-            lo, hi, seen = ranges[(key, "input")]
-            batches = max(batches, int(seen))
-            bn = info.folded.get(key)
-            out_key = bn if bn is not None else key
-            output = clipped(tensor_range(*ranges[(out_key, "output")]), clip_of.get(out_key))
-            kind = describe(key, cell.cell).kind
-            stats.layers[key] = LayerStats(kind, input=tensor_range(lo, hi, seen), output=output)
-            if bn is not None:
-                stats.layers[bn] = LayerStats("BatchNormalization", output=output)
-        elif key not in bn_of_output:
-            output = clipped(tensor_range(*ranges[(key, "output")]), clip_of.get(key))
-            stats.layers[key] = LayerStats(info.observed.get(key, "Activation"), output=output)
+            batches = max(batches, int(_input_clip(cell, ranges)[2]))
     stats.batches = batches
+    if info.order:  # execution order, as the calibration sidecar; a site after its first one
+        end = len(info.order)
+        rank = {k: info.order.get(k.split("@")[0], end) for k in stats.layers}
+        stats.layers = dict(sorted(stats.layers.items(), key=lambda kv: rank[kv[0]]))
     return stats
+
+
+def _site_stats(info, cell, key, site, ranges, clip_at, clip_of, ops_before, stats) -> None:
+    """The sidecar entries of one call site of a wrapped cell (and of the functional ops whose
+    output it reads there)."""
+    quantized = isinstance(cell, QATQuant)
+    own_input = ranges.get((site, "input")) if not quantized or cell.site_input else None
+    for op, kind in ops_before.get(site, []):  # the op's output is this site's input
+        if quantized and own_input is not None:
+            output = clipped(tensor_range(*own_input), clip_at[site])
+        elif quantized:
+            output = clip_at[site]
+        elif own_input is not None:  # QATObserveInput
+            output = tensor_range(*own_input)
+        else:
+            continue
+        stats.layers[op] = LayerStats(kind, output=output)
+    if quantized:
+        clip = clip_at[site]
+        site_input = clip if own_input is None else clipped(tensor_range(*own_input), clip)
+        bn = info.folded.get(key)  # a cell called at several sites is never folded
+        out_key = bn if bn is not None else site
+        output = clipped(tensor_range(*ranges[(out_key, "output")]), clip_of.get(out_key))
+        kind = describe(key, cell.cell).kind
+        stats.layers[site] = LayerStats(kind, input=site_input, output=output)
+        if bn is not None:
+            stats.layers[bn] = LayerStats("BatchNormalization", output=output)
+    elif key not in info.folded.values():
+        output = clipped(tensor_range(*ranges[(site, "output")]), clip_of.get(site))
+        stats.layers[site] = LayerStats(info.observed.get(key, "Activation"), output=output)
 
 
 def save_qat_record(qat_net: nn.Cell, path: str | os.PathLike) -> Record:
@@ -513,13 +610,14 @@ def _save_merged(qat_net: nn.Cell, path: str | os.PathLike, group) -> Record:
         names = list(ranges)
         layout = ";".join(f"{k}/{t}" for k, t in names) + repr(sorted(info.options.items()))
         for key in info.quantized:  # this rank's own steps: a rank that saw none is wrong
-            layer_factors(key, *ranges[(key, "input")][:2], ranges[(key, "input")][2], 8)
+            layer_factors(key, *_input_clip(wrappers[key], ranges), 8)
     except Exception as err:  # every rank learns of it below, then raises
         error = err
     agree(group.gather, error, "saving the QAT record", layout=layout)
 
     learned = info.options["activation_range"] == "learned"
-    is_learned = [learned and t == "input" and isinstance(wrappers[k], QATQuant) for k, t in names]
+    owner = {site: cell for cell in wrappers.values() for site in cell.site_names}
+    is_learned = [learned and t == "input" and isinstance(owner[k], QATQuant) for k, t in names]
     merged, differ = merge_tracked(np.array([ranges[n] for n in names]), is_learned, group.gather)
     if differ:
         log.warning(
