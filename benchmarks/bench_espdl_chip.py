@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+from _common import best_of  # noqa: E402
+from _keras_models import application, random_batch, randomize_bn  # noqa: E402
 
 from amct_bridge.espdl.v1.chip import simulate_chip  # noqa: E402
 from amct_bridge.espdl.v1.export import export_layers  # noqa: E402
@@ -43,34 +44,13 @@ def relu_instead_of_relu6(base: keras.Model, name: str) -> keras.Model:
 
 
 def mobilenet_v1_relu(size: int, alpha: float) -> keras.Model:
-    keras.utils.set_random_seed(0)
-    base = keras.applications.MobileNet(
-        input_shape=(size, size, 3), alpha=alpha, include_top=False, weights=None, pooling="avg"
-    )
+    base = application("MobileNet", size, alpha=alpha, include_top=False, pooling="avg")
     return relu_instead_of_relu6(base, "mobilenet_v1_relu")
 
 
 def mobilenet_v2_relu(size: int, alpha: float) -> keras.Model:
-    keras.utils.set_random_seed(0)
-    base = keras.applications.MobileNetV2(
-        input_shape=(size, size, 3), alpha=alpha, include_top=False, weights=None, pooling="avg"
-    )
+    base = application("MobileNetV2", size, alpha=alpha, include_top=False, pooling="avg")
     return relu_instead_of_relu6(base, "mobilenet_v2_relu")
-
-
-def randomize_bn(model: keras.Model) -> None:
-    rng = np.random.default_rng(1)
-    for layer in model.layers:
-        if isinstance(layer, keras.layers.BatchNormalization):
-            c = layer.gamma.shape[0]
-            layer.set_weights(
-                [
-                    rng.uniform(0.5, 1.5, c),
-                    rng.normal(0, 0.1, c),
-                    rng.normal(0, 0.1, c),
-                    rng.uniform(0.5, 1.5, c),
-                ]
-            )
 
 
 def sidecar(model: keras.Model, data: np.ndarray) -> CalibrationStats:
@@ -96,23 +76,13 @@ def sidecar(model: keras.Model, data: np.ndarray) -> CalibrationStats:
     return stats
 
 
-def best_of(fn, repeats: int = 3) -> float:
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--size", type=int, default=96)
     parser.add_argument("--alpha", type=float, default=0.25)
     args = parser.parse_args()
-    data = np.random.default_rng(0).uniform(-1, 1, (args.batch, args.size, args.size, 3))
-    data = data.astype("float32")
+    data = random_batch(args.batch, args.size)
     print(f"batch {args.batch} x {args.size}x{args.size}x3, alpha {args.alpha}")
     print(
         f"{'model':<24} {'export':<16} {'target':<8} {'keras s':>8} {'chip s':>8} "

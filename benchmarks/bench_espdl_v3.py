@@ -23,41 +23,18 @@ import argparse
 import collections
 import os
 import tempfile
-import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+from _common import best_of  # noqa: E402
+from _keras_models import application, random_batch, randomize_bn  # noqa: E402
 
 from amct_bridge.espdl.v3 import read_espdl, simulate_espdl  # noqa: E402
 from amct_bridge.espdl.v3.evaluation import quantize_input  # noqa: E402
 from amct_bridge.keras import calibrate, export_espdl  # noqa: E402
-
-
-def randomize_bn(model: keras.Model) -> None:
-    rng = np.random.default_rng(1)
-    for layer in model.layers:
-        if isinstance(layer, keras.layers.BatchNormalization):
-            c = layer.gamma.shape[0]
-            layer.set_weights(
-                [
-                    rng.uniform(0.5, 1.5, c),
-                    rng.normal(0, 0.1, c),
-                    rng.normal(0, 0.1, c),
-                    rng.uniform(0.5, 1.5, c),
-                ]
-            )
-
-
-def best_of(fn, repeats: int = 3) -> float:
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
 
 
 def accuracy(tmp: Path, epochs: int = 10) -> None:
@@ -72,10 +49,7 @@ def accuracy(tmp: Path, epochs: int = 10) -> None:
     y = digits.target
     idx = np.random.default_rng(0).permutation(len(x))
     train, test = idx[:1400], idx[1400:]
-    keras.utils.set_random_seed(0)
-    model = keras.applications.MobileNetV2(
-        input_shape=(32, 32, 3), alpha=0.35, weights=None, classes=10
-    )
+    model = application("MobileNetV2", 32, alpha=0.35, classes=10)
     for layer in model.layers:  # MobileNetV2's 0.999 would not settle in a few hundred steps
         if isinstance(layer, keras.layers.BatchNormalization):
             layer.momentum = 0.9
@@ -107,12 +81,8 @@ def main() -> None:
     if args.accuracy:
         accuracy(tmp)
         return
-    data = np.random.default_rng(0).uniform(-1, 1, (args.batch, args.size, args.size, 3))
-    data = data.astype("float32")
-    keras.utils.set_random_seed(0)
-    model = keras.applications.MobileNetV2(
-        input_shape=(args.size, args.size, 3), alpha=args.alpha, weights=None, classes=10
-    )
+    data = random_batch(args.batch, args.size)
+    model = application("MobileNetV2", args.size, alpha=args.alpha, classes=10)
     randomize_bn(model)
     record = tmp / "mobilenet_v2.txt"
     calibrate(model, data, record, algorithm="minmax")
@@ -137,9 +107,8 @@ def main() -> None:
             f"{err:>8.4f} {agree:>7.2f}"
         )
     for name in ("MobileNetV3Small", "EfficientNetV2B0"):
-        keras.utils.set_random_seed(0)
-        app = getattr(keras.applications, name)(weights=None, input_shape=(96, 96, 3))
-        images = np.random.default_rng(0).uniform(0, 255, (4, 96, 96, 3)).astype("float32")
+        app = application(name, 96)
+        images = random_batch(4, 96, 0, 255)
         rec = tmp / f"{name}.txt"
         calibrate(app, images, rec, algorithm="minmax")
         res = export_espdl(app, rec, tmp / f"{name}.espdl", format="espdl", target="esp32s3")

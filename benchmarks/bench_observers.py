@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "quant"))
 
+from _common import best_of  # noqa: E402
 from quant_reference import exact_hfmg, exact_ifmr, exact_percentile  # noqa: E402
 
 from amct_bridge.quant.factors import activation_factors  # noqa: E402
@@ -29,15 +29,6 @@ from amct_bridge.quant.hfmg import NUM_OF_BINS_CHOICES, l2_losses, search_candid
 from amct_bridge.quant.observers import make_observer  # noqa: E402
 
 ALGORITHMS = ["minmax", "ema", "percentile", "ifmr", "hfmg"]
-
-
-def best_of(fn, repeats: int = 3) -> float:
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
 
 
 def throughput(batches: list[np.ndarray]) -> None:

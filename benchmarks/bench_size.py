@@ -29,21 +29,12 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
+from _common import best_of  # noqa: E402
 from google.protobuf import text_format  # noqa: E402
 
 from amct_bridge.records import LayerFactors, Record, load, save, validate  # noqa: E402
 from amct_bridge.records.codec import to_proto  # noqa: E402
 from amct_bridge.records.flavors import get_flavor  # noqa: E402
-
-
-def best(fn, repeat: int = 3) -> float:
-    """Best wall time of ``repeat`` calls (seconds)."""
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def make_record(layers: int, channels: int = 32) -> Record:
@@ -73,11 +64,11 @@ def bench_record(layers: int, tmp: Path, repeat: int) -> dict[str, float]:
     out = tmp / f"saved{layers}.txt"
     row = {
         "bytes": path.stat().st_size,
-        "load": best(lambda: load(path), repeat),
-        "parse": best(proto_parse, repeat),
-        "validate": best(lambda: validate(record), repeat),
-        "save": best(lambda: save(record, out), repeat),
-        "print": best(lambda: text_format.MessageToString(message), repeat),
+        "load": best_of(lambda: load(path), repeat),
+        "parse": best_of(proto_parse, repeat),
+        "validate": best_of(lambda: validate(record), repeat),
+        "save": best_of(lambda: save(record, out), repeat),
+        "print": best_of(lambda: text_format.MessageToString(message), repeat),
     }
     assert validate(record) == [] and len(record.layers) == layers
     assert load(out).layers == record.layers

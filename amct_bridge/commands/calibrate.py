@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     if args.model is None:
         raise CalibrationError("give a Keras MODEL file or --mindspore MODULE:FACTORY")
     model = load_keras_model(args.model, unsafe=args.unsafe_load)
-    data = _load_data(args.data, model)
+    data = load_keras_data(args.data, model)
 
     from amct_bridge.keras import calibrate
 
@@ -152,7 +152,7 @@ def _run_mindspore(args: argparse.Namespace) -> int:
         raise CalibrationError("--keys and --frozen-graph are Keras options (TF op names)")
     from amct_bridge.commands.mindspore_net import load_mindspore_net
 
-    data = _mindspore_data(args.data)
+    data = load_mindspore_data(args.data)
     net = load_mindspore_net(args.mindspore, args.ckpt)
     from amct_bridge.mindspore import calibrate
 
@@ -163,8 +163,18 @@ def _run_mindspore(args: argparse.Namespace) -> int:
     return 0
 
 
-def _mindspore_data(path: str, what: str = "calibration"):
-    """The .npy array, or the .npz arrays in file order (one per network input), as float32."""
+def load_mindspore_data(path: str, what: str = "calibration"):
+    """The .npy array, or the .npz arrays in file order (one per network input), as float32;
+    a clear error for no numbers or no samples (``what``: the command's word for the data).
+
+    Example:
+        >>> import os, tempfile
+        >>> import numpy as np
+        >>> path = os.path.join(tempfile.mkdtemp(), "x.npy")
+        >>> np.save(path, np.ones((2, 3), np.int8))
+        >>> load_mindspore_data(path).dtype
+        dtype('float32')
+    """
     import numpy as np
 
     loaded = load_npy(path, f"{what} data")
@@ -217,7 +227,13 @@ def _names(text: str) -> list[str] | None:
     return names or None
 
 
-def _load_data(path: str, model):
+def load_keras_data(path: str, model):
+    """The .npy array, or the .npz arrays by ``model``'s input names (one array: any name),
+    checked against the model's inputs (count, sample count, shape) and cast to their dtype.
+
+    Example:
+        >>> # x = load_keras_data("x.npz", model)  # a list for a model with several inputs
+    """
     import numpy as np
 
     loaded = load_npy(path, "calibration data")  # never unpickles; names a damaged file

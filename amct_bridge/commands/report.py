@@ -23,7 +23,7 @@ import argparse
 import json
 import sys
 
-from amct_bridge.commands.calibrate import _load_data, positive_int
+from amct_bridge.commands.calibrate import load_keras_data, load_mindspore_data, positive_int
 from amct_bridge.commands.common import (
     add_mindspore_net,
     add_unsafe_load,
@@ -76,17 +76,16 @@ def run(args: argparse.Namespace) -> int:
         if path:
             check_writable(path)
     if args.mindspore:
-        from amct_bridge.commands.calibrate import _mindspore_data
         from amct_bridge.commands.mindspore_net import load_mindspore_net
         from amct_bridge.mindspore.report import quant_report
 
-        data = _mindspore_data(args.data, "report")
+        data = load_mindspore_data(args.data, "report")
         model = load_mindspore_net(args.mindspore, args.ckpt)
     else:
         from amct_bridge.keras.report import quant_report
 
         model = load_keras_model(args.model, unsafe=args.unsafe_load)
-        data = _load_data(args.data, model)
+        data = load_keras_data(args.data, model)
     labels = None
     if args.labels:
         labels = load_npy(args.labels, "labels")  # never unpickles

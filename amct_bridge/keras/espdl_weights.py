@@ -32,8 +32,10 @@ from amct_bridge.espdl.exponent_search import CalibrationData
 from amct_bridge.espdl.source import V1, SourceLayer, no_equivalent, runtime_name
 from amct_bridge.espdl.v3.export import V3ExportResult, export_layers_v3
 from amct_bridge.graph.ir import Graph, Node
+from amct_bridge.keras.float_outputs import float_outputs
 from amct_bridge.keras.graph import extract_graph, find_layer
 from amct_bridge.keras.layers import class_name
+from amct_bridge.keras.simulate import by_keras_keys
 from amct_bridge.records.calibration import CalibrationStats, load_stats, sidecar_path
 from amct_bridge.records.model import Record
 
@@ -390,9 +392,7 @@ def export_espdl(
             options["stats"] = side
         record = load(record)
     if record is not None and any(k not in {x.name for x in layers} for k in record.layers):
-        from amct_bridge.keras.simulate import _by_keras_keys
-
-        rekeyed = _by_keras_keys(model, record.layers)
+        rekeyed = by_keras_keys(model, record.layers)
         if rekeyed.keys() != record.layers.keys():
             record = Record(rekeyed, record.prune_records, flavor=record.flavor)
     if format == "espdl" and (calibration_data is not None or exponents is not None):
@@ -405,7 +405,6 @@ def export_espdl(
     rule = exponents or ("max" if calibration_data is None else "search")
     if rule == "search" and calibration_data is not None:
         from amct_bridge.espdl.v1.search import search_samples
-        from amct_bridge.keras.float_outputs import float_outputs
 
         x = search_samples(np.asarray(calibration_data, np.float32))
         output = model.outputs[0]._keras_history.operation.name

@@ -39,7 +39,7 @@ from amct_bridge.keras.qat.fake_quant import layer_spec
 from amct_bridge.keras.rewrite import quantizable_layers
 from amct_bridge.keras.simulate import (
     SimulatedQuant,
-    _by_keras_keys,
+    by_keras_keys,
     forward_batches,
     simulate,
     simulated_copy,
@@ -315,5 +315,5 @@ def quant_report(
     known = {i.key for i in runner.layers()}
     if any(k not in known for k in record.layers):
         # keys="tf_op" records: re-key by layer name, as simulate does
-        record = Record(_by_keras_keys(model, record.layers), flavor=record.flavor)
+        record = Record(by_keras_keys(model, record.layers), flavor=record.flavor)
     return build_report(record, runner, labels, top_k=top_k, stats=stats)

@@ -264,7 +264,7 @@ def _record_parts(model: keras.Model, record: Record) -> dict[str, dict[str, Lay
             wanted[spec.key(key, i)] = (key, attr)
     entries = record.layers
     if any(k not in wanted for k in entries):
-        entries = _by_keras_keys(model, entries)
+        entries = by_keras_keys(model, entries)
     unknown = [k for k in entries if k not in wanted]
     if unknown:
         raise RecordError(_unknown_message(model, unknown, list(wanted)))
@@ -277,13 +277,21 @@ def _record_parts(model: keras.Model, record: Record) -> dict[str, dict[str, Lay
     return parts
 
 
-def _by_keras_keys(model: keras.Model, entries: dict) -> dict[str, LayerFactors]:
+def by_keras_keys(model: keras.Model, entries: dict) -> dict[str, LayerFactors]:
     """Entries keyed by TF op names (``keys="tf_op"``) re-keyed by Keras layer names, by
-    tracing the model as :func:`~amct_bridge.keras.freeze.freeze_model` does for the record.
+    tracing the model as :func:`~amct_bridge.keras.freeze.freeze_model` does for the record
+    (simulation, the quant report and the ESP-DL export all take such records).
 
     A shared layer has one op per call, so several TF keys map to one layer; simulation has
     one set of factors per layer, so they must agree (they do in records this package wrote).
     Keys that name no op are left as they are (and reported by the caller).
+
+    Example:
+        >>> from amct_bridge.keras.freeze import freeze_model
+        >>> x = keras.Input((2,)); m = keras.Model(x, keras.layers.Dense(1, name="fc")(x))
+        >>> op = freeze_model(m).op_names["fc"][0]  # the TF op a keys="tf_op" record names
+        >>> by_keras_keys(m, {op: "factors", "other": "kept"})
+        {'fc': 'factors', 'other': 'kept'}
     """
     from amct_bridge.keras.freeze import freeze_model
 

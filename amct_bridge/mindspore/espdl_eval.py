@@ -22,16 +22,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-from mindspore import Tensor, nn
+from mindspore import nn
 
 from amct_bridge.errors import ExportError
 from amct_bridge.espdl.evaluation import Evaluation, chip_network, evaluate_export
 from amct_bridge.espdl.v3.evaluation import evaluate_espdl_model, is_espdl_file
-from amct_bridge.mindspore.cells import leaf_cells
-from amct_bridge.mindspore.hooks import first_tensor, pynative_inference, recorded
+from amct_bridge.mindspore.float_outputs import float_outputs
 from amct_bridge.mindspore.simulation import simulate
 from amct_bridge.records.model import Record
 
@@ -68,7 +66,7 @@ def evaluate_espdl(
         raise ExportError(f"{export_dir}: an .espdl file runs at its own input exponent")
     # v1: the chip graph before the network meets data of another shape
     chip = None if v3 else chip_network(export_dir, x_chip)
-    floats, float_scores, reasons, output = _float_run(net, x, batch_size)
+    floats, float_scores, reasons, output = float_outputs(net, x, batch_size)
     fq = None
     if record is not None:
         outputs = simulate(net, record, x, batch_size=batch_size).outputs
@@ -101,69 +99,3 @@ def evaluate_espdl(
         source_label="cell",
         missing_reasons=reasons,
     )
-
-
-def _float_run(
-    net: nn.Cell, x: np.ndarray, batch: int
-) -> tuple[dict[str, np.ndarray], Any, dict[str, str], str | None]:
-    """The float outputs (NHWC where 4-D) of every leaf cell call site and of the functional
-    ops a cell site reads, the network's output, why the others have none, and the graph name
-    of the node computing the network's (first) output."""
-    cells = leaf_cells(net)
-    finals = []
-    with pynative_inference(net), recorded(cells, inputs=True) as (outs, ins):
-        for start in range(0, len(x), batch):
-            finals.append(first_tensor(net(Tensor(x[start : start + batch]))).asnumpy())
-    batches = len(finals)
-    floats: dict[str, np.ndarray] = {}
-    site_inputs: dict[str, np.ndarray] = {}
-    reasons: dict[str, str] = {}
-    for key, values in outs.items():
-        calls, rest = divmod(len(values), batches) if batches else (0, 0)
-        if not values or rest:
-            continue
-        for site in range(calls):  # per pass: site 0, 1, ... in call order
-            name = key if site == 0 else f"{key}@{site}"
-            inputs = np.concatenate(ins[key][site::calls])
-            site_inputs[name] = _nhwc(inputs)
-            if isinstance(cells[key], nn.Flatten) and inputs.ndim == 4 and inputs[0, 0].size > 1:
-                # NCHW flattens channel-major, the chip pixel-major (the Dense after it, its
-                # rows reordered by the export, is compared)
-                reasons[name] = "a Flatten of an NCHW map (the chip flattens NHWC; the Dense "
-                reasons[name] += "after it is compared)"
-                continue
-            floats[name] = _nhwc(np.concatenate(values[site::calls]))
-    functional, output = _functional_floats(net, x[:1], site_inputs, reasons)
-    floats.update(functional)
-    return floats, np.concatenate(finals), reasons, output
-
-
-def _functional_floats(
-    net: nn.Cell, sample: np.ndarray, site_inputs: dict[str, np.ndarray], reasons: dict
-) -> tuple[dict[str, np.ndarray], str | None]:
-    """A functional op's output is the input of the cell site reading it (``add_op0`` feeds
-    ``relu@1``): the graph says which. Also the name of the node computing the output."""
-    from amct_bridge.mindspore.graph import extract_graph
-
-    graph = extract_graph(net, sample)  # the export needed it too: it compiles
-    producer = graph.producer_of(graph.outputs[0]) if graph.outputs else None
-    out = {}
-    for node in graph.nodes:
-        if node.is_layer or not node.outputs:
-            continue
-        readers = [
-            c
-            for c in graph.consumers_of(node.outputs[0])
-            if c.is_layer and c.inputs == [node.outputs[0]] and c.name in site_inputs
-        ]
-        if readers:
-            out[node.name] = site_inputs[readers[0].name]
-        else:
-            reasons[node.name] = (
-                "a functional op whose output no cell reads alone (so no hook sees it)"
-            )
-    return out, None if producer is None else producer.name
-
-
-def _nhwc(value: np.ndarray) -> np.ndarray:
-    return value.transpose(0, 2, 3, 1) if value.ndim == 4 else value

@@ -44,6 +44,7 @@ from amct_bridge.espdl import ExportResult, export
 from amct_bridge.espdl.source import V1, SourceLayer, no_equivalent, runtime_name
 from amct_bridge.espdl.v3.export import V3ExportResult, export_layers_v3
 from amct_bridge.graph.ir import Graph, Node
+from amct_bridge.mindspore.float_outputs import float_outputs
 from amct_bridge.mindspore.graph import extract_graph
 from amct_bridge.mindspore.graph_cells import dense_activation
 from amct_bridge.mindspore.weights import batch_norm_params, bias_of, kernel_of
@@ -527,10 +528,9 @@ def export_espdl(
     if rule == "search" and calibration_data is not None:
         from amct_bridge.espdl.exponent_search import CalibrationData
         from amct_bridge.espdl.v1.search import search_samples
-        from amct_bridge.mindspore.espdl_eval import _float_run
 
         x = search_samples(np.asarray(calibration_data, np.float32))
-        floats = _float_run(net, x, 64)[0]  # NHWC, by cell call site
+        floats = float_outputs(net, x, 64).floats  # NHWC, by cell call site
         x_chip = x.transpose(0, 2, 3, 1) if x.ndim == 4 else x  # the chip runs NHWC
         options["calibration"] = CalibrationData(x_chip, floats, _output_cell(layers))
     return export(record, layers, out_dir, stats=stats, exponents=rule, **options)

@@ -32,7 +32,7 @@ from mindspore import Tensor, nn
 
 from amct_bridge.errors import CalibrationError, RecordError
 from amct_bridge.mindspore.hooks import first_tensor, pynative_inference, recorded
-from amct_bridge.mindspore.simulation import _quantizable, simulated
+from amct_bridge.mindspore.simulation import quantizable_cells, simulated
 from amct_bridge.records.calibration import CalibrationStats
 from amct_bridge.records.model import Record
 from amct_bridge.report import LayerInfo, Report, RunResult, build_report, read_record
@@ -64,7 +64,7 @@ class MindSporeReportRunner:
         if not self.arrays or len(self.arrays[0]) == 0:
             raise RecordError("report: no data (zero samples)")
         self.batch_size = int(batch_size)
-        self._cells = {key: cell for key, (cell, _) in _quantizable(net).items()}
+        self._cells = {key: cell for key, (cell, _) in quantizable_cells(net).items()}
         # call order and calls per pass, from one float pass over the first batch
         calls: dict[str, int] = {}
         order: list[str] = []

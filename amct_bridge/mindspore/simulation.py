@@ -190,7 +190,7 @@ def simulated(
 
         record = load(record)
     require_factors(record)
-    cells = _quantizable(net)
+    cells = quantizable_cells(net)
     _check_keys(net, record, cells)
     for key, f in record.layers.items():
         cell, layout = cells[key]
@@ -285,8 +285,17 @@ def simulate(
 
 
 # ---- helpers ----------------------------------------------------------------------------------
-def _quantizable(net: nn.Cell) -> dict[str, tuple[Any, str | None]]:
-    """Record key -> (cell, weight layout or None for data-only cells)."""
+def quantizable_cells(net: nn.Cell) -> dict[str, tuple[Any, str | None]]:
+    """Record key -> (cell, weight layout or None for data-only cells): the cells a record may
+    name (simulation and the quant report both check keys against it).
+
+    Example:
+        >>> from collections import OrderedDict
+        >>> net = nn.SequentialCell(OrderedDict(fc=nn.Dense(2, 1), relu=nn.ReLU(),
+        ...                                     pool=nn.AvgPool2d(2)))
+        >>> {key: layout for key, (_, layout) in quantizable_cells(net).items()}
+        {'fc': 'OI', 'pool': None}
+    """
     out = {}
     for key, cell in leaf_cells(net).items():
         desc = describe(key, cell)

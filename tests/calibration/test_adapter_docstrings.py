@@ -8,6 +8,7 @@ import pytest
 
 MODULES = [
     "amct_bridge.keras.espdl_weights",
+    "amct_bridge.keras.float_outputs",
     "amct_bridge.keras.instrument_buffers",
     "amct_bridge.keras.qat.layers",
     "amct_bridge.keras.qat.sidecar",

@@ -127,3 +127,14 @@ def test_every_chip_layer_of_shared_cells_and_adds_gets_a_row(factory, tmp_path,
         assert len(adds) == 4 and all(e.snr_db > 30 for e in adds), format_evaluation(ev)
         assert not ev.not_compared, ev.not_compared
     assert len(res.layers) + len(res.runtime) >= len(chip_layers) - 1
+
+
+def test_float_outputs_docstring_examples_run():
+    """The examples of amct_bridge.mindspore.float_outputs (what espdl-eval and the export's
+    exponent search read) run: the call site names, the functional op through its reader."""
+    import doctest
+
+    import amct_bridge.mindspore.float_outputs as module
+
+    failures, tried = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert failures == 0 and tried > 0
