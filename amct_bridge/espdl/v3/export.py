@@ -670,6 +670,11 @@ class _Emitter:
 
     def _out_exp(self, layer: SourceLayer, fallback: tuple[int, str], found=None):
         found = found or self._found(layer.name)
+        if self.finder.is_zero_range(found):  # dead on the calibration data: the fallback
+            out = self.finder.zero_runtime(layer.name, found, fallback[0], fallback[1])
+            self.notes += self.finder.warnings
+            self.finder.warnings.clear()
+            return out
         if found is not None:
             return found
         return fallback[0], fallback[1], None
@@ -690,6 +695,8 @@ class _Emitter:
         elif op == "Clip":
             top = min(6.0, self._range_of(x)[1])
             fb = (self._range_exp(0.0, top, name), "the ReLU6 range [0, min(6, input max)]")
+            if top <= 0.0:  # an input never above 0: its exponent, not 0
+                fb = (e_in, f"the input's ({x!r})")
             e_out, src, rng = self._out_exp(layer, fb, found)
             info = np.iinfo(self.dtype)
             high = int(min(info.max, _round(np.float64(6.0 * 2.0**-e_in), self.half_even)))
@@ -972,8 +979,13 @@ def _add_sub(em: _Emitter, layer: SourceLayer, ins: list[str]) -> None:
     if shape is None:
         return
     reach = sum(max(map(abs, em._range_of(t))) if t else abs(c) for t, c in operands)
-    top = em._range_exp(-reach, reach, layer.name)
-    e, src, rng = em._out_exp(layer, (top, "bound of the operands' ranges (no calibrated range)"))
+    fallback = (
+        em._range_exp(-reach, reach, layer.name),
+        "bound of the operands' ranges (no calibrated range)",
+    )
+    if reach == 0.0:  # operands all 0 on the calibration data: keep their exponent, not 0
+        fallback = (max(em.exps[t] for t, _ in operands if t), "the operands' largest exponent")
+    e, src, rng = em._out_exp(layer, fallback)
     op = "Add" if layer.kind == "Add" else "Sub"
     parts = []
     for i, (tensor, value) in enumerate(operands):
