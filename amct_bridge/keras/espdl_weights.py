@@ -393,12 +393,16 @@ def export_espdl(
         raise ExportError(f"format {format!r}: expected 'v1' (convert.py set) or 'espdl' (v3)")
     rule = exponents or ("max" if calibration_data is None else "search")
     if rule == "search" and calibration_data is not None:
+        from amct_bridge.espdl.v1.head import host_heads
         from amct_bridge.espdl.v1.search import search_samples
         from amct_bridge.keras.float_outputs import float_outputs
 
         x = search_samples(np.asarray(calibration_data, np.float32))
         output = model.outputs[0]._keras_history.operation.name
-        floats = lambda names: float_outputs(model, x, names, 64)  # noqa: E731
+        # a head whose softmax / sigmoid is left to the host: the chip computes (and the
+        # search and bias correction compare) its logits, not the probabilities
+        heads = {h.layer for h in host_heads(layers)[1] if h.layer == h.reads}
+        floats = lambda names: float_outputs(model, x, names, 64, linear=heads)  # noqa: E731
         options["calibration"] = CalibrationData(x, floats, output)
     return export(record, layers, out_dir, exponents=rule, **options)
 
