@@ -197,14 +197,29 @@ class ExponentFinder:
             hint = f" nor an input range / scale_d for its reader {nxt.name!r}" if nxt else ""
             raise ExportError(
                 f"layer {chain.head.name!r}: cannot choose output_exponent: no calibrated output "
-                f"range for {chain.last!r} in the calibration sidecar{hint}; pass the sidecar the "
-                "calibration wrote beside the record (<record>.calib.json): give the record's "
-                "path, or stats= / --stats (a Record object carries no sidecar)"
+                f"range for {chain.last!r} in the calibration sidecar{self._sidecar_hint(chain)}"
+                f"{hint}; pass the sidecar the calibration wrote beside the record "
+                "(<record>.calib.json): give the record's path, or stats= / --stats (a Record "
+                "object carries no sidecar)"
             )
         if found[2] is not None and found[2][0] == found[2][1] == 0.0:
             found = self._zero_output(chain, found)
         self.chain_outputs[chain.last] = found[0]
         return found
+
+    def _sidecar_hint(self, chain: Chain) -> str:
+        """The sidecar's file, and whether it was written with another record."""
+        if self.stats is None:
+            return " (none given)"
+        text = f" {self.stats.source}" if self.stats.source else ""
+        written = self.stats.record_keys
+        keys = set(self.record.layers) if self.record is not None else set()
+        if written is not None and chain.head.name in keys and chain.head.name not in written:
+            text += (
+                f" (written with a record that has no {chain.head.name!r}, unlike this record: "
+                "the sidecar of another calibration?)"
+            )
+        return text
 
     def _zero_output(self, chain: Chain, found: Found) -> Found:
         """A chain whose output was exactly 0 on every calibration batch (a zero-initialised BN

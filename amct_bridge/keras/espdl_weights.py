@@ -393,7 +393,14 @@ def export_espdl(
         raise ExportError(f"format {format!r}: expected 'v1' (convert.py set) or 'espdl' (v3)")
     rule = exponents or ("max" if calibration_data is None else "search")
     if rule == "search" and calibration_data is not None:
+        from amct_bridge.errors import CalibrationError
         from amct_bridge.espdl.v1.head import host_heads
+        from amct_bridge.keras.calibrate import check_data_shapes
+
+        try:  # refused, not searched-around: the user asked for a search on these inputs
+            check_data_shapes(model, np.asarray(calibration_data))
+        except CalibrationError as err:
+            raise ExportError(str(err).replace("data", "calibration_data", 1)) from None
         from amct_bridge.espdl.v1.search import search_samples
         from amct_bridge.keras.float_outputs import float_outputs
 

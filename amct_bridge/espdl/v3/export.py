@@ -59,7 +59,12 @@ from pathlib import Path
 import numpy as np
 
 from amct_bridge.errors import ExportError, QuantError
-from amct_bridge.espdl.checks import as_float32, channel_vector, check_record_keys
+from amct_bridge.espdl.checks import (
+    as_float32,
+    channel_vector,
+    check_record_keys,
+    sidecar_of_another_record,
+)
 from amct_bridge.espdl.exponents import ExponentFinder
 from amct_bridge.espdl.plan import Chain, Problem, consumers_map
 from amct_bridge.espdl.source import PASS_THROUGH, WEIGHT_OPS, SourceLayer, zero_padding
@@ -1202,6 +1207,7 @@ def export_layers_v3(
     chains, fused = _plan(layers, skip_fusion)
     em = _Emitter(layers, record, stats, bits, target, chains, fused)
     if stats is not None:
+        em.notes += sidecar_of_another_record(record, stats)
         em.notes += _sidecar_strangers(layers, stats)
     for layer in layers:
         em.emit(layer)
