@@ -189,11 +189,12 @@ def run(args: argparse.Namespace) -> int:
     for note in result.notes:
         print(f"note: {note}")
     for name, values in result.outputs.items():
+        shape = f"output {name!r}: shape {list(values.shape)}, {values.dtype}"
+        if np.issubdtype(values.dtype, np.floating):  # a Softmax output: real values
+            print(f"{shape} (real values), range {values.min():.6g}..{values.max():.6g}")
+            continue
         exponent = result.exponents.get(name)
-        print(
-            f"output {name!r}: shape {list(values.shape)}, {values.dtype}, exponent {exponent}, "
-            f"range {int(values.min())}..{int(values.max())}"
-        )
+        print(f"{shape}, exponent {exponent}, range {int(values.min())}..{int(values.max())}")
     if args.output:
         buffer = io.BytesIO()
         arrays = dict(result.outputs)

@@ -333,6 +333,14 @@ def run(args: argparse.Namespace) -> int:
         raise ExportError("--exponents search scores candidates on calibration data: add --data")
     data = None if args.data is None else _calibration_inputs(args.data)
     export_espdl, model = _exporter(args)
+    if data is not None and args.model:  # named by file, before anything is written
+        from amct_bridge.errors import CalibrationError
+        from amct_bridge.keras.calibrate import check_data_shapes
+
+        try:
+            check_data_shapes(model, data)
+        except CalibrationError as err:
+            raise ExportError(f"{args.data}: {str(err).replace('data', 'array', 1)}") from None
     result = export_espdl(
         model,
         args.record,

@@ -200,6 +200,35 @@ def record_coverage(
     ]
 
 
+def sidecar_of_another_record(record: Record | None, stats: CalibrationStats | None) -> list[str]:
+    """A note when the record has entries the sidecar's ``record_keys`` (the keys of the record
+    written with it) lack: the sidecar comes from another calibration (``--stats`` of another
+    run), so the exponents are taken from ranges that may describe other weights or data.
+
+    Example:
+        >>> from amct_bridge.records.calibration import CalibrationStats
+        >>> from amct_bridge.records.model import LayerFactors, Record
+        >>> rec = Record({"a": LayerFactors(), "b": LayerFactors()}, source="r.txt")
+        >>> sidecar_of_another_record(rec, CalibrationStats(record_keys=["a"], source="s.json"))
+        ... # doctest: +ELLIPSIS
+        ["s.json: this calibration sidecar was written with another record: it lists no 'b' ...
+    """
+    written = stats.record_keys if stats is not None else None
+    if record is None or written is None or not any(k in record.layers for k in written):
+        return []  # unknown, or another key space (keys="tf_op", renamed by the adapter)
+    extra = [k for k in record.layers if k not in set(written)]
+    if not extra:
+        return []
+    shown = ", ".join(map(repr, extra[:5])) + (f" and {len(extra) - 5} more" * (len(extra) > 5))
+    where = f"{stats.source}: " if stats.source else ""
+    rec = f" ({record.source})" if record.source else ""
+    return [
+        f"{where}this calibration sidecar was written with another record: it lists no "
+        f"{shown} of the record{rec}, so the exponents come from another calibration's ranges; "
+        "pass the sidecar written with this record (<record>.calib.json)"
+    ]
+
+
 def _where(record: Record, key: str, name: str, occurrence: int) -> str:
     line = record.source_map.line_of(key, name, occurrence) if record.source_map else None
     return f"{record.source}:{line}: " if record.source and line else ""

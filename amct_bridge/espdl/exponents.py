@@ -12,7 +12,9 @@ output_exponent of a chain (range of the chain's last layer, after the fused act
   3. the record's ``scale_d``/``offset_d`` of that next layer (the range AMCT quantizes it to);
   4. for a chain ending in a folded BN: a bound from the conv's own output range pushed through
      the BN per channel (with a warning: coarser than a calibrated range);
-  a range of exactly [0, 0] takes the chain's input exponent (with a warning).
+  a range of exactly [0, 0] takes the chain's input exponent (with a warning); a runtime layer
+  (Add2D, average pool) with a [0, 0] range takes its inputs' largest exponent
+  (:meth:`ExponentFinder.zero_runtime`).
 input_exponent of a chain:
   1. the output exponent of the exported chain feeding it (through exponent-keeping layers), or
      of an Add2D / average pool (:mod:`amct_bridge.espdl.v1.runtime` adds those to
@@ -195,14 +197,29 @@ class ExponentFinder:
             hint = f" nor an input range / scale_d for its reader {nxt.name!r}" if nxt else ""
             raise ExportError(
                 f"layer {chain.head.name!r}: cannot choose output_exponent: no calibrated output "
-                f"range for {chain.last!r} in the calibration sidecar{hint}; pass the sidecar the "
-                "calibration wrote beside the record (<record>.calib.json): give the record's "
-                "path, or stats= / --stats (a Record object carries no sidecar)"
+                f"range for {chain.last!r} in the calibration sidecar{self._sidecar_hint(chain)}"
+                f"{hint}; pass the sidecar the calibration wrote beside the record "
+                "(<record>.calib.json): give the record's path, or stats= / --stats (a Record "
+                "object carries no sidecar)"
             )
         if found[2] is not None and found[2][0] == found[2][1] == 0.0:
             found = self._zero_output(chain, found)
         self.chain_outputs[chain.last] = found[0]
         return found
+
+    def _sidecar_hint(self, chain: Chain) -> str:
+        """The sidecar's file, and whether it was written with another record."""
+        if self.stats is None:
+            return " (none given)"
+        text = f" {self.stats.source}" if self.stats.source else ""
+        written = self.stats.record_keys
+        keys = set(self.record.layers) if self.record is not None else set()
+        if written is not None and chain.head.name in keys and chain.head.name not in written:
+            text += (
+                f" (written with a record that has no {chain.head.name!r}, unlike this record: "
+                "the sidecar of another calibration?)"
+            )
+        return text
 
     def _zero_output(self, chain: Chain, found: Found) -> Found:
         """A chain whose output was exactly 0 on every calibration batch (a zero-initialised BN
@@ -219,6 +236,33 @@ class ExponentFinder:
         if source is None:
             return found
         return exp, f"{found[1]} is [0, 0]: the input's exponent ({source[1]})", found[2]
+
+    @staticmethod
+    def is_zero_range(found: Found | None) -> bool:
+        """True for a calibrated range of exactly [0, 0] (not a searched exponent).
+
+        Example:
+            >>> ExponentFinder.is_zero_range((0, "sidecar output range of 'a'", (0.0, 0.0)))
+            True
+        """
+        return (
+            found is not None
+            and found[2] is not None
+            and found[2][0] == found[2][1] == 0.0
+            and not found[1].startswith("searched")
+        )
+
+    def zero_runtime(self, name: str, found: Found, exp: int, why: str) -> Found:
+        """A runtime layer (Add2D, average pool, activation) whose calibrated output was 0 on
+        every batch: its exponent ``exp`` comes from its inputs (``why``), not 0, which would
+        floor every later value to whole numbers (a MobileNetV2 block whose branch died
+        in QAT: -122 dB after its Add2D). Warns like a chain's zero output."""
+        self.warnings.append(
+            f"layer {name!r}: the output of {name!r} was 0 on every calibration batch "
+            f"({found[1]} is [0, 0]); output_exponent {exp} is {why}: recalibrate once it "
+            "computes something"
+        )
+        return exp, f"{found[1]} is [0, 0]: {why}", found[2]
 
     def input_exponent(self, chain: Chain) -> Found | None:
         """The chain's input exponent and its source, or None when nothing gives one."""

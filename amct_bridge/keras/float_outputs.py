@@ -18,10 +18,17 @@ __all__ = ["float_outputs", "output_of"]
 
 
 def float_outputs(
-    model, x: np.ndarray, names: list[str], batch: int, reasons: dict[str, str] | None = None
+    model,
+    x: np.ndarray,
+    names: list[str],
+    batch: int,
+    reasons: dict[str, str] | None = None,
+    linear: frozenset[str] | set[str] = frozenset(),
 ) -> dict[str, np.ndarray]:
     """Float outputs of the record keys ``names`` (nested ``outer/inner``, ``sep/...`` parts);
-    why a name has none goes to ``reasons`` (if given).
+    why a name has none goes to ``reasons`` (if given). Top-level layers in ``linear`` give
+    their output before their own ``activation`` (a classifier head whose softmax is left to
+    the host: the chip computes its logits).
 
     Example:
         >>> x = keras.Input((2,)); y = keras.layers.Dense(1, name="fc", use_bias=False)(x)
@@ -45,7 +52,10 @@ def float_outputs(
             tensors[head + "/<input>"] = _outer_input(layer)
             wanted[head] = keys
         for key in keys:
-            if key == head:
+            if key == head and key in linear:
+                tensors[head + "/<input>"] = layer.input
+                wanted.setdefault(head, []).append(key)
+            elif key == head:
                 tensors[key] = output_of(layer)
             elif key == f"{head}/pointwise":  # the layer's output (activation included)
                 tensors[key] = layer.output
@@ -62,7 +72,9 @@ def float_outputs(
             got = float_outputs(layer, given, inner, batch, inner_reasons := {})
             found.update({f"{head}/{k}": v for k, v in got.items()})
             reasons.update({f"{head}/{k}": v for k, v in inner_reasons.items()})
-        else:  # SeparableConv2D: its depthwise part, from its input and its kernel
+        if head in keys and head in linear:
+            found[head] = _linear_part(layer, given)
+        if f"{head}/depthwise" in keys:  # SeparableConv2D: from its input and its kernel
             found[f"{head}/depthwise"] = _depthwise_part(layer, given)
     return {k: found[k] for k in names if k in found}
 
@@ -86,6 +98,15 @@ def _outer_input(nested: keras.Model):
     node = nested._inbound_nodes[0]
     tensors = node.input_tensors
     return tensors[0] if len(tensors) == 1 else list(tensors)
+
+
+def _linear_part(layer, x: np.ndarray) -> np.ndarray:
+    """The layer's output without its own activation: a copy with ``activation="linear"``
+    and the layer's weights, called on its float input (the model is not touched)."""
+    twin = type(layer).from_config({**layer.get_config(), "activation": "linear"})
+    twin.build(layer.input.shape)
+    twin.set_weights(layer.get_weights())
+    return np.asarray(keras.ops.convert_to_numpy(twin(keras.ops.convert_to_tensor(x))))
 
 
 def _depthwise_part(layer, x: np.ndarray) -> np.ndarray:

@@ -37,6 +37,7 @@ from amct_bridge.espdl.checks import (
     check_sidecar_keys,
     passthrough,
     record_coverage,
+    sidecar_of_another_record,
     unaccounted,
 )
 from amct_bridge.espdl.consistency import check_scale_w
@@ -382,6 +383,7 @@ def export_layers(
     )
     if tuning is not None:
         result.notes += tuning.notes
+    result.notes += sidecar_of_another_record(record, stats)
     result.notes += record_coverage([c.head.name for c in chains], record, stats)
     if stats is not None:
         result.notes += _sidecar_strangers(every_layer, stats)

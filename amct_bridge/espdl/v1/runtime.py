@@ -213,6 +213,8 @@ def _add_exponent(
         bound = sum(top * 2.0**e for e in known)
         exp = exponent_for_absmax(bound, finder.bits)
         return exp, "bound from the input exponents (no calibrated output range)", None
+    if finder.is_zero_range(found) and e_hi is not None:
+        return finder.zero_runtime(layer.name, found, e_hi, "its inputs' largest exponent")
     exp, src, rng = found
     if e_hi is not None and e_hi > exp:
         src = f"{src}, raised from {exp} to the inputs' exponent {e_hi} (the sum has no finer bits)"
@@ -229,6 +231,8 @@ def _exponent(
     known = [e for e in ins if e is not None]
     if kind in ("AveragePooling2D", "GlobalAveragePooling2D"):
         found = finder.range_exponent(layer.name, "output")
+        if finder.is_zero_range(found) and known:
+            return finder.zero_runtime(layer.name, found, known[0], "its input's exponent")
         if found is not None:
             return found
         if known:
@@ -435,7 +439,10 @@ def _one_pass(
             continue
         act = _fusable_activation(finder, layer) if cls == "Add2D" else None
         ins = [_tensor_exponent(finder, src) for src in layer.inputs]
+        known = len(finder.warnings)
         exp, src, rng = _exponent(finder, layer, ins, act)
+        notes = finder.warnings[known:]  # this layer's (one pass of several: not kept there)
+        del finder.warnings[known:]
         floor = floors.get(layer.name)
         if floor is not None and exp is not None and exp < floor[0]:
             src = f"{src}, raised from {exp} to {floor[0]} to match the inputs of {floor[1]!r}"
@@ -451,6 +458,7 @@ def _one_pass(
         if keeps_exponent(layer):
             item.chip_attrs = keeping_attrs(layer, finder.bits)
         item.cpp = constructor(item, feature_type, layer.attrs)
+        item.warnings += notes
         if exp is None and cls in _REQUANTIZING:
             item.warnings.append(
                 f"runtime layer {layer.name!r} ({cls}): no output exponent ({src}); calibrate "

@@ -59,7 +59,12 @@ from pathlib import Path
 import numpy as np
 
 from amct_bridge.errors import ExportError, QuantError
-from amct_bridge.espdl.checks import as_float32, channel_vector, check_record_keys
+from amct_bridge.espdl.checks import (
+    as_float32,
+    channel_vector,
+    check_record_keys,
+    sidecar_of_another_record,
+)
 from amct_bridge.espdl.exponents import ExponentFinder
 from amct_bridge.espdl.plan import Chain, Problem, consumers_map
 from amct_bridge.espdl.source import PASS_THROUGH, WEIGHT_OPS, SourceLayer, zero_padding
@@ -670,6 +675,11 @@ class _Emitter:
 
     def _out_exp(self, layer: SourceLayer, fallback: tuple[int, str], found=None):
         found = found or self._found(layer.name)
+        if self.finder.is_zero_range(found):  # dead on the calibration data: the fallback
+            out = self.finder.zero_runtime(layer.name, found, fallback[0], fallback[1])
+            self.notes += self.finder.warnings
+            self.finder.warnings.clear()
+            return out
         if found is not None:
             return found
         return fallback[0], fallback[1], None
@@ -690,6 +700,8 @@ class _Emitter:
         elif op == "Clip":
             top = min(6.0, self._range_of(x)[1])
             fb = (self._range_exp(0.0, top, name), "the ReLU6 range [0, min(6, input max)]")
+            if top <= 0.0:  # an input never above 0: its exponent, not 0
+                fb = (e_in, f"the input's ({x!r})")
             e_out, src, rng = self._out_exp(layer, fb, found)
             info = np.iinfo(self.dtype)
             high = int(min(info.max, _round(np.float64(6.0 * 2.0**-e_in), self.half_even)))
@@ -972,8 +984,13 @@ def _add_sub(em: _Emitter, layer: SourceLayer, ins: list[str]) -> None:
     if shape is None:
         return
     reach = sum(max(map(abs, em._range_of(t))) if t else abs(c) for t, c in operands)
-    top = em._range_exp(-reach, reach, layer.name)
-    e, src, rng = em._out_exp(layer, (top, "bound of the operands' ranges (no calibrated range)"))
+    fallback = (
+        em._range_exp(-reach, reach, layer.name),
+        "bound of the operands' ranges (no calibrated range)",
+    )
+    if reach == 0.0:  # operands all 0 on the calibration data: keep their exponent, not 0
+        fallback = (max(em.exps[t] for t, _ in operands if t), "the operands' largest exponent")
+    e, src, rng = em._out_exp(layer, fallback)
     op = "Add" if layer.kind == "Add" else "Sub"
     parts = []
     for i, (tensor, value) in enumerate(operands):
@@ -1190,6 +1207,7 @@ def export_layers_v3(
     chains, fused = _plan(layers, skip_fusion)
     em = _Emitter(layers, record, stats, bits, target, chains, fused)
     if stats is not None:
+        em.notes += sidecar_of_another_record(record, stats)
         em.notes += _sidecar_strangers(layers, stats)
     for layer in layers:
         em.emit(layer)
