@@ -3,7 +3,10 @@
 A MindSpore network is Python code, so the CLI takes a factory: ``package.module:function``
 (imported with the working directory on ``sys.path``, as ``python -m`` does) or
 ``path/to/file.py:function``; the callable takes no argument and returns the ``nn.Cell``.
-``--ckpt`` loads a checkpoint into it; every parameter must fit (name and shape).
+``--ckpt`` loads a checkpoint into it; every parameter must fit (name and shape). What
+``ModelCheckpoint`` saves beside the weights is ignored: optimizer state, the ``<cell>.qat.*``
+ranges of a ``quantize_aware`` network (its weights are the trained, folded ones that
+``strip_qat`` returns) and old ``amct_bridge.*`` calibration statistics.
 
 Example:
     >>> parse_input_shape("1,3,16,16")
@@ -161,13 +164,21 @@ def load_checkpoint(net: Any, ckpt: str) -> None:
     except Exception as err:  # MindSpore raises ValueError/RuntimeError for a bad file
         raise AmctBridgeError(f"{ckpt}: cannot read checkpoint: {err}") from None
     own = {p.name: tuple(p.shape) for _, p in net.parameters_and_names()}
-    ignored = _training_state(saved, own)
+    ignored = _training_state(saved, own, {name for name, _ in net.cells_and_names()})
     if ignored["statistics"]:
         log.warning(
             "%s: ignoring %d amct_bridge.* entries (calibration statistics an older amct_bridge "
             "saved into checkpoints of a calibrated epoch; they are not weights)",
             ckpt,
             len(ignored["statistics"]),
+        )
+    if ignored["qat"]:
+        # a quantize_aware network's checkpoint: its weights and BNs are what strip_qat gives
+        log.info(
+            "%s: a checkpoint of a quantize_aware network: ignoring its %d QAT range entries "
+            "(<cell>.qat.*); its trained, folded weights load as strip_qat() returns them",
+            ckpt,
+            len(ignored["qat"]),
         )
     if ignored["optimizer"]:
         log.info("%s: ignoring %d optimizer entries", ckpt, len(ignored["optimizer"]))
@@ -197,13 +208,36 @@ def load_checkpoint(net: Any, ckpt: str) -> None:
     ms.load_param_into_net(net, saved, strict_load=True)
 
 
-def _training_state(saved: dict, own: dict) -> dict[str, set[str]]:
-    """Checkpoint entries that are not the network's weights: amct_bridge statistics, and what
-    ModelCheckpoint saves of the optimizer (scalars, and slots named ``<slot>.<parameter>``)."""
+def _training_state(saved: dict, own: dict, cells: set[str]) -> dict[str, set[str]]:
+    """Checkpoint entries that are not the network's weights: amct_bridge statistics, the QAT
+    ranges of a ``quantize_aware`` network (``<cell>.qat.<tensor>_min|max|seen`` of a cell of
+    ``cells``), and what ModelCheckpoint saves of the optimizer (scalars, and slots named
+    ``<slot>.<parameter>``, also of a learned QAT range)."""
     statistics = {k for k in saved if k.startswith("amct_bridge.") and k not in own}
+    qat = {k for k in saved if k not in own and _qat_range(k, cells)}
     optimizer = {
         k
         for k in saved
-        if k not in own and (k in TRAINING_STATE or ("." in k and k.split(".", 1)[1] in own))
+        if k not in own
+        and k not in qat
+        and (
+            k in TRAINING_STATE
+            or ("." in k and (k.split(".", 1)[1] in own or _qat_range(k.split(".", 1)[1], cells)))
+        )
     }
-    return {"statistics": statistics, "optimizer": optimizer, "all": statistics | optimizer}
+    return {
+        "statistics": statistics,
+        "qat": qat,
+        "optimizer": optimizer,
+        "all": statistics | qat | optimizer,
+    }
+
+
+def _qat_range(name: str, cells: set[str]) -> bool:
+    """``conv1.qat.input_min`` (amct_bridge.mindspore.qat.cells' names) of a cell of ``cells``."""
+    cell, sep, tail = name.rpartition(".qat.")
+    tensor, _, end = tail.rpartition("_")
+    return bool(sep) and cell in cells and tensor in ("input", "output") and end in _QAT_ENDS
+
+
+_QAT_ENDS = ("min", "max", "seen")

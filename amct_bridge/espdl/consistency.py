@@ -1,9 +1,10 @@
 """Does the record belong to these weights? Compare its ARQ ``scale_w`` with the exported filter.
 
-AMCT's ARQ weight scale is ``max(|max|, |min|) / 127`` (divisor 128 when ``|min| >= |max|``) per
-output channel or per tensor, computed on the BN-folded weights unless ``skip_fusion``. If the
-record's scales disagree with the filter we are about to export, the record (and its sidecar
-ranges) were most likely made for other weights. A wrong count of scales is an error; differing
+AMCT's ARQ weight scale (:func:`amct_bridge.quant.arq.row_scales`: the dominant value over 127
+when positive, its magnitude over 128 otherwise) per output channel or per tensor, computed on
+the BN-folded weights unless ``skip_fusion``. If the record's scales disagree with the filter we
+are about to export, the record (and its sidecar ranges) were most likely made for other
+weights. A wrong count of scales is an error; differing
 values are a warning (QAT or DMQ may legitimately change the weights afterwards).
 
 Example:
@@ -20,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from amct_bridge.errors import ExportError
+from amct_bridge.quant.arq import row_scales
 from amct_bridge.records.model import LayerFactors
 
 #: Relative difference above which scale_w and the weights are said to disagree.
@@ -38,10 +40,8 @@ def arq_scales(filt: np.ndarray, axis: int | None, bits: int = 8) -> np.ndarray:
         if axis is None
         else np.moveaxis(filt, axis, 0).reshape(filt.shape[axis], -1)
     )
-    hi = np.max(flat, axis=1).astype(np.float64)
-    lo = np.min(flat, axis=1).astype(np.float64)
-    divisor = np.where(np.abs(lo) >= np.abs(hi), 2.0 ** (bits - 1), 2.0 ** (bits - 1) - 1)
-    return np.maximum(np.abs(hi), np.abs(lo)) / divisor
+    # the record's own formula: a constant positive channel (one weight) is w / 127, not / 128
+    return row_scales(flat, bits).astype(np.float64)
 
 
 def check_scale_w(

@@ -1,7 +1,9 @@
 """ARQ weight quantization factors (AMCT ``arq_quantize { channel_wise }``), numpy only.
 
-Per output channel (or per tensor): ``m = max(w)``, ``n = min(w)``; ``scale_w = m / 127`` when
-``|m| > |n|``, otherwise ``|n| / 128`` (ties included); a scale below FLT_EPSILON becomes 1.0;
+Per output channel (or per tensor): ``m = max(w)``, ``n = min(w)``; the dominant value ``d`` is
+``m`` when ``|m| > |n|``, otherwise ``n`` (ties included); ``scale_w = d / 127`` when ``d > 0``,
+else ``|d| / 128`` (so ``[1, -1]`` gives 1/128, a channel of one positive weight ``w`` gives
+``w / 127``, as AMCT's ``arq.cpp``); a scale below FLT_EPSILON becomes 1.0;
 ``offset_w`` is all zeros. Arithmetic in float32 as AMCT's ``arq.cpp``. Dense/MatMul (layouts
 ``IO``/``OI``) always get one scalar.
 
@@ -30,6 +32,24 @@ def _check_finite(k: np.ndarray, name: str) -> None:
         raise QuantError(f"{name}: weights contain {bad}; cannot compute scale_w")
 
 
+def row_scales(rows: ArrayLike, num_bits: int = 8) -> np.ndarray:
+    """ARQ scale of each row of ``rows`` (one row per channel), before AMCT's ``ProcessScale``.
+
+    The dominant value (max, or min when ``|min| >= |max|``) over ``2**(b-1) - 1`` if positive,
+    else over ``-2**(b-1)``; float32 as ``arq.cpp``. Zero rows give 0.
+
+    Example:
+        >>> row_scales([[1.0, -1.0], [0.5, 0.5], [-0.5, -0.5]]).tolist()
+        [0.0078125, 0.003937007859349251, 0.00390625]
+    """
+    r = np.asarray(rows, dtype=np.float32)
+    mx, mn = r.max(axis=1), r.min(axis=1)
+    dominant = np.where(np.abs(mx) > np.abs(mn), mx, mn)
+    pos, neg = np.float32(2 ** (num_bits - 1) - 1), np.float32(-(2 ** (num_bits - 1)))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(dominant > 0, dominant / pos, dominant / neg).astype(np.float32)
+
+
 def arq_scales(
     kernel: ArrayLike,
     layout: str,
@@ -54,11 +74,7 @@ def arq_scales(
         if channel_wise and not spec.per_tensor_only
         else k.reshape(1, -1)
     )
-    mx, mn = rows.max(axis=1), rows.min(axis=1)
-    dominant = np.where(np.abs(mx) > np.abs(mn), mx, mn)
-    pos, neg = np.float32(2 ** (num_bits - 1) - 1), np.float32(-(2 ** (num_bits - 1)))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        scale = np.where(dominant > 0, dominant / pos, dominant / neg).astype(np.float32)
+    scale = row_scales(rows, num_bits)
     scale = np.where(scale < FLT_EPSILON, np.float32(1.0), scale)
     if np.any(1.0 / scale < FLT_EPSILON):
         raise QuantError(f"{name}: a weight scale exceeds 1/FLT_EPSILON; weights are too large")
