@@ -241,5 +241,38 @@ def leaf_cells(net) -> dict[str, object]:
     return out
 
 
+def structure_key(net) -> tuple:
+    """What a compiled graph of ``net`` was built from, as a hashable value: every child slot
+    (path, cell identity, class) and every parameter (name, identity, shape, dtype).
+
+    Equal keys mean the same cell tree and parameters (values may differ: a graph reads them
+    live), so a graph or a graph export made for one can serve the other. MindSpore itself
+    keeps a compiled graph across a swapped child; this key notices one.
+
+    Example:
+        >>> from mindspore import nn
+        >>> net = nn.SequentialCell([nn.Dense(2, 2), nn.ReLU()])
+        >>> before = structure_key(net); net.insert_child_to_cell("1", nn.ReLU6())
+        >>> structure_key(net) == before
+        False
+    """
+    slots: list[tuple] = []
+    stack: list[tuple[str, object]] = [("", net)]
+    seen: set[int] = set()
+    while stack:
+        path, cell = stack.pop()
+        slots.append((path, id(cell), type(cell)))
+        if id(cell) in seen:
+            continue  # a cell at two places: its subtree is listed once
+        seen.add(id(cell))
+        for name, child in reversed(list(cell._cells.items())):
+            if child is not None:
+                stack.append((f"{path}.{name}" if path else name, child))
+    params = tuple(
+        (name, id(p), tuple(p.shape), str(p.dtype)) for name, p in net.parameters_and_names()
+    )
+    return tuple(slots), params
+
+
 def _registered(cell) -> bool:
     return any(k in _KINDS or k in _ACTIVATION_CLASSES for k in type(cell).__mro__)

@@ -81,7 +81,15 @@ from mindspore.graph.api import _cell_graph_executor
 
 from amct_bridge.calibration.protocol import Point, Row
 from amct_bridge.errors import CalibrationError
-from amct_bridge.mindspore.instrument_cells import NO_LIMIT, Probe, Summary, places, put
+from amct_bridge.mindspore.cells import structure_key
+from amct_bridge.mindspore.instrument_cells import (
+    NO_GRID,
+    NO_LIMIT,
+    Probe,
+    Summary,
+    places,
+    put,
+)
 from amct_bridge.quant.stats import BatchStats
 
 __all__ = ["Instrumentation", "Probe", "Summary"]
@@ -92,6 +100,22 @@ _uids = itertools.count()
 #: compiled top-level cell -> phases of its instrumented graphs of the last pass (freed at the
 #: next install, or with the cell)
 _DEAD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: network -> the probes of its last instrumentation, for the next one of the same points on
+#: the same cell tree (repeated calibrate() / callback runs): their graph is not compiled again
+_KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: compiled top-level cell -> (kept probes, creation time their instrumented graph compiled
+#: under): a later install of the same probes gives the cell that time again
+_PROBED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+class _Kept:
+    """Probes and buffers of one instrumentation layout of one network (see ``_KEPT``)."""
+
+    def __init__(self, key: tuple, probes, probe_index, summary, health) -> None:
+        self.key, self.probes, self.probe_index = key, probes, probe_index
+        self.summary, self.health = summary, health
+        self.installed = False
+        self.owner: weakref.ref | None = None  # the Instrumentation using them
 
 
 class Instrumentation:
@@ -133,6 +157,32 @@ class Instrumentation:
             if not isinstance(point.layer, nn.Cell):
                 raise CalibrationError(f"layer {point.key!r}: {point.layer!r} is not a Cell")
             by_cell.setdefault(id(point.layer), []).append(index)
+        key = (
+            structure_key(net),
+            tuple(
+                (id(p.layer), p.role, p.bins, p.channel_axis, p.channels, max(1, p.calls))
+                for p in self.points
+            ),
+            self.steps_per_read,
+        )
+        kept = _KEPT.get(net)
+        if kept is not None and kept.key == key and not kept.installed:
+            self._adopt(kept)
+        else:
+            self._build(uid, by_cell)
+            _KEPT[net] = self._kept = _Kept(
+                key, self._probes, self._probe_index, self._summary, self._health
+            )
+        self._kept.owner = weakref.ref(self)
+        self._by_probe = [
+            [i for i, k2 in self._probe_index.items() if k2 == k] for k in range(len(self._probes))
+        ]
+        self._grids: dict[int, tuple[float, float]] = {}
+        self._added: dict[int, int] = {}  # point -> elements since its last take
+        self._largest: dict[int, int] = {}
+
+    def _build(self, uid: int, by_cell: dict[int, list[int]]) -> None:
+        """New probes and buffers for the points (grouped by cell in ``by_cell``)."""
         self._probes: list[Probe] = []
         self._probe_index: dict[int, int] = {}  # point -> its probe
         self._summary: dict[int, Summary] = {}
@@ -151,12 +201,25 @@ class Instrumentation:
             self._probes.append(
                 Probe(cell, ins, outs, f"amct_bridge.{uid}.c{k}", slots, calls, self._health)
             )
-        self._by_probe = [
-            [i for i, k2 in self._probe_index.items() if k2 == k] for k in range(len(self._probes))
-        ]
-        self._grids: dict[int, tuple[float, float]] = {}
-        self._added: dict[int, int] = {}  # point -> elements since its last take
-        self._largest: dict[int, int] = {}
+
+    def _adopt(self, kept: _Kept) -> None:
+        """Take over the probes of an earlier instrumentation of the same points on the same
+        cell tree, reset to their initial state (the rings are read only where written)."""
+        old = kept.owner() if kept.owner is not None else None
+        if old is not None:
+            old._kept = None  # its probes are ours now: it cannot install them again
+        self._kept = kept
+        self._probes, self._probe_index = kept.probes, kept.probe_index
+        self._summary, self._health = kept.summary, kept.health
+        for probe in self._probes:  # a Tensor each: set_data may share its storage
+            probe.last = 0
+            probe.count.set_data(Tensor(np.zeros((), np.int32)))
+            probe.limit.set_data(Tensor(np.full((), NO_LIMIT, np.int32)))
+        for summary in self._summary.values():
+            if summary.bins:
+                summary.acc.set_data(Tensor(np.zeros(summary.bins, np.int32)))
+                summary.grid.set_data(Tensor(NO_GRID.copy()))
+        self._health.set_data(Tensor(np.zeros((), np.float32)))
 
     # ---- swapping -----------------------------------------------------------------------------
 
@@ -179,6 +242,11 @@ class Instrumentation:
         compiled cells compile anew (their graphs are kept for :meth:`remove`). Idempotent."""
         if self._installed:
             return
+        if self._kept is None:
+            raise CalibrationError(
+                "this Instrumentation's probes were taken over by a newer Instrumentation of "
+                "the same network and points: install that one"
+            )
         holders = places(self.net)
         for k, probe in enumerate(self._probes):
             cell = probe.cell
@@ -193,6 +261,7 @@ class Instrumentation:
             for parent, name in found:
                 self._installed.append((parent, name, cell))
                 put(parent, name, probe)
+        self._kept.installed = True
         for cell in self._compiled:
             self._shelve(cell)
 
@@ -206,19 +275,27 @@ class Instrumentation:
             put(parent, name, cell)
         while self._shelf:
             self._unshelve(*self._shelf.pop())
+        if self._kept is not None:
+            self._kept.installed = False
 
     def _shelve(self, cell) -> None:
         """Keep ``cell``'s compiled graphs aside: another creation time makes it compile anew."""
         if not isinstance(cell, nn.Cell) or any(cell is c for c, _, _ in self._shelf):
             return
         cache = cell.compile_cache
-        if _DEAD.pop(cell, None):
-            # an earlier pass's instrumented graph: freeing it renumbers the cell's graphs
-            # (MindSpore's arguments key), so free them all; the plain one compiles again
-            _cell_graph_executor.del_net_res(cell, set(cache))
-            cache.clear()
+        probed = _PROBED.get(cell)
+        if probed is not None and probed[0] is self._kept:
+            created = probed[1]  # these probes' graph, still compiled: it runs again
+        else:
+            if _DEAD.pop(cell, None):
+                # another probe set's graph: freeing it renumbers the cell's graphs
+                # (MindSpore's arguments key), so free them all; the plain one compiles again
+                _cell_graph_executor.del_net_res(cell, set(cache))
+                cache.clear()
+            created = max(time.time_ns(), cell.create_time + 1)
+            _PROBED[cell] = (self._kept, created)
         self._shelf.append((cell, cell.create_time, frozenset(cache)))
-        object.__setattr__(cell, "_create_time", max(time.time_ns(), cell.create_time + 1))
+        object.__setattr__(cell, "_create_time", created)
 
     @staticmethod
     def _unshelve(cell, created: int, phases: frozenset) -> None:

@@ -36,9 +36,11 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import inspect
 import logging
 import os
+import weakref
 from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
@@ -59,6 +61,7 @@ from amct_bridge.mindspore.cells import (
     QUANTIZABLE_KINDS,
     RUNTIME,
     leaf_cells,
+    structure_key,
 )
 from amct_bridge.mindspore.cells import describe as describe_cell
 from amct_bridge.mindspore.instrument import Instrumentation
@@ -72,6 +75,8 @@ log = logging.getLogger(__name__)
 
 #: Record flavors a MindSpore calibration writes ("inner" carries DMQ and prune records).
 FLAVORS = ("mindspore", "inner")
+#: network -> (structure and input key, graph IR of its MindIR export)
+_GRAPHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 #: Host reads happen at most every this many batch ends (fewer transfers, same data)...
 _READ_EVERY = 16
 #: ...as long as the ring buffers of all histograms stay below this many bytes.
@@ -181,9 +186,18 @@ class Session(CalibrationSession):
                 "needs an input: give sample_input (a shape such as (1, 3, 32, 32) or an array)"
             )
         from amct_bridge.mindspore.graph import extract_graph  # MindIR parsing: only here
+        from amct_bridge.mindspore.mindir import to_tensors
 
         try:
-            return extract_graph(self.net, self.sample_input)
+            tensors = to_tensors(self.sample_input)
+            key = (structure_key(self.net), tuple((t.shape, str(t.dtype)) for t in tensors))
+            cached = _GRAPHS.get(self.net)
+            if cached is None or cached[0] != key:
+                # the export compiles the network's graph; the next calibration of the same
+                # cell tree at the same input shapes (repeated calibrate()) reads the same graph
+                cached = key, extract_graph(self.net, tensors)
+                _GRAPHS[self.net] = cached
+            return copy.deepcopy(cached[1])
         except GraphError as err:
             raise CalibrationError(
                 f"network {name!r}: cannot read its graph (needed for BatchNorm folding and "
