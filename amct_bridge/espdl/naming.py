@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import re
 
-_KEYWORDS = frozenset(
+#: C++ keywords (and NULL): never a generated identifier (ESP-DL v1 C++ and file names).
+CPP_KEYWORDS = frozenset(
     """alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t char16_t
     char32_t class compl concept const consteval constexpr constinit const_cast continue co_await
     co_return co_yield decltype default delete do double dynamic_cast else enum explicit export
@@ -43,7 +44,7 @@ def c_identifier(name: str) -> str:
     ident = _UNDERSCORES.sub("_", _NOT_IDENT.sub("_", name)).strip("_")
     if not ident:
         return "layer"
-    if not ident[0].isalpha() or ident in _KEYWORDS:
+    if not ident[0].isalpha() or ident in CPP_KEYWORDS:
         ident = "l_" + ident
     return ident
 
@@ -55,7 +56,7 @@ def is_c_identifier(name: str) -> bool:
         >>> is_c_identifier("conv_1"), is_c_identifier("../x"), is_c_identifier("a__b")
         (True, False, False)
     """
-    return bool(_IDENT.match(name)) and name not in _KEYWORDS
+    return bool(_IDENT.match(name)) and name not in CPP_KEYWORDS
 
 
 def c_identifiers(names: list[str]) -> dict[str, str]:

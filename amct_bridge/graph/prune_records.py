@@ -18,7 +18,11 @@ Example:
 
 from __future__ import annotations
 
-from amct_bridge.graph.groups import Discovery, Member, PruneGroup
+from typing import Any
+
+from amct_bridge.graph.groups import Discovery, Member, PruneGroup, discover_groups
+from amct_bridge.graph.ir import Graph
+from amct_bridge.graph.selective import selective_candidates, selective_record
 from amct_bridge.records.model import Attr, PruneNode, PruneRecord, Record
 
 
@@ -49,6 +53,47 @@ def discovery_records(discovery: Discovery) -> list[PruneRecord]:
         []
     """
     return [group_record(g) for g in discovery.groups]
+
+
+def graph_prune_record(
+    graph: Graph,
+    *,
+    channel: bool = True,
+    selective: bool = False,
+    masks: dict[str, Any] | None = None,
+    record: Record | None = None,
+) -> Record:
+    """The prune part of a record from a framework's graph (both adapters' ``prune_record``):
+    one PruneRecord per channel-pruning group (``channel``), one 2:4 selective PruneRecord per
+    eligible layer (``selective``; ``mask_shape`` from the node's ``kernel_shape``, the mask
+    from ``masks`` by layer if given), added to ``record`` (default: a new inner-flavor one)
+    whose quantized layers then get ``prune_producer`` / ``prune_consumer``.
+
+    Example:
+        >>> from amct_bridge.graph.ir import Node, TensorInfo
+        >>> g = Graph(tensors={"x": TensorInfo((None, 3)), "y": TensorInfo((None, 4)),
+        ...                    "z": TensorInfo((None, 2))}, inputs=["x"], outputs=["z"])
+        >>> g.add_node(Node("fc1", "fc1", "Dense", "MatMul", ["x"], ["y"],
+        ...                 {"units": 4, "kernel_shape": (3, 4)}))
+        >>> g.add_node(Node("fc2", "fc2", "Dense", "MatMul", ["y"], ["z"],
+        ...                 {"units": 2, "kernel_shape": (4, 2)}))
+        >>> rec = graph_prune_record(g, selective=True)
+        >>> [p.producers[0].name for p in rec.prune_records[:1]], rec.flavor
+        (['fc1'], 'inner')
+        >>> [p.selective_prune.name for p in rec.prune_records[1:]]
+        ['fc1', 'fc2']
+    """
+    record = record if record is not None else Record(flavor="inner")
+    if channel:
+        record.prune_records.extend(discovery_records(discover_groups(graph)))
+    if selective:
+        eligible, _ = selective_candidates(graph)
+        for node in eligible:
+            mask = masks.get(node.layer) if masks is not None else None
+            record.prune_records.append(
+                selective_record(node.layer, node.params["kernel_shape"], mask)
+            )
+    return fill_prune_fields(record)
 
 
 def fill_prune_fields(record: Record) -> Record:

@@ -24,11 +24,10 @@ import numpy as np
 from amct_bridge.errors import GraphError
 from amct_bridge.graph.groups import Discovery, discover_groups
 from amct_bridge.graph.ir import Graph
-from amct_bridge.graph.prune_records import discovery_records, fill_prune_fields
+from amct_bridge.graph.prune_records import graph_prune_record
 from amct_bridge.graph.selective import (
     node_layout,
     selective_candidates,
-    selective_record,
     two_four_mask,
 )
 from amct_bridge.mindspore.graph import extract_graph
@@ -146,14 +145,6 @@ def prune_record(
         '0'
     """
     graph = _graph(net, sample_input, graph)
-    record = record if record is not None else Record(flavor="inner")
-    if channel:
-        record.prune_records.extend(discovery_records(discover_groups(graph)))
-    if selective:
-        eligible, _ = selective_candidates(graph)
-        for node in eligible:
-            mask = masks.get(node.layer) if masks is not None else None
-            record.prune_records.append(
-                selective_record(node.layer, node.params["kernel_shape"], mask)
-            )
-    return fill_prune_fields(record)
+    return graph_prune_record(
+        graph, channel=channel, selective=selective, masks=masks, record=record
+    )

@@ -6,47 +6,26 @@ output (NCHW -> NHWC)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import mindspore as ms
+import nets
 import numpy as np
 import pytest
 from mindspore import Tensor
+from nets import SharedRelu
 
 import amct_bridge.mindspore as ams
 from amct_bridge.cli import main
 from amct_bridge.espdl.evaluation import snr_db
 from amct_bridge.espdl.v3 import read_espdl, simulate_espdl
 
-NET = '''
-from mindspore import nn
+NETS = Path(nets.__file__)  # tests/mindspore/nets.py, for the CLI's --mindspore FILE:FACTORY
 
 
-class Net(nn.Cell):
-    """conv-relu, conv-relu through the same ReLU cell (sites relu, relu@1), Flatten, Dense."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(3, 4, 3, pad_mode="pad", padding=1, has_bias=True)
-        self.conv2 = nn.Conv2d(4, 4, 3, stride=2, pad_mode="pad", padding=1, has_bias=True)
-        self.relu = nn.ReLU()
-        self.flatten = nn.Flatten()
-        self.fc = nn.Dense(4 * 3 * 3, 3)
-
-    def construct(self, x):
-        return self.fc(self.flatten(self.relu(self.conv2(self.relu(self.conv(x))))))
-
-
-def tiny():
-    return Net()
-'''
-
-
-def test_espdl_eval_format_espdl_mindspore(tmp_path, capsys, monkeypatch):
-    (tmp_path / "tinynet.py").write_text(NET)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    from tinynet import tiny
-
+def test_espdl_eval_format_espdl_mindspore(tmp_path, capsys):
     ms.set_seed(3)
-    net = tiny()
+    net = SharedRelu()  # these weights go to the CLI's network through --ckpt
     net.set_train(False)
     x = np.random.default_rng(0).normal(0, 1, (24, 3, 6, 6)).astype(np.float32)
     y = net(Tensor(x)).asnumpy().argmax(axis=1)  # float accuracy 1 by construction
@@ -62,7 +41,7 @@ def test_espdl_eval_format_espdl_mindspore(tmp_path, capsys, monkeypatch):
     ms.save_checkpoint(net, str(ckpt))
     np.savez(tmp_path / "d.npz", x=x, y=y)
     argv = ["espdl-eval", "--format", "espdl", "--export", str(out)]
-    argv += ["--mindspore", "tinynet:tiny", "--ckpt", str(ckpt), "--record", str(record)]
+    argv += ["--mindspore", f"{NETS}:shared_relu", "--ckpt", str(ckpt), "--record", str(record)]
     assert main([*argv, "--data", str(tmp_path / "d.npz")]) == 0, capsys.readouterr().err
     lines = capsys.readouterr().out.splitlines()
     figures = {k: float(v.split()[0]) for k, _, v in (ln.partition(":") for ln in lines[1:4])}

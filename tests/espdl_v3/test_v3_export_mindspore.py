@@ -1,10 +1,11 @@
 """ESP-DL v3 export of MindSpore networks (issue 22 §2), and a Keras twin giving equal integers.
 
-The MindSpore net and its Keras twin carry the same weights (converted here with explicit loops,
-independently of the adapters) and the same layer names. Calibrated once with the Keras callback,
-the record and sidecar serve both exports, so the two ``.espdl`` files must hold the same
-integers: filters, biases, exponents and, for the same input, the same test outputs. The
-MindSpore export's simulated chip output then follows the MindSpore net's own float output.
+The MindSpore net and its Keras twin carry the same weights (converted with explicit loops in
+tests/mindspore/twin_weights.py, independently of the adapters) and the same layer names.
+Calibrated once with the Keras callback, the record and sidecar serve both exports, so the two
+``.espdl`` files must hold the same integers: filters, biases, exponents and, for the same
+input, the same test outputs. The MindSpore export's simulated chip output then follows the
+MindSpore net's own float output.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import nn, ops
+from twin_weights import copy_weights
 
 import amct_bridge.keras as akeras
 import amct_bridge.mindspore as ams
@@ -63,24 +65,6 @@ def _keras_twin() -> keras.Model:
     return keras.Model(x, L.Softmax(name="sm")(y))
 
 
-def _conv_hwio(w: np.ndarray) -> np.ndarray:
-    o, i, kh, kw = w.shape
-    out = np.empty((kh, kw, i, o), np.float32)
-    for a in range(o):
-        for b in range(i):
-            out[:, :, b, a] = w[a, b]
-    return out
-
-
-def _dense_rows_nhwc(w: np.ndarray, c: int, hw: int) -> np.ndarray:
-    """MindSpore Dense (out, c*HW + s) after an NCHW flatten -> Keras (s*C + c, out)."""
-    out = np.empty((c * hw, w.shape[0]), np.float32)
-    for ch in range(c):
-        for s in range(hw):
-            out[s * c + ch] = w[:, ch * hw + s]
-    return out
-
-
 @pytest.fixture(scope="module")
 def twins(tmp_path_factory):
     ms.set_seed(0)
@@ -92,13 +76,7 @@ def twins(tmp_path_factory):
         param.set_data(ms.Tensor(rng.uniform(low, low + 1.0, 8).astype(np.float32)))
     net.set_train(False)
     model = _keras_twin()
-    model.get_layer("conv").set_weights([_conv_hwio(net.conv.weight.asnumpy())])
-    model.get_layer("bn").set_weights(
-        [getattr(net.bn, n).asnumpy() for n in ("gamma", "beta", "moving_mean", "moving_variance")]
-    )
-    model.get_layer("pw").set_weights([_conv_hwio(net.pw.weight.asnumpy()), net.pw.bias.asnumpy()])
-    fc = _dense_rows_nhwc(net.fc.weight.asnumpy(), 8, 16)
-    model.get_layer("fc").set_weights([fc, net.fc.bias.asnumpy()])
+    copy_weights(model, net, flatten_chw=("fc", 8, 16))  # fc reads an NCHW Flatten
     x = rng.uniform(0, 1, (16, 8, 8, 3)).astype(np.float32)
     nchw = x.transpose(0, 3, 1, 2)
     np.testing.assert_allclose(
@@ -196,18 +174,7 @@ def _keras_twin2(net: Net2) -> keras.Model:
     c = L.AveragePooling2D(2, name="ap")(c)
     c = L.GlobalAveragePooling2D(keepdims=True, name="gap")(c)
     model = keras.Model(x, L.Dense(5, name="fc")(L.Flatten(name="flatten")(c)))
-    model.get_layer("conv").set_weights([_conv_hwio(net.conv.weight.asnumpy())])
-    model.get_layer("bn").set_weights(
-        [getattr(net.bn, n).asnumpy() for n in ("gamma", "beta", "moving_mean", "moving_variance")]
-    )
-    dw = net.dw.weight.asnumpy()  # (C, 1, kh, kw) -> (kh, kw, C, 1)
-    kernel = np.empty((3, 3, 8, 1), np.float32)
-    for ch in range(8):
-        kernel[:, :, ch, 0] = dw[ch, 0]
-    model.get_layer("dw").set_weights([kernel, net.dw.bias.asnumpy()])
-    side = [_conv_hwio(net.side.weight.asnumpy()), net.side.bias.asnumpy()]
-    model.get_layer("side").set_weights(side)
-    model.get_layer("fc").set_weights([net.fc.weight.asnumpy().T, net.fc.bias.asnumpy()])
+    copy_weights(model, net)  # fc reads a 1x1 map: its rows need no reordering
     return model
 
 

@@ -183,6 +183,28 @@ def sequential_net() -> nn.Cell:
     )
 
 
+class SharedRelu(nn.Cell):
+    """conv-relu, conv2-relu through the same ReLU cell (sites relu, relu@1), Flatten of the
+    NCHW map, Dense: conv 3->4 (pad 1, 6x6), conv2 4->4 (stride 2, pad 1, 3x3), Dense 36 -> 3."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, pad_mode="pad", padding=1, has_bias=True)
+        self.conv2 = nn.Conv2d(4, 4, 3, stride=2, pad_mode="pad", padding=1, has_bias=True)
+        self.relu = nn.ReLU()
+        self.flatten = nn.Flatten()
+        self.fc = nn.Dense(4 * 3 * 3, 3)
+
+    def construct(self, x):
+        return self.fc(self.flatten(self.relu(self.conv2(self.relu(self.conv(x))))))
+
+
+def shared_relu() -> nn.Cell:
+    """One ReLU cell at two sites, then Flatten -> Dense; input (1, 3, 6, 6)."""
+    _seed()
+    return SharedRelu()
+
+
 class CalledTwice(nn.Cell):
     """``shared`` conv called on two branches (couples a and b), ``act`` ReLU called twice."""
 
@@ -261,6 +283,7 @@ INPUT_SHAPES = {
     "flatten_dense": (1, 3, 6, 6),
     "sequential_net": (1, 3, 8, 8),
     "called_twice": (1, 3, 8, 8),
+    "shared_relu": (1, 3, 6, 6),
     "functional_net": (1, 3, 8, 8),
     "loop_net": (1, 3, 8, 8),
     "lenet5": (1, 1, 32, 32),

@@ -1,6 +1,6 @@
 """ESP-DL v1 export of MindSpore networks (``amct_bridge.mindspore.export_espdl`` and the CLI).
 
-The MindSpore nets and their Keras twins carry the same weights (converted here, in the test,
+The MindSpore nets and their Keras twins carry the same weights (converted in twin_weights.py
 from MindSpore's layouts with explicit loops) and the same layer names, and are checked to
 compute the same float function. Calibrated once with the Keras callback (minmax), the record
 and sidecar are keyed by names both share, so the two exports must be equal: config.json,
@@ -21,6 +21,7 @@ import pytest
 from isolate import in_fresh_process
 from mindspore import nn, ops
 from nets import resnet_tiny
+from twin_weights import copy_weights, dense_rows_nhwc
 
 import amct_bridge.keras as akeras
 import amct_bridge.mindspore as ams
@@ -136,49 +137,7 @@ def flat_dense() -> nn.Cell:
     return _randomize(FlatDense(), 2)
 
 
-# ---- Keras twins (weights converted here, independently of the adapter) ---------------------
-def _conv_hwio(w: np.ndarray) -> np.ndarray:
-    o, i, kh, kw = w.shape
-    out = np.empty((kh, kw, i, o), np.float32)
-    for a in range(o):
-        for b in range(i):
-            out[:, :, b, a] = w[a, b]
-    return out
-
-
-def _dense_rows_nhwc(w: np.ndarray, c: int, hw: int) -> np.ndarray:
-    """MindSpore Dense (out, c*HW + s) after an NCHW flatten -> Keras (s*C + c, out)."""
-    out = np.empty((c * hw, w.shape[0]), np.float32)
-    for ch in range(c):
-        for s in range(hw):
-            out[s * c + ch] = w[:, ch * hw + s]
-    return out
-
-
-def _copy_weights(model: keras.Model, net: nn.Cell, flatten_chw=None) -> None:
-    cells = dict(net.cells_and_names())
-    for layer in model.layers:
-        cell = cells.get(layer.name)
-        if cell is None or not layer.weights:
-            continue
-        if isinstance(cell, nn.BatchNorm2d):
-            names = ("gamma", "beta", "moving_mean", "moving_variance")
-            layer.set_weights([getattr(cell, n).asnumpy() for n in names])
-        elif isinstance(cell, nn.PReLU):
-            layer.set_weights([cell.w.asnumpy().reshape(1, 1, -1)])
-        elif isinstance(cell, nn.Dense):
-            w = cell.weight.asnumpy()
-            if flatten_chw and layer.name == flatten_chw[0]:
-                kernel = _dense_rows_nhwc(w, *flatten_chw[1:])
-            else:
-                kernel = w.T
-            layer.set_weights([kernel, cell.bias.asnumpy()])
-        else:  # Conv2d, depthwise (C, 1, kH, kW) -> (kH, kW, C, 1)
-            w = cell.weight.asnumpy()
-            kernel = _conv_hwio(w) if int(cell.group) == 1 else w.transpose(2, 3, 0, 1)
-            layer.set_weights([kernel] + ([cell.bias.asnumpy()] if cell.has_bias else []))
-
-
+# ---- Keras twins (weights converted in twin_weights.py, independently of the adapter) -----
 def _bn(name: str):
     return keras.layers.BatchNormalization(epsilon=BN_EPS, name=name)
 
@@ -200,7 +159,7 @@ def keras_branchy(net: nn.Cell) -> keras.Model:
     c = L.MaxPooling2D(2, name="mp")(L.Concatenate(name="concat_op0")([p, s]))
     g = L.Flatten(name="flatten")(L.GlobalAveragePooling2D(keepdims=True, name="gap")(c))
     model = keras.Model(x, L.Dense(3, name="fc")(g))
-    _copy_weights(model, net)
+    copy_weights(model, net)
     return model
 
 
@@ -210,7 +169,7 @@ def keras_flat_dense(net: nn.Cell) -> keras.Model:
     y = L.MaxPooling2D(2, name="pool")(L.Conv2D(4, 3, name="conv")(x))
     y = L.Dense(8, activation="relu", name="fc1")(L.Flatten(name="flatten")(y))
     model = keras.Model(x, L.Dense(2, name="fc2")(y))
-    _copy_weights(model, net, flatten_chw=("fc1", 4, 9))
+    copy_weights(model, net, flatten_chw=("fc1", 4, 9))
     return model
 
 
@@ -418,7 +377,7 @@ def test_flatten_dense_rows_reordered_for_nhwc():
     net = flat_dense()
     fc1 = {x.name: x for x in source_layers(net, (1, 3, 8, 8))}["fc1"]
     w = net.fc1.weight.asnumpy()  # (8, 36): column c*9 + s
-    assert np.array_equal(fc1.weights["kernel"], _dense_rows_nhwc(w, 4, 9))
+    assert np.array_equal(fc1.weights["kernel"], dense_rows_nhwc(w, 4, 9))
     x = np.random.default_rng(0).normal(size=(2, 4, 3, 3)).astype(np.float32)  # NCHW map
     want = x.reshape(2, -1) @ w.T  # what MindSpore computes
     got = x.transpose(0, 2, 3, 1).reshape(2, -1) @ fc1.weights["kernel"]  # the chip's order

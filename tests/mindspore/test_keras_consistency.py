@@ -10,7 +10,8 @@ the same results (issue 12, section 5):
 
 Network: stem Conv + BN + ReLU, a residual block (conv + BN, functional add, ReLU), depthwise +
 BN + ReLU, pointwise conv, global average pool (``ops.mean``), Dense. The Keras twin's weights are
-converted here from MindSpore's layouts with explicit loops (independent of the adapters).
+converted from MindSpore's layouts with explicit loops (twin_weights.py, independent of the
+adapters).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import nn, ops
+from twin_weights import copy_weights
 
 import amct_bridge.keras as akeras
 import amct_bridge.mindspore as ams
@@ -67,24 +69,6 @@ def ms_twin() -> Twin:
     return net
 
 
-def _hwio(w: np.ndarray) -> np.ndarray:
-    """OIHW -> HWIO, element by element."""
-    o, i, kh, kw = w.shape
-    out = np.empty((kh, kw, i, o), np.float32)
-    for a in range(o):
-        for b in range(i):
-            out[:, :, b, a] = w[a, b]
-    return out
-
-
-def _hwc1(w: np.ndarray) -> np.ndarray:
-    """Depthwise (C, 1, kH, kW) -> Keras (kH, kW, C, 1)."""
-    out = np.empty((w.shape[2], w.shape[3], w.shape[0], 1), np.float32)
-    for c in range(w.shape[0]):
-        out[:, :, c, 0] = w[c, 0]
-    return out
-
-
 def keras_twin(net: Twin) -> keras.Model:
     L = keras.layers  # noqa: N806
 
@@ -101,20 +85,7 @@ def keras_twin(net: Twin) -> keras.Model:
     y = L.Conv2D(4, 1, name="pw")(y)
     y = L.GlobalAveragePooling2D(name="reducemean_op0")(y)  # MindSpore's name of ops.mean
     model = keras.Model(x, L.Dense(3, name="fc")(y))
-    cells = dict(net.cells_and_names())
-    for layer in model.layers:
-        cell = cells.get(layer.name)
-        if cell is None or not layer.weights:
-            continue
-        if isinstance(cell, nn.BatchNorm2d):
-            names = ("gamma", "beta", "moving_mean", "moving_variance")
-            layer.set_weights([getattr(cell, n).asnumpy() for n in names])
-        elif isinstance(cell, nn.Dense):
-            layer.set_weights([cell.weight.asnumpy().T, cell.bias.asnumpy()])
-        else:
-            w = cell.weight.asnumpy()
-            kernel = _hwio(w) if int(cell.group) == 1 else _hwc1(w)
-            layer.set_weights([kernel] + ([cell.bias.asnumpy()] if cell.has_bias else []))
+    copy_weights(model, net)
     return model
 
 

@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from amct_bridge.errors import ExportError
-from amct_bridge.espdl.naming import _KEYWORDS
+from amct_bridge.espdl.naming import CPP_KEYWORDS
 from amct_bridge.espdl.v1 import spec
 from amct_bridge.espdl.v1.preview import LayerPreview, QuantizedTensor, load_set, preview_set
 from amct_bridge.records.atomic import atomic_write_files
@@ -60,7 +60,7 @@ def check_identifier(name: str, what: str) -> None:
         ...
         amct_bridge.errors.ExportError: layer name 'conv.1' is not a C identifier ...
     """
-    if not isinstance(name, str) or not _IDENT.match(name) or name in _KEYWORDS:
+    if not isinstance(name, str) or not _IDENT.match(name) or name in CPP_KEYWORDS:
         raise ExportError(
             f"{what} {name!r} is not a C identifier ([A-Za-z_][A-Za-z0-9_]*, no C++ keyword): "
             "it becomes part of C++ names and file names"

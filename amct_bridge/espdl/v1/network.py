@@ -54,7 +54,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -63,7 +62,13 @@ import numpy as np
 
 from amct_bridge.errors import ExportError
 from amct_bridge.espdl.v1 import layout, spec
-from amct_bridge.espdl.v1.preview import LayerPreview, QuantizedTensor, load_set, preview_layer
+from amct_bridge.espdl.v1.preview import (
+    LayerPreview,
+    QuantizedTensor,
+    load_set,
+    preview_layer,
+    read_json_object,
+)
 
 if TYPE_CHECKING:
     from amct_bridge.espdl.v1.result import ExportResult
@@ -357,16 +362,7 @@ def graph_from_json(path: str | Path) -> dict:
         >>> graph_from_json(p)["feature_type"]
         's8'
     """
-    path = Path(path)
-    try:
-        doc = json.loads(path.read_text())
-    except OSError as err:
-        raise ExportError(f"{path}: cannot read: {err.strerror}") from None
-    except json.JSONDecodeError as err:
-        raise ExportError(f"{path}:{err.lineno}:{err.colno}: not JSON: {err.msg}") from None
-    if not isinstance(doc, dict):
-        raise ExportError(f"{path}: expected a JSON object")
-    return doc
+    return read_json_object(path)
 
 
 def load_network(directory: str | Path, graph: str | Path | dict | None = None) -> Network:

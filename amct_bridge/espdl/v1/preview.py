@@ -249,17 +249,34 @@ def load_set(directory: str | Path, config_name: str = "config.json") -> tuple[d
         ({}, {})
     """
     directory = Path(directory)
-    path = directory / config_name
+    config = read_json_object(directory / config_name, "a JSON object of layers")
+    arrays = {p.stem: _load_npy(p) for p in sorted(directory.glob("*.npy"))}
+    return config, arrays
+
+
+def read_json_object(path: str | Path, what: str = "a JSON object") -> dict:
+    """The JSON object in ``path``; an ExportError naming the file (and line:column of a syntax
+    error) if it cannot be read, is not JSON, or is not an object (``what`` was expected).
+
+    Example:
+        >>> import tempfile
+        >>> p = Path(tempfile.mkdtemp()) / "c.json"
+        >>> _ = p.write_text('[1]')
+        >>> read_json_object(p)
+        Traceback (most recent call last):
+        ...
+        amct_bridge.errors.ExportError: .../c.json: expected a JSON object
+    """
+    path = Path(path)
     try:
-        config = json.loads(path.read_text())
+        doc = json.loads(path.read_text())
     except OSError as err:
         raise ExportError(f"{path}: cannot read: {err.strerror}") from None
     except json.JSONDecodeError as err:
         raise ExportError(f"{path}:{err.lineno}:{err.colno}: not JSON: {err.msg}") from None
-    if not isinstance(config, dict):
-        raise ExportError(f"{path}: expected a JSON object of layers")
-    arrays = {p.stem: _load_npy(p) for p in sorted(directory.glob("*.npy"))}
-    return config, arrays
+    if not isinstance(doc, dict):
+        raise ExportError(f"{path}: expected {what}")
+    return doc
 
 
 def _load_npy(path: Path) -> np.ndarray:
