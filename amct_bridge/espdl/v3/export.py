@@ -373,7 +373,8 @@ class _Emitter:
     def _found(self, name: str, seen: frozenset[str] = frozenset()):
         """(exponent, source, range) of layer ``name``'s output from the sidecar / record;
         through a reader that only reshapes (Flatten, Reshape, a pass-through), whose values
-        are its input's: an MLP's input is read by a Flatten that has no entry of its own."""
+        are its input's, or zero-pads: an MLP's input is read by a Flatten that has no entry
+        of its own, EfficientNetB0's by a ZeroPadding2D."""
         found = self.finder.range_exponent(name, "output")
         if found is not None:
             return found
@@ -383,7 +384,10 @@ class _Emitter:
             found = self.finder.range_exponent(user.name, "input")
             if found is None and user.op in WEIGHT_OPS:
                 found = self.finder.record_exponent(user.name)
-            if found is None and _same_values(user) and user.name not in seen:
+            # a ZeroPadding2D adds zeros only: |max| and so the exponent are its input's
+            # (EfficientNetB0: Rescaling -> Normalization -> ZeroPadding2D -> stem_conv)
+            keeps = _same_values(user) or user.kind == "ZeroPadding2D"
+            if found is None and keeps and user.name not in seen:
                 found = self._found(user.name, seen | {name})
             if found is not None:
                 return found
@@ -484,8 +488,7 @@ class _Emitter:
         else:
             handler = _RUNTIME.get(kind)
             if handler is None:
-                reason = layer.attrs.get("reason") or f"{kind or layer.op} is not exported"
-                self.refuse(layer, f"no ESP-DL v3 export for {kind or layer.op}: {reason}")
+                self.refuse(layer, _no_handler(layer))
                 return
             handler(self, layer, ins)
 
@@ -824,6 +827,26 @@ class _Emitter:
         self._tensor(name, self.exps[x], f"the input's ({x!r})", shape, self.ranges.get(x))
         self.tensor_of[name] = name
         self.done(layer, "exported", [name])
+
+
+def _no_handler(layer: SourceLayer) -> str:
+    """Why a layer has no v3 export, in v3 terms: the adapter's ``problems`` (a shared or
+    dilated conv) or its kind; an adapter's ESP-DL v1 reason only when it gives nothing else.
+
+    Example:
+        >>> _no_handler(SourceLayer("c", "unsupported", [], "Conv2D",
+        ...                         attrs={"problems": ["layer called more than once"]}))
+        'Conv2D with layer called more than once: not supported by the ESP-DL v3 exporter'
+    """
+    kind = layer.kind or layer.op
+    if layer.attrs.get("problems"):
+        problems = ", ".join(layer.attrs["problems"])
+        return f"{kind} with {problems}: not supported by the ESP-DL v3 exporter"
+    if layer.attrs.get("unknown_kind"):
+        hint = layer.attrs.get("v3_hint")
+        return f"no ESP-DL v3 export for {kind}" + (f" ({hint})" if hint else "")
+    reason = layer.attrs.get("reason") or f"{kind} is not exported"
+    return f"no ESP-DL v3 export for {kind}: {reason}"
 
 
 def _pool_geometry(em: _Emitter, layer: SourceLayer, shape: list[int]):
