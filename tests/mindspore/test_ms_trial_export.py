@@ -98,3 +98,38 @@ def test_a_model_checkpoint_of_the_qat_network_exports_as_strip_qat_does(tmp_pat
     assert (cli / "config.json").read_text() == (api / "config.json").read_text()
     for f in api.glob("*.npy"):
         np.testing.assert_array_equal(np.load(cli / f.name), np.load(f), err_msg=f.name)
+
+
+def test_qat_skip_layers_cell_keeps_its_output_range_for_the_export(tmp_path):
+    """``quantize_aware(skip_layers=["fc"])`` keeps the classifier float, as users do; the QAT
+    sidecar then had no entry for it and the export stopped ('no calibrated output range for
+    'fc' ... pass the sidecar'), though PTQ's sidecar has one for a skipped cell. The skipped
+    cell is observed now: its range is the float classifier's output range on the batch."""
+    from mindspore import dataset as ds
+    from mindspore.train import Model
+
+    from amct_bridge.mindspore.qat import quantize_aware, save_qat_record, strip_qat
+    from amct_bridge.records.calibration import load_stats, sidecar_path
+
+    ms.set_seed(0)
+    net = nn.SequentialCell(
+        [nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Dense(4 * 6 * 6, 3), nn.Softmax()]
+    )
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(8, 1, 6, 6)).astype(np.float32)
+    y = rng.integers(0, 3, 8).astype(np.int32)
+    qat = quantize_aware(net, skip_layers=["3"])
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    data = ds.NumpySlicesDataset((x, y), ["x", "y"], shuffle=False).batch(8)
+    Model(qat, loss, nn.SGD(qat.trainable_params(), 0.0)).train(1, data)  # weights unchanged
+    path = tmp_path / "qat.txt"
+    record = save_qat_record(qat, path)
+    assert "3" not in record.layers
+    plain = strip_qat(qat)
+    # the classifier's input is the fake-quantized conv output: the simulated network's
+    logits = ams.simulate(nn.SequentialCell(list(plain.cell_list)[:4]), record, x).outputs
+    out = load_stats(sidecar_path(path)).layers["3"].output
+    np.testing.assert_allclose([out.min, out.max], [logits.min(), logits.max()], rtol=1e-5)
+    res = ams.export_espdl(plain, path, tmp_path / "v1", sample_input=x[:1])
+    head = next(layer for layer in res.layers if layer.source == "3")
+    assert head.sources["output_exponent"] == "sidecar output range of '3'", head.sources

@@ -224,7 +224,11 @@ def quantize_aware(
     info.functional = _functional_homes(graph, leaves, chosen)
     watch_input = {reader for _, reader in info.functional.values()}
     for key, d in leaves.items():
-        if key in chosen or not (d.activation or d.runtime or d.kind in BATCH_NORM_KINDS):
+        # a skip_layers cell stays float but is observed: the export needs its output range
+        skipped = key in quantizable and key not in chosen
+        if key in chosen or not (
+            d.activation or d.runtime or d.kind in BATCH_NORM_KINDS or skipped
+        ):
             continue
         kind = QATObserveInput if key in watch_input else QATObserve
         _swap(holders, d.handle, kind(d.handle, key, ema_decay), key)
