@@ -2,7 +2,9 @@
 [--html out.html]``: per-layer quantization report of a record (docs/report.md).
 
 A MindSpore network instead of ``--model``: ``--mindspore module:factory [--ckpt FILE]`` (see
-:mod:`amct_bridge.commands.mindspore_net`); ``--data`` is then NCHW, as the network runs.
+:mod:`amct_bridge.commands.mindspore_net`); ``--data`` is then NCHW, as the network runs, and
+of an .npz the first arrays are the network's inputs (as many as its ``construct`` takes), one
+more is the labels (an .npz with x and y, as espdl-eval reads).
 
 Prints the table (input and clip ranges, saturated share, scale/offset, weight scale spread,
 SNR of each layer alone and cumulative, model SNR, accuracy drop with labels), the most
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 
 from amct_bridge.commands.calibrate import load_keras_data, load_mindspore_data, positive_int
@@ -32,6 +35,8 @@ from amct_bridge.commands.common import (
 )
 from amct_bridge.errors import CalibrationError
 from amct_bridge.records.atomic import atomic_write_bytes, check_writable
+
+log = logging.getLogger(__name__)
 
 
 def register(subparsers) -> None:
@@ -49,7 +54,12 @@ def register(subparsers) -> None:
     p.add_argument("--record", required=True, help="AMCT record (its .calib.json is read too)")
     p.add_argument("--model", help="float Keras model (.keras or .h5); or --mindspore")
     add_mindspore_net(p)
-    p.add_argument("--data", required=True, help="inputs: .npy array or .npz (one per input)")
+    p.add_argument(
+        "--data",
+        required=True,
+        help="inputs: .npy array or .npz (one per input; --mindspore: the inputs in file "
+        "order, then optionally the labels, e.g. an .npz with x and y)",
+    )
     p.add_argument("--labels", help=".npy class labels (index or one-hot): accuracy columns")
     p.add_argument("--html", help="write a self-contained HTML report with plots here")
     p.add_argument("--json", help="write the table as JSON here")
@@ -81,12 +91,16 @@ def run(args: argparse.Namespace) -> int:
 
         data = load_mindspore_data(args.data, "report")
         model = load_mindspore_net(args.mindspore, args.ckpt)
+        data, labels_in_data = _mindspore_inputs(model, data, args)
     else:
         from amct_bridge.keras.report import quant_report
 
         model = load_keras_model(args.model, unsafe=args.unsafe_load)
         data = load_keras_data(args.data, model)
+        labels_in_data = None
     labels = None
+    if args.mindspore and labels_in_data is not None:
+        labels = labels_in_data
     if args.labels:
         labels = load_npy(args.labels, "labels")  # never unpickles
         n = len(data[0] if isinstance(data, (list, tuple)) else data)
@@ -116,3 +130,28 @@ def run(args: argparse.Namespace) -> int:
         if reason:
             print(f"amct-bridge report: note: no plots: {reason}", file=sys.stderr)
     return 0
+
+
+def _mindspore_inputs(net, data, args: argparse.Namespace):
+    """(network inputs, labels or None) of the --data arrays: as many leading arrays as
+    ``net.construct`` takes (as ``calibrate`` does); one array after them is the labels (an
+    .npz with x and y, as espdl-eval reads it) unless --labels is given."""
+    if not isinstance(data, tuple):
+        return data, None
+    from amct_bridge.mindspore.session import input_count
+
+    count = input_count(net, len(data))
+    inputs, extra = data[:count], data[count:]
+    inputs = inputs[0] if len(inputs) == 1 else inputs
+    if not extra:
+        return inputs, None
+    if len(extra) == 1 and not args.labels:
+        log.info(
+            "%s: array %d taken as the labels (after the network's inputs)", args.data, count + 1
+        )
+        return inputs, extra[0]
+    raise CalibrationError(
+        f"{args.data}: holds {len(data)} arrays, but {type(net).__name__}.construct takes "
+        f"{count} input(s); the arrays after the inputs can only be one, the labels (and then "
+        "without --labels)"
+    )

@@ -298,11 +298,14 @@ def _standalone_problem(
                 f"BatchNormalization cannot be folded: the layer before it, {src!r}, is refused "
                 "(its own line says why); the BN folds into it once that layer exports"
             )
-        why = (
-            f"record sets skip_fusion for {src!r}"
-            if src and skip_fusion(src)
-            else ("it does not directly follow a conv/dense with no activation of its own")
-        )
+        if src and skip_fusion(src):  # placed right: the record keeps it apart
+            return (
+                f"BatchNormalization cannot be folded: the record sets skip_fusion for {src!r} "
+                "(calibration's skip_fusion_layers, or QAT with fold_batchnorm=False) and ESP-DL "
+                "v1 has no BatchNorm layer: make the record with folding (no skip_fusion_layers; "
+                "QAT: fold_batchnorm=True, the default)"
+            )
+        why = "it does not directly follow a conv/dense with no activation of its own"
         return (
             f"BatchNormalization cannot be folded ({why}); ESP-DL v1 has no BatchNorm layer: "
             "only a BN right after a conv/dense (before any activation) folds into its weights, "

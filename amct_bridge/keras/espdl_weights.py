@@ -279,10 +279,7 @@ def _translate(layer: Any, node: Node, runtime: str) -> tuple[str, dict, dict]:
     if kind in HINTS and (runtime == V1 or kind not in _V1_HINTS):
         reason += f" ({HINTS[kind]})"
     # elementwise, shape-keeping input preprocessing: skipped, the host applies it
-    # unknown_kind: the v3 export says "no ESP-DL v3 export" rather than this v1 reason
-    attrs = {"reason": reason, "host_input": kind in HOST_INPUT_KINDS, "unknown_kind": True}
-    if kind in ("QATQuant", "QATObserve", "Conv1D"):  # hints that hold for v3 too
-        attrs["v3_hint"] = HINTS[kind]
+    attrs = {"reason": reason, "host_input": kind in HOST_INPUT_KINDS}
     try:  # what the v3 export reads (UpSampling2D size, Softmax axis...), if it reads
         extra = _runtime_attrs(layer, node)
     except (TypeError, ValueError):

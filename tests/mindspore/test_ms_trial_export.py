@@ -98,3 +98,77 @@ def test_a_model_checkpoint_of_the_qat_network_exports_as_strip_qat_does(tmp_pat
     assert (cli / "config.json").read_text() == (api / "config.json").read_text()
     for f in api.glob("*.npy"):
         np.testing.assert_array_equal(np.load(cli / f.name), np.load(f), err_msg=f.name)
+
+
+def test_qat_skip_layers_cell_keeps_its_output_range_for_the_export(tmp_path):
+    """``quantize_aware(skip_layers=["fc"])`` keeps the classifier float, as users do; the QAT
+    sidecar then had no entry for it and the export stopped ('no calibrated output range for
+    'fc' ... pass the sidecar'), though PTQ's sidecar has one for a skipped cell. The skipped
+    cell is observed now: its range is the float classifier's output range on the batch."""
+    from mindspore import dataset as ds
+    from mindspore.train import Model
+
+    from amct_bridge.mindspore.qat import quantize_aware, save_qat_record, strip_qat
+    from amct_bridge.records.calibration import load_stats, sidecar_path
+
+    ms.set_seed(0)
+    net = nn.SequentialCell(
+        [nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Dense(4 * 6 * 6, 3), nn.Softmax()]
+    )
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(8, 1, 6, 6)).astype(np.float32)
+    y = rng.integers(0, 3, 8).astype(np.int32)
+    qat = quantize_aware(net, skip_layers=["3"])
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    data = ds.NumpySlicesDataset((x, y), ["x", "y"], shuffle=False).batch(8)
+    Model(qat, loss, nn.SGD(qat.trainable_params(), 0.0)).train(1, data)  # weights unchanged
+    path = tmp_path / "qat.txt"
+    record = save_qat_record(qat, path)
+    assert "3" not in record.layers
+    plain = strip_qat(qat)
+    # the classifier's input is the fake-quantized conv output: the simulated network's
+    logits = ams.simulate(nn.SequentialCell(list(plain.cell_list)[:4]), record, x).outputs
+    out = load_stats(sidecar_path(path)).layers["3"].output
+    np.testing.assert_allclose([out.min, out.max], [logits.min(), logits.max()], rtol=1e-5)
+    res = ams.export_espdl(plain, path, tmp_path / "v1", sample_input=x[:1])
+    head = next(layer for layer in res.layers if layer.source == "3")
+    assert head.sources["output_exponent"] == "sidecar output range of '3'", head.sources
+
+
+def test_qat_without_folding_gets_a_refusal_that_names_the_option_and_v3_runs_it(tmp_path):
+    """``quantize_aware(fold_batchnorm=False)`` writes ``skip_fusion`` (docs/qat.md promised
+    the ESP-DL exporter would fold it); ESP-DL v1 refused each BN with the pre-activation
+    advice ('DenseNet, ResNet v2 ... needs that BN moved'), which does not apply: the BN is
+    where it folds. Now the refusal names skip_fusion and fold_batchnorm=True, nothing is
+    written, and ESP-DL v3 exports the BN (Mul + Add) with the chip near the float net."""
+    import pytest
+    from mindspore import dataset as ds
+    from mindspore.train import Model
+
+    from amct_bridge.errors import ExportError
+    from amct_bridge.mindspore.qat import quantize_aware, save_qat_record, strip_qat
+
+    ms.set_seed(0)
+    net = nn.SequentialCell(
+        [nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Dense(4 * 6 * 6, 3)]
+    )
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(16, 1, 6, 6)).astype(np.float32)
+    y = rng.integers(0, 3, 16).astype(np.int32)
+    qat = quantize_aware(net, fold_batchnorm=False, sample_input=x[:1])
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    data = ds.NumpySlicesDataset((x, y), ["x", "y"], shuffle=False).batch(8)
+    Model(qat, loss, nn.SGD(qat.trainable_params(), 1e-3)).train(1, data)
+    path = tmp_path / "qat.txt"
+    assert save_qat_record(qat, path).layers["0"].skip_fusion is True
+    plain = strip_qat(qat)
+    with pytest.raises(ExportError) as err:
+        ams.export_espdl(plain, path, tmp_path / "v1", sample_input=x[:1])
+    text = str(err.value)
+    assert "the record sets skip_fusion for '0'" in text and "fold_batchnorm=True" in text, text
+    assert "DenseNet" not in text and not (tmp_path / "v1").exists()
+    ams.export_espdl(plain, path, tmp_path / "m.espdl", sample_input=x[:1], format="espdl")
+    ev = ams.evaluate_espdl(tmp_path / "m.espdl", plain, x, y)
+    rows = {row.source: row for row in ev.layers}
+    assert rows["1"].kind == "Add" and "4" in rows, [(r.source, r.kind) for r in ev.layers]
+    assert min(r.snr_db for r in ev.layers) > 25, [(r.source, r.snr_db) for r in ev.layers]

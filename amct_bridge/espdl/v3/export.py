@@ -842,9 +842,6 @@ def _no_handler(layer: SourceLayer) -> str:
     if layer.attrs.get("problems"):
         problems = ", ".join(layer.attrs["problems"])
         return f"{kind} with {problems}: not supported by the ESP-DL v3 exporter"
-    if layer.attrs.get("unknown_kind"):
-        hint = layer.attrs.get("v3_hint")
-        return f"no ESP-DL v3 export for {kind}" + (f" ({hint})" if hint else "")
     reason = layer.attrs.get("reason") or f"{kind} is not exported"
     return f"no ESP-DL v3 export for {kind}: {reason}"
 

@@ -277,7 +277,11 @@ def quantize_aware(
     layer_of = {n.name: n.layer for n in graph.nodes} if graph is not None else {}
     watch_input = {layer_of[reader] for _, reader in info.functional.values()}
     for key, d in leaves.items():
-        if key in chosen or not (d.activation or d.runtime or d.kind in BATCH_NORM_KINDS):
+        # a skip_layers cell stays float but is observed: the export needs its output range
+        skipped = key in quantizable and key not in chosen
+        if key in chosen or not (
+            d.activation or d.runtime or d.kind in BATCH_NORM_KINDS or skipped
+        ):
             continue
         kind = QATObserveInput if key in watch_input else QATObserve
         _swap(holders, d.handle, kind(d.handle, key, ema_decay, sites.get(key)), key)
