@@ -8,8 +8,9 @@ The small ResNet of ``bench_mindspore_instrument.py`` on 32 x 32 images, batch 8
 1. ``cold``: the first plain epoch (compiles the train graph);
 2. ``plain``: plain epochs (the compiled graph runs);
 3. ``calibrated``: an epoch with ``QuantCalibration(algorithm=...)`` (a fresh callback each
-   time: MindIR export of the graph at the first step, compile of the graph with the probes,
-   drains, the observers' search, record + sidecar);
+   time). The first one exports the graph (MindIR) at the first step and compiles the graph
+   with the probes; the later ones (``again``) find both kept (same network, same points):
+   drains, the observers' search, record + sidecar only;
 4. ``after``: the plain epoch right after a calibrated one (before: the probes' swap cleared the
    compile cache, so it compiled the plain graph again).
 
@@ -17,11 +18,13 @@ The calibrated epoch's fixed part is split with clocks around the callback: ``st
 begin to the first step's graph call: MindIR export, plan, probes in), ``first step`` over a
 steady step (the compile of the graph with the probes), ``end`` (final drain, search, write).
 
-Rounds ``plain, calibrated, after`` repeat ``--repeat`` times; printed are the medians and
-``fixed`` = calibrated - plain, ``recompile`` = after - plain (seconds; the steady per-step
-cost of the probes is in ``fixed`` too, see ``bench_mindspore_callback.py`` for it). The graph
-export alone (``extract_graph``) is timed apart. Run it from a checkout with ``PYTHONPATH``
-pointing at another one to compare versions.
+Rounds ``plain, calibrated, after`` repeat ``--repeat`` times (at least 2); printed are the
+medians and ``fixed`` = calibrated - plain for the first calibrated epoch and for the later
+ones (``again``), ``recompile`` = after - plain (seconds; the steady per-step cost of the
+probes is in ``fixed`` too, see ``bench_mindspore_callback.py`` for it). The graph export
+alone (``extract_graph``, a copy of the network: no graph of it compiled yet) is timed apart.
+Run it from a checkout with ``PYTHONPATH`` pointing at another one to compare versions; the
+machine's load (``os.getloadavg``) is printed at the start and the end.
 """
 
 from __future__ import annotations
@@ -82,6 +85,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--algorithm", default="minmax")
     args = parser.parse_args()
+    load = os.getloadavg()
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_seed(0)
     net = SmallResNet()
@@ -98,7 +102,7 @@ def main() -> None:
             return time.perf_counter() - start
 
         cold = epoch([])
-        for r in range(args.repeat):
+        for r in range(max(2, args.repeat)):
             record = os.path.join(out, f"r{r}.txt")
             times["plain"].append(epoch([]))
             pre, post = Clock(), Clock()
@@ -112,19 +116,29 @@ def main() -> None:
             here = os.getcwd()
             os.chdir(cwd)
             try:
-                extract_graph(net, (8, 3, 32, 32))
+                ms.set_seed(0)
+                extract_graph(SmallResNet(), (8, 3, 32, 32))
             finally:
                 os.chdir(here)
         export = time.perf_counter() - start
-    med = {k: float(np.median(v)) for k, v in times.items()}
+
+    def med(key: str, rounds: slice = slice(None)) -> float:
+        return float(np.median(times[key][rounds]))
+
+    first, again = slice(0, 1), slice(1, None)
+    plain = med("plain")
     print(f"SmallResNet GRAPH_MODE Model.train, 1 epoch of {args.steps} steps (batch 8, 32x32), "
-          f"{args.algorithm}, {args.repeat} rounds, medians in s")  # fmt: skip
-    print(f"cold {cold:.2f}  plain {med['plain']:.2f}  calibrated {med['calibrated']:.2f}  "
-          f"after {med['after']:.2f}  | fixed {med['calibrated'] - med['plain']:.2f}  "
-          f"recompile {med['after'] - med['plain']:.2f}  export alone {export:.2f}")  # fmt: skip
-    print(f"calibrated epoch's fixed part: start {med['start']:.2f} (export, plan, install)  "
-          f"first step {med['first']:.2f} over a steady one (compile with probes)  "
-          f"end {med['end']:.2f} (drain, search, write)")  # fmt: skip
+          f"{args.algorithm}, {max(2, args.repeat)} rounds, medians in s; load average "
+          f"{load[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")  # fmt: skip
+    print(f"cold {cold:.2f}  plain {plain:.2f}  calibrated: first {med('calibrated', first):.2f}"
+          f" again {med('calibrated', again):.2f}  after {med('after'):.2f}  | fixed: first "
+          f"{med('calibrated', first) - plain:.2f} again {med('calibrated', again) - plain:.2f}"
+          f"  recompile {med('after') - plain:.2f}  export alone {export:.2f}")  # fmt: skip
+    for name, rounds in (("first", first), ("again", again)):
+        print(f"{name} calibrated epoch's fixed part: start {med('start', rounds):.2f} (export, "
+              f"plan, install)  first step {med('first', rounds):.2f} over a steady one "
+              f"(compile with probes)  end {med('end', rounds):.2f} (drain, search, "
+              "write)")  # fmt: skip
 
 
 if __name__ == "__main__":

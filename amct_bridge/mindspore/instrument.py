@@ -16,9 +16,15 @@ by phase, creation time and id of the top-level cell (``graph.api._real_phase``)
 probes are in, each compiled cell gets another creation time (its instrumented graph compiles
 under another name), and :meth:`~Instrumentation.remove` puts back the creation time: the next
 run without probes reuses its graph instead of compiling it again (benchmark ResNet: the
-recompile after a calibrated epoch). The instrumented graph is freed with the cell or at the
-next install (freeing it renumbers MindSpore's arguments key of the cell: then every graph of
-the cell is freed, and the one without probes compiles again after that pass).
+recompile after a calibrated epoch). The probes are kept per network (``_KEPT``) with the
+creation time each compiled cell's instrumented graph got (``_PROBED``): a later
+Instrumentation of the same points on the same cell tree
+(:func:`~amct_bridge.mindspore.cells.structure_key`; repeated ``calibrate()`` / callback
+runs) takes them over, reset, and its install gives the cells that creation time again, so
+the instrumented graph runs again without a compile. Another probe set's install frees the
+old instrumented graph (freeing it renumbers MindSpore's arguments key of the cell: then every
+graph of the cell is freed, and the one without probes compiles again after that pass);
+otherwise it is freed with the cell.
 
 A probe runs only graph ops on ``ops.stop_gradient`` of the observed tensor, so the same code
 runs in GRAPH_MODE (compiled into the network's graph, also under ``Model.train``) and in

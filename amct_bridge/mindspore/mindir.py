@@ -7,8 +7,9 @@ and writes the inlined graph: every primitive with its scope (``node.domain``, e
 shape. This module exports into a temporary directory (made the working directory for the
 call, because a failed compile writes ``rank_0/`` there), reads the graph as a
 ``mindspore.train.mind_ir_pb2.ModelProto`` through ``ms.export``'s documented ``custom_func``
-hook (before the parameter data is filled in, so the file is never parsed back) and resolves
-the plumbing MindSpore adds:
+hook (before the parameter data is filled in; the hook then ends the export, so neither the
+parameter data nor the file is written and nothing is parsed back) and resolves the plumbing
+MindSpore adds:
 
 - ``Load(param, u)`` is the parameter; ``Depend(x, ...)`` and ``TensorMove(x)`` (a copy) are
   ``x``; ``UpdateState`` is dropped, except that it carries in-place updates: after
@@ -101,6 +102,10 @@ def _in_temp_dir() -> Iterator[str]:
             os.chdir(old)
 
 
+class _Read(Exception):
+    """Raised by the export hook once the graph is read (ends ``ms.export`` there)."""
+
+
 def export_model(net: ms.nn.Cell, tensors: list[ms.Tensor], read: Any = None) -> Any:
     """Export ``net`` to MindIR in a temp dir; returns ``read(model_proto)``.
 
@@ -122,6 +127,9 @@ def export_model(net: ms.nn.Cell, tensors: list[ms.Tensor], read: Any = None) ->
             copy = type(model)()
             copy.CopyFrom(model)
             seen.append(copy)
+        # all we need is read: end the export before it copies every parameter's data into
+        # the proto and writes the file (half of a warm export of the benchmark's ResNet)
+        raise _Read
 
     training = net.training
     net.set_train(False)
@@ -131,6 +139,7 @@ def export_model(net: ms.nn.Cell, tensors: list[ms.Tensor], read: Any = None) ->
     scopes = [(cell, cell.__dict__.get("_scope")) for _, cell in net.cells_and_names()]
     for cell, _ in scopes:
         cell.__dict__["_scope"] = None
+    syntax = ms.get_context("jit_syntax_level")  # ms.export sets STRICT, restores it on return
     try:
         with _in_temp_dir() as tmp:
             try:
@@ -141,6 +150,8 @@ def export_model(net: ms.nn.Cell, tensors: list[ms.Tensor], read: Any = None) ->
                     file_format="MINDIR",
                     custom_func=custom_func,
                 )
+            except _Read:
+                pass
             except GraphError:
                 raise
             except Exception as err:  # compile errors come in many types; name the network
@@ -161,6 +172,8 @@ def export_model(net: ms.nn.Cell, tensors: list[ms.Tensor], read: Any = None) ->
                     f"{dtype_hint}. {_log_hint()}"
                 ) from None
     finally:
+        if ms.get_context("jit_syntax_level") != syntax:
+            ms.set_context(jit_syntax_level=syntax)
         net.set_train(training)
         for cell, scope in scopes:
             cell.__dict__["_scope"] = scope
