@@ -43,7 +43,10 @@ def test_v3_refusals_name_v3_and_the_problem(tmp_path):
     model = keras.Model(inp, L.Dense(2, name="fc")(L.Flatten(name="flat")(x)))
     _calibrated(model, tmp_path)
     text = _refusal(model, tmp_path / "r.txt", tmp_path)
-    assert "layer 'crop' (Cropping2D): no ESP-DL v3 export for Cropping2D\n" in text
+    assert (
+        "layer 'crop' (Cropping2D): Keras Cropping2D is not translated by the ESP-DL v3 exporter\n"
+        in text
+    )
     assert "v1" not in text.split("skip_unsupported")[1]
 
 
@@ -55,4 +58,6 @@ def test_an_unstripped_qat_model_is_told_to_strip(tmp_path):
     qat.compile(optimizer="sgd", loss="mse")
     qat.fit(xs, np.zeros((8, 2)), epochs=1, verbose=0)
     text = _refusal(qat, tmp_path / "r.txt", tmp_path)
-    assert "no ESP-DL v3 export for QATQuant (export strip_qat(qat_model)" in text
+    assert (
+        "QATQuant is not translated by the ESP-DL v3 exporter (export strip_qat(qat_model)" in text
+    )

@@ -842,8 +842,10 @@ def _no_handler(layer: SourceLayer) -> str:
     if layer.attrs.get("problems"):
         problems = ", ".join(layer.attrs["problems"])
         return f"{kind} with {problems}: not supported by the ESP-DL v3 exporter"
-    reason = layer.attrs.get("reason") or f"{kind} is not exported"
-    return f"no ESP-DL v3 export for {kind}: {reason}"
+    reason = layer.attrs.get("reason")
+    if reason and "ESP-DL v3" in reason:  # worded for v3 by the adapter (no_equivalent)
+        return reason
+    return f"no ESP-DL v3 export for {kind}: {reason or 'not exported'}"
 
 
 def _pool_geometry(em: _Emitter, layer: SourceLayer, shape: list[int]):
