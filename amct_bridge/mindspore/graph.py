@@ -164,29 +164,38 @@ class _Builder:
 
         A cell called back to back (``fc(fc(x))``) gives one connected group with one scope:
         the MindIR holds nothing else telling the calls apart. A known cell's call holds one
-        of its required primitives (a Dense one MatMul): k of them are k calls, cut into k
-        equal repeats when the group is one (``Reshape`` ... ``Reshape`` of a Dense on a map
-        may be folded away between the calls: then each required primitive starts a call).
-        A custom leaf cell's group that repeats itself (same primitives, parameters and
-        constants, each repeat reading the one before) is cut after as many primitives as
-        the cell runs when exported alone on the first repeat's inputs.
+        of its required primitives (a Dense one MatMul; of several kinds present, the rarest
+        counts): k of them are k calls, cut into k equal repeats when the group is one
+        (``Reshape`` ... ``Reshape`` of a Dense on a map may be folded away between the calls:
+        then each required primitive starts a call). A custom leaf cell's group that repeats
+        itself (same primitives, parameters and constants, each repeat reading the one before)
+        is cut after as many primitives as the cell runs when exported alone on the first
+        repeat's inputs (Dropout / Identity: one primitive per call).
         """
         cell = self.cells[owners[group[0]]]
         kind = cell_kind(cell)
-        required = CELL_PRIMS.get(kind or "", ((), ()))[0]
-        if required:
-            count = sum(1 for i in group if self.prims[i].op in required)
+        required, optional = CELL_PRIMS.get(kind or "", ((), ()))
+        present: dict[str, int] = {}
+        for i in group:
+            if self.prims[i].op in required:
+                present[self.prims[i].op] = present.get(self.prims[i].op, 0) + 1
+        if present:
+            # the rarest one marks the calls: an activation cell may run Cast, Sigmoid, Cast
+            marker = min(present, key=present.__getitem__)
+            count = present[marker]
             if count < 2:
                 return [group]
             if len(group) % count == 0 and _repeats(self.prims, group, len(group) // count):
                 return _chunks(group, len(group) // count)
-            return self.split_at(group, required)
+            return self.split_at(group, (marker,))
+        if required:  # none of them: not a call of this class as known (unknown kind later)
+            return [group]
         period = next(
             (p for p in range(1, len(group)) if _repeats(self.prims, group, p)), len(group)
         )
         if period == len(group):
             return [group]
-        if kind is not None:  # Dropout / Identity: one primitive per call
+        if kind is not None and all(self.prims[i].op in optional for i in group):
             return _chunks(group, period)
         per_call = self.prims_per_call(cell, group[:period], owners[group[0]])
         if per_call is None or per_call % period or len(group) % per_call:

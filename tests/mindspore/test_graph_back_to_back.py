@@ -10,7 +10,7 @@ from __future__ import annotations
 import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import Tensor, nn
+from mindspore import Tensor, nn, ops
 
 from amct_bridge.errors import ExportError
 from amct_bridge.graph import discover_groups
@@ -52,6 +52,14 @@ class Doubled(nn.Cell):
 
     def construct(self, x):
         return (x * 2.0) * 2.0
+
+
+class CastSigmoid(nn.Sigmoid):
+    """A known activation class whose call runs Cast, Sigmoid, Cast (Cast counts as an
+    activation primitive too): the rarest required primitive marks the calls."""
+
+    def construct(self, x):
+        return ops.cast(ops.sigmoid(ops.cast(x, ms.float16)), ms.float32)
 
 
 class TwoBlocks(nn.Cell):
@@ -138,6 +146,13 @@ def test_a_custom_block_called_twice_and_one_repeating_itself_once():
     once = extract_graph(Twice(Doubled(), 1), (1, 4))
     assert [(n.name, n.inputs) for n in once] == [("cell", ["input0"])]
     twice = extract_graph(Twice(Doubled(), 2), (1, 4))
+    assert [(n.name, n.inputs) for n in twice] == [("cell", ["input0"]), ("cell@1", ["cell:0"])]
+
+
+def test_an_activation_running_several_activation_primitives_per_call():
+    once = extract_graph(Twice(CastSigmoid(), 1), (1, 4))
+    assert [(n.name, n.kind, n.inputs) for n in once] == [("cell", "Activation", ["input0"])]
+    twice = extract_graph(Twice(CastSigmoid(), 2), (1, 4))
     assert [(n.name, n.inputs) for n in twice] == [("cell", ["input0"]), ("cell@1", ["cell:0"])]
 
 
