@@ -146,7 +146,7 @@ def _conv(cell: Any, node: Node, graph: Graph, runtime: str) -> Translated:
     if group not in (1, cin):
         problems.append(f"group {group} (grouped convolution; only 1 and in_channels)")
     if node.shared:
-        problems.append("cell called more than once")
+        problems.append(_shared(node, graph))
     kernel = kernel_of(cell, node.layer)
     strides = _pair(cell.stride)
     padding = _padding(cell, tuple(in_shape[-2:]), kernel.shape[-2:], strides)
@@ -164,6 +164,16 @@ def _conv(cell: Any, node: Node, graph: Graph, runtime: str) -> Translated:
     if bias is not None:
         weights["bias"] = bias
     return op, weights, attrs
+
+
+def _shared(node: Node, graph: Graph) -> str:
+    """Why a cell with weights called at several sites is refused, naming the sites."""
+    sites = [n.name for n in graph.nodes if n.layer == node.layer]
+    return (
+        f"cell {node.layer!r} called {len(sites)} times ({', '.join(sites)}; back to back "
+        "counts too): a chip layer holds its own weights, one per call site, and the export "
+        "writes one layer per cell; give each call its own cell"
+    )
 
 
 def _dense_activation(cell: Any) -> dict:
@@ -198,7 +208,7 @@ def _dense(cell: Any, node: Node, graph: Graph, runtime: str) -> Translated:
             "chip's FullyConnected on all of it: insert nn.Flatten before it"
         )
     if node.shared:
-        return _unsupported(f"cell called more than once: not supported by the {runtime} exporter")
+        return _unsupported(f"{_shared(node, graph)}: not supported by the {runtime} exporter")
     kernel = kernel_of(cell, node.layer).T  # (out, in) -> (in, out)
     shape = _flatten_input(graph, node.inputs[0])
     if shape is not None and len(shape) == 4 and shape[2] * shape[3] > 1:

@@ -38,6 +38,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import mindspore as ms
@@ -56,6 +57,8 @@ from amct_bridge.mindspore.graph_cells import (
     unknown_kind,
 )
 from amct_bridge.mindspore.mindir import Prim, export_primitives
+
+_log = logging.getLogger(__name__)
 
 
 def extract_graph(net: ms.nn.Cell, sample_input: Any) -> Graph:
@@ -134,21 +137,108 @@ class _Builder:
                 ):
                     ra, rb = find(v[1]), find(p.index)
                     parent[max(ra, rb)] = min(ra, rb)
-        roots: dict[int, int] = {}
+        members: dict[int, list[int]] = {}
         for i in range(n):
-            root = find(i)
-            if root not in roots:
-                roots[root] = len(self.calls)
+            members.setdefault(find(i), []).append(i)
+        chunk_of: dict[int, tuple[int, int]] = {}  # prim -> (group root, call in the group)
+        for root, group in members.items():
+            chunks = self.split_calls(group, owners) if owners[root] is not None else [group]
+            for k, chunk in enumerate(chunks):
+                for i in chunk:
+                    chunk_of[i] = (root, k)
+        calls: dict[tuple[int, int], int] = {}
+        for i in range(n):
+            key = chunk_of[i]
+            if key not in calls:  # calls are numbered by their first primitive
+                calls[key] = len(self.calls)
                 self.calls.append([])
                 self.owner.append(owners[i])
-            self.calls[roots[root]].append(i)
+            c = calls[key]
+            self.calls[c].append(i)
             # functional ops inside a custom cell may carry the scope of the class's first
             # instance: the later instance named in the call is the true one
-            if self.cell_order.get(owners[i], -1) > self.cell_order.get(
-                self.owner[roots[root]], -1
-            ):
-                self.owner[roots[root]] = owners[i]
-        self.group_of = [roots[find(i)] for i in range(n)]
+            if self.cell_order.get(owners[i], -1) > self.cell_order.get(self.owner[c], -1):
+                self.owner[c] = owners[i]
+        self.group_of = [calls[chunk_of[i]] for i in range(n)]
+
+    def split_calls(self, group: list[int], owners: list[str | None]) -> list[list[int]]:
+        """Connected primitives of one cell (``group``, topological order) as its calls.
+
+        A cell called back to back (``fc(fc(x))``) gives one connected group with one scope:
+        the MindIR holds nothing else telling the calls apart. A known cell's call holds one
+        of its required primitives (a Dense one MatMul; of several kinds present, the rarest
+        counts): k of them are k calls, cut into k equal repeats when the group is one
+        (``Reshape`` ... ``Reshape`` of a Dense on a map may be folded away between the calls:
+        then each required primitive starts a call). A custom leaf cell's group that repeats
+        itself (same primitives, parameters and constants, each repeat reading the one before)
+        is cut after as many primitives as the cell runs when exported alone on the first
+        repeat's inputs (Dropout / Identity: one primitive per call).
+        """
+        cell = self.cells[owners[group[0]]]
+        kind = cell_kind(cell)
+        required, optional = CELL_PRIMS.get(kind or "", ((), ()))
+        present: dict[str, int] = {}
+        for i in group:
+            if self.prims[i].op in required:
+                present[self.prims[i].op] = present.get(self.prims[i].op, 0) + 1
+        if present:
+            # the rarest one marks the calls: an activation cell may run Cast, Sigmoid, Cast
+            marker = min(present, key=present.__getitem__)
+            count = present[marker]
+            if count < 2:
+                return [group]
+            if len(group) % count == 0 and _repeats(self.prims, group, len(group) // count):
+                return _chunks(group, len(group) // count)
+            return self.split_at(group, (marker,))
+        if required:  # none of them: not a call of this class as known (unknown kind later)
+            return [group]
+        period = next(
+            (p for p in range(1, len(group)) if _repeats(self.prims, group, p)), len(group)
+        )
+        if period == len(group):
+            return [group]
+        if kind is not None and all(self.prims[i].op in optional for i in group):
+            return _chunks(group, period)
+        per_call = self.prims_per_call(cell, group[:period], owners[group[0]])
+        if per_call is None or per_call % period or len(group) % per_call:
+            per_call = period
+        return _chunks(group, per_call)
+
+    def split_at(self, group: list[int], required: tuple[str, ...]) -> list[list[int]]:
+        """Each required primitive starts a call (the ones before it join the call before)."""
+        depth: dict[int, int] = {}
+        for i in group:
+            ups = [depth[v[1]] for v in _node_values(self.prims[i].inputs) if v[1] in depth]
+            depth[i] = max(ups, default=0) + (self.prims[i].op in required)
+        calls: dict[int, list[int]] = {}
+        for i in group:
+            calls.setdefault(max(depth[i] - 1, 0), []).append(i)
+        return [calls[k] for k in sorted(calls)]
+
+    def prims_per_call(self, cell: ms.nn.Cell, first: list[int], name: str) -> int | None:
+        """How many primitives one call of ``cell`` runs: the cell exported alone on zeros
+        shaped as the inputs of its first call (None if that does not compile)."""
+        inside = set(first)
+        ins: list[tuple] = []
+        for i in first:
+            for v in _tensor_values(self.prims[i].inputs):
+                if not (v[0] == "node" and v[1] in inside) and v not in ins:
+                    ins.append(v)
+        shapes = [
+            self.input_shapes[v[1]] if v[0] == "input" else self.prims[v[1]].shapes[v[2]]
+            for v in ins
+        ]
+        try:
+            prims, _, _ = export_primitives(cell, [np.zeros(s, np.float32) for s in shapes])
+        except (GraphError, IndexError):
+            _log.warning(
+                "cell %r: its calls back to back are told apart by their repeating "
+                "primitives (the cell alone does not export on inputs of shapes %s)",
+                name,
+                shapes,
+            )
+            return None
+        return len(prims)
 
     def same_call(self, a: str | None, b: str | None) -> bool:
         """Primitives of cells ``a`` and ``b`` connected by data belong to one call."""
@@ -175,6 +265,7 @@ class _Builder:
 
     # ---- building --------------------------------------------------------------------------
     def build(self, input_shapes: list[tuple[int, ...]], outputs: list[tuple]) -> Graph:
+        self.input_shapes = input_shapes
         for k, shape in enumerate(input_shapes):
             tid = f"input{k}"
             self.graph.tensors[tid] = tensor_info(shape)
@@ -383,6 +474,46 @@ class _Builder:
         if c is None or self.owner[c] is None:
             return []
         return self.owner[c].split(".") if self.owner[c] else []
+
+
+def _signature(prim: Prim) -> tuple:
+    """What two calls of one cell share per primitive: op, parameters and constants."""
+    out: list[Any] = [prim.op]
+    for v in prim.inputs:
+        if v[0] == "param":
+            out.append(v)
+        elif v[0] == "const":
+            c = v[1]
+            out.append((np.shape(c), np.asarray(c).tobytes()) if isinstance(c, np.ndarray) else c)
+    return tuple(out)
+
+
+def _repeats(prims: list[Prim], group: list[int], period: int) -> bool:
+    """``group`` is repeats of its first ``period`` primitives, each reading the one before."""
+    if period < 1 or len(group) % period or len(group) == period:
+        return False
+    pos = {i: k for k, i in enumerate(group)}
+    for k in range(period, len(group)):
+        a, b = prims[group[k % period]], prims[group[k]]
+        if _signature(a) != _signature(b):
+            return False
+        ta, tb = _tensor_values(a.inputs), _tensor_values(b.inputs)
+        if len(ta) != len(tb):
+            return False
+        start = k - k % period  # the repeat's first primitive
+        for va, vb in zip(ta, tb, strict=True):
+            inside_a = va[0] == "node" and va[1] in pos
+            inside_b = vb[0] == "node" and vb[1] in pos
+            if inside_a:  # the same wiring inside the repeat
+                if not inside_b or pos[vb[1]] != start + pos[va[1]] or va[2] != vb[2]:
+                    return False
+            elif inside_b and not start - period <= pos[vb[1]] < start:
+                return False  # a call's input comes from the call before or from outside
+    return True
+
+
+def _chunks(group: list[int], size: int) -> list[list[int]]:
+    return [group[k : k + size] for k in range(0, len(group), size)]
 
 
 def _node_values(values: list[tuple]) -> list[tuple]:

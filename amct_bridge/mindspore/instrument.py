@@ -55,11 +55,12 @@ other batch is binned over its own ``[min, max]`` (equal: all in bin 0) into its
 bakes its range into the graph, ``HistogramFixedWidth`` has no CPU kernel). Exact: min, max,
 counts, per-channel ranges and every bin equal the numpy reference on the same float32 tensor.
 
-A cell called at several sites per step (one ``nn.ReLU`` used twice) gets one probe: its rows
-merge all sites, one row per call, so ``Point.calls`` must give the calls per step (the core
-numbers batches as ``row.step // calls``; too small a value fills the ring early and
-:meth:`~Instrumentation.drain` says so). Not seen: functional ops in ``construct`` (``x + y``,
-``ops.concat``), cells referenced only outside the cell tree (plain lists, dicts), and
+A cell called at several sites per step (one ``nn.ReLU`` used twice, or back to back as in
+``fc(fc(x))``) gets one probe: its rows merge all sites, one row per call, so ``Point.calls``
+must give the calls per step (the graph's nodes of the cell; the core numbers batches as
+``row.step // calls`` and the k-th row of a step is site k; too small a value fills the ring
+early and :meth:`~Instrumentation.drain` says so). Not seen: functional ops in ``construct``
+(``x + y``, ``ops.concat``), cells referenced only outside the cell tree (plain lists, dicts), and
 ``@ms.jit`` functions compiled by the user (only top-level cells given compile anew). A
 checkpoint saved *during* a pass (``ModelCheckpoint``) contains the statistics Parameters.
 

@@ -66,8 +66,8 @@ CASES = {
     ),
     "shared_dense": (
         Twice, (1, 6), "fc",
-        "cell called more than once: not supported by the ESP-DL v1 exporter",
-        "cell called more than once: not supported by the ESP-DL v3 exporter",
+        "give each call its own cell: not supported by the ESP-DL v1 exporter",
+        "give each call its own cell: not supported by the ESP-DL v3 exporter",
     ),
     "dilation": (
         _dilated, (1, 1, 8, 8), "conv",
