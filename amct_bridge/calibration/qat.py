@@ -33,9 +33,10 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from amct_bridge.calibration.records import Built, write_outputs
+from amct_bridge.calibration.records import Built, _warn_collapsed, write_outputs
 from amct_bridge.errors import QuantError, ValidationError
 from amct_bridge.graph.ir import Graph
+from amct_bridge.quant.factors import FLT_EPSILON, raw_activation_scale
 from amct_bridge.records import dumps, validate
 from amct_bridge.records.calibration import CalibrationStats, TensorRange
 from amct_bridge.records.model import Record
@@ -160,5 +161,24 @@ def write_qat_outputs(
     problems = validate(record)
     if problems:
         raise ValidationError(problems)
+    collapsed = _collapsed(record, stats)
+    if collapsed:  # as the calibration warns: QAT's forward pass quantized them to one level
+        stats.warnings = list(stats.warnings or []) + _warn_collapsed(collapsed)
     write_outputs(Built(record, dumps(record, record.flavor), stats), path)
     return record
+
+
+def _collapsed(record: Record, stats: CalibrationStats) -> list[tuple[str, tuple, float]]:
+    """Layers whose QAT input range gives a scale below FLT_EPSILON, written as 1.0 (AMCT's
+    rule): every input value quantizes to one level, in training and on the device."""
+    found = []
+    for key, factors in record.layers.items():
+        entry = stats.layers.get(key)
+        rng = entry.input if entry is not None else None
+        if rng is None or factors.scale_d != 1.0:
+            continue
+        bits = factors.dst_type or "INT8"
+        raw = raw_activation_scale(rng.min, rng.max, bits, factors.offset_d == 0, name=key)
+        if 0.0 < raw < FLT_EPSILON:
+            found.append((key, (rng.min, rng.max), raw))
+    return found

@@ -75,6 +75,8 @@ class ExponentFinder:
         """Exponent from the sidecar's ``side`` ("input"/"output") range of layer ``name``
         (an entry of ``overrides`` first: a searched exponent)."""
         entry = self.stats.layers.get(name) if self.stats else None
+        if entry is None and self.stats and name in self.layers:  # a shared layer's call
+            entry = self.stats.layers.get(self.layers[name].attrs.get("record_key", name))
         rng = getattr(entry, side, None) if entry else None
         if (name, side) in self.overrides:
             exp = int(self.overrides[(name, side)])
@@ -90,7 +92,8 @@ class ExponentFinder:
 
     def record_exponent(self, name: str) -> Found | None:
         """Exponent covering the range the record's scale_d/offset_d of ``name`` encode."""
-        factors = self.record.layers.get(name) if self.record else None
+        key = self.layers[name].attrs.get("record_key", name) if name in self.layers else name
+        factors = self.record.layers.get(key) if self.record else None
         if factors is None or factors.scale_d is None or factors.offset_d is None:
             return None
         act_bits = 16 if (factors.act_type or "INT8").upper() == "INT16" else 8

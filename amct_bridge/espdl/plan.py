@@ -113,6 +113,8 @@ def _sole_consumer(
 
 
 def _head_problem(layer: SourceLayer) -> str | None:
+    if layer.attrs.get("call_of"):
+        return "layer called more than once: not supported by the ESP-DL v1 exporter"
     if layer.op == "depthwise_conv2d" and int(layer.attrs.get("depth_multiplier", 1)) != 1:
         return (
             f"depth_multiplier {layer.attrs['depth_multiplier']}: ESP-DL v1 depthwise_conv2d "

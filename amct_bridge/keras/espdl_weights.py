@@ -171,8 +171,6 @@ def _conv_like(layer: Any, node: Node, op: str, runtime: str) -> tuple[str, dict
         problems.append(f"dilation {tuple(p['dilation_rate'])}")
     if int(p.get("groups", 1)) != 1:
         problems.append(f"groups {p['groups']}")
-    if node.shared:
-        problems.append("layer called more than once")
     if problems:
         reason = f"{', '.join(problems)}: not supported by the {runtime} exporter"
         return "unsupported", {}, {"reason": reason, "problems": problems}
@@ -183,6 +181,8 @@ def _conv_like(layer: Any, node: Node, op: str, runtime: str) -> tuple[str, dict
         weights["bias"] = _to_numpy(layer.bias)
     act, extra = _own_activation(p.get("activation", "linear"))
     attrs = {"activation": act, **extra}
+    if node.shared:  # each call is a layer of its own (v3); its record / sidecar key is one
+        attrs.update(call_of=node.layer, record_key=node.layer)
     for key in ("strides", "padding", "depth_multiplier"):
         if key in p:
             attrs[key] = p[key]
@@ -228,10 +228,14 @@ def _separable(layer: Any, node: Node, inputs: list[str], runtime: str) -> list[
         return [SourceLayer(node.name, op, inputs, node.kind, {}, attrs)]
     dw_name, pw_name = f"{node.name}/depthwise", f"{node.name}/pointwise"
     dw_attrs = {"activation": None, "part_of": node.name}
+    if node.shared:
+        dw_attrs.update(call_of=node.layer, record_key=f"{node.layer}/depthwise")
     for key in ("strides", "padding", "depth_multiplier"):
         if key in attrs:
             dw_attrs[key] = attrs[key]
     pw_attrs = {**attrs, "strides": (1, 1), "padding": "valid", "part_of": node.name}
+    if node.shared:
+        pw_attrs["record_key"] = f"{node.layer}/pointwise"
     pw_attrs.pop("depth_multiplier", None)
     pw_weights = {"kernel": _to_numpy(layer.pointwise_kernel)}
     if "bias" in weights:

@@ -42,6 +42,10 @@ def float_outputs(
         top.setdefault(name.split("/")[0], []).append(name)
     tensors, wanted = {}, {}
     for head, keys in top.items():
+        call = _call_output(model, head)  # "shared@1": the second call of a shared layer
+        if call is not None and keys == [head]:
+            tensors[head] = call
+            continue
         try:
             layer = model.get_layer(head)
         except ValueError:
@@ -77,6 +81,21 @@ def float_outputs(
         if f"{head}/depthwise" in keys:  # SeparableConv2D: from its input and its kernel
             found[f"{head}/depthwise"] = _depthwise_part(layer, given)
     return {k: found[k] for k in names if k in found}
+
+
+def _call_output(model, name: str):
+    """The output of call ``k`` of a shared layer (``name`` = ``layer@k``, the graph IR's
+    names: the model's calls in ``_nodes_by_depth`` order), or None."""
+    base, _, k = name.rpartition("@")
+    if not base or not k.isdigit() or not hasattr(model, "_nodes_by_depth"):
+        return None
+    calls = [
+        node
+        for depth in sorted(model._nodes_by_depth, reverse=True)
+        for node in model._nodes_by_depth[depth]
+        if getattr(node.operation, "name", None) == base and not node.is_input
+    ]
+    return calls[int(k)].output_tensors[0] if int(k) < len(calls) else None
 
 
 def output_of(layer):

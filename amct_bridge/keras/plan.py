@@ -27,7 +27,7 @@ from amct_bridge.calibration import plan as core
 from amct_bridge.calibration.layers import ModelDesc
 from amct_bridge.calibration.plan import Plan, Target, observer_settings
 from amct_bridge.config import QuantConfig
-from amct_bridge.errors import GraphError
+from amct_bridge.errors import CalibrationError, GraphError
 from amct_bridge.keras import layers as registry
 from amct_bridge.keras.graph import extract_graph_and_operations
 
@@ -37,6 +37,7 @@ __all__ = [
     "batchnorm_chains",
     "describe_model",
     "make_plan",
+    "refuse_qat_model",
     "observer_settings",
     "walk_layers",
 ]
@@ -101,7 +102,36 @@ def make_plan(model, config: QuantConfig) -> Plan:
     Example:
         >>> # see the module docstring
     """
+    refuse_qat_model(model)
     return core.make_plan(describe_model(model), config)
+
+
+def refuse_qat_model(model) -> None:
+    """Calibrating a :func:`~amct_bridge.keras.qat.quantize_aware` model: its quantized layers
+    are wrapped, so the core found "no quantizable layer left", which misled; say what it is.
+
+    Example:
+        >>> refuse_qat_model(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]))
+    """
+    qat = _qat_wrappers(model)
+    if qat:
+        raise CalibrationError(
+            f"model {model.name!r} is a QAT model (quantize_aware; QATQuant layers such as "
+            f"{qat[0]!r}): its record is written by save_qat_record(qat, path) from the ranges "
+            "it learned; calibrate the float model, or strip_qat(qat) for a plain one"
+        )
+
+
+def _qat_wrappers(model, prefix: str = "") -> list[str]:
+    """Keys of the QATQuant layers of ``model`` (nested models too), by class name: the QAT
+    package imports this one."""
+    found = []
+    for layer in getattr(model, "layers", []):
+        if type(layer).__name__ == "QATQuant":
+            found.append(prefix + layer.name)
+        elif isinstance(layer, keras.Model):
+            found += _qat_wrappers(layer, f"{prefix}{layer.name}/")
+    return found
 
 
 def batchnorm_chains(model) -> dict[str, tuple[str, object]]:

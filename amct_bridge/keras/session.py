@@ -31,7 +31,7 @@ from amct_bridge.calibration.protocol import Point
 from amct_bridge.calibration.session import CalibrationSession, Observed
 from amct_bridge.config import QuantConfig
 from amct_bridge.keras.instrument import Instrumentation
-from amct_bridge.keras.plan import describe_model
+from amct_bridge.keras.plan import describe_model, refuse_qat_model
 from amct_bridge.keras.record_builder import build_outputs, write_outputs
 from amct_bridge.keras.weights import KerasWeights
 from amct_bridge.records.codec import from_proto, to_proto
@@ -130,6 +130,7 @@ class Session(CalibrationSession):
 
     def describe(self) -> ModelDesc:
         """The model as the core sees it (it is built by the time a run starts)."""
+        refuse_qat_model(self.model)
         return describe_model(self.model)
 
     def weight_source(self) -> KerasWeights:

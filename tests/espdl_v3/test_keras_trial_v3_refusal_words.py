@@ -1,7 +1,7 @@
-"""v3 refusals spoke of ESP-DL v1: a shared Conv2D was refused with "no ESP-DL v3 export for
-Conv2D: layer called more than once: not supported by the ESP-DL v1 exporter" (Conv2D is
-exported; the call count is the problem), NASNetMobile's Cropping2D with "Keras Cropping2D has
-no ESP-DL v1 equivalent". An unstripped QAT model keeps its strip_qat hint."""
+"""v3 refusals spoke of ESP-DL v1: a shared (now exported) or dilated Conv2D was refused with
+"no ESP-DL v3 export for Conv2D: dilation (2, 2): not supported by the ESP-DL v1 exporter"
+(Conv2D is exported; the dilation is the problem), NASNetMobile's Cropping2D with "Keras
+Cropping2D has no ESP-DL v1 equivalent". An unstripped QAT model keeps its strip_qat hint."""
 
 import keras
 import numpy as np
@@ -29,13 +29,13 @@ def _refusal(model, record, tmp_path) -> str:
 
 def test_v3_refusals_name_v3_and_the_problem(tmp_path):
     inp = keras.Input((8, 8, 3))
-    shared = L.Conv2D(3, 1, name="shared")
-    model = keras.Model(inp, L.Dense(2, name="fc")(L.Flatten(name="flat")(shared(shared(inp)))))
+    x = L.Conv2D(3, 3, dilation_rate=2, name="dil")(inp)
+    model = keras.Model(inp, L.Dense(2, name="fc")(L.Flatten(name="flat")(x)))
     _calibrated(model, tmp_path)
     text = _refusal(model, tmp_path / "r.txt", tmp_path)
     assert (
-        "layer 'shared' (Conv2D): Conv2D with layer called more than once: not supported by "
-        "the ESP-DL v3 exporter" in text
+        "layer 'dil' (Conv2D): Conv2D with dilation (2, 2): not supported by the ESP-DL v3 "
+        "exporter" in text
     )
     assert "v1" not in text.split("skip_unsupported")[1]
 

@@ -830,13 +830,13 @@ class _Emitter:
 
 
 def _no_handler(layer: SourceLayer) -> str:
-    """Why a layer has no v3 export, in v3 terms: the adapter's ``problems`` (a shared or
-    dilated conv) or its kind; an adapter's ESP-DL v1 reason only when it gives nothing else.
+    """Why a layer has no v3 export, in v3 terms: the adapter's ``problems`` (a dilated or
+    grouped conv) or its kind; an adapter's ESP-DL v1 reason only when it gives nothing else.
 
     Example:
         >>> _no_handler(SourceLayer("c", "unsupported", [], "Conv2D",
-        ...                         attrs={"problems": ["layer called more than once"]}))
-        'Conv2D with layer called more than once: not supported by the ESP-DL v3 exporter'
+        ...                         attrs={"problems": ["dilation (2, 2)"]}))
+        'Conv2D with dilation (2, 2): not supported by the ESP-DL v3 exporter'
     """
     kind = layer.kind or layer.op
     if layer.attrs.get("problems"):
@@ -1222,8 +1222,10 @@ def export_layers_v3(
     if not any(x.op == "input" for x in layers):
         raise ExportError("the model has no input layer")
 
+    keys = {x.name: x.attrs.get("record_key", x.name) for x in layers}  # a shared layer's call
+
     def skip_fusion(name: str) -> bool:
-        factors = record.layers.get(name) if record else None
+        factors = record.layers.get(keys.get(name, name)) if record else None
         return bool(factors and factors.skip_fusion)
 
     chains, fused = _plan(layers, skip_fusion)

@@ -92,5 +92,7 @@ def _strip(model: keras.Model, pairs: list) -> keras.Model:
         # clone_model compiles the clone like a compiled original: a new optimizer from the QAT
         # model's compile config, whose slots would then be saved with the deployable model.
         # A model over the same layers is not compiled: weights only.
-        stripped = keras.Model(stripped.inputs, stripped.outputs, name=model.name)
+        # (input and output keep the structure: a one-input model stays one-input, whose
+        # predict(x) Keras would otherwise warn about as a structure mismatch)
+        stripped = keras.Model(stripped.input, stripped.output, name=model.name)
     return stripped
