@@ -109,6 +109,13 @@ class SelectivePruneCallback(Callback):
                 "once per sink (every sink_size steps), not after every step"
             )
         self._steps = 0
+        if self.masks is None:
+            # the graph is read now, before any step: another callback's first step_begin
+            # (QuantCalibration's probes) would put cells in the graph MindIR cannot export
+            if self.sample_input is None:
+                self.sample_input = _dataset_sample(self._net, args.get("train_dataset"))
+            if self.sample_input is not None:
+                self.masks = selective_masks(self._net, graph=self._graph_of())
         if self.masks is not None:
             self._bind(self.masks)
             self._apply()
@@ -190,3 +197,14 @@ class SelectivePruneCallback(Callback):
     def _apply(self) -> None:
         for _, weight, mask in self._params:
             ops.assign(weight, weight * mask)
+
+
+def _dataset_sample(net: ms.nn.Cell, dataset: Any) -> Any:
+    """Zeros shaped as the dataset's first batch (the columns ``net`` takes), or None when the
+    dataset does not say (then the first step's batch is used)."""
+    try:
+        shapes, types = dataset.output_shapes(), dataset.output_types()
+    except Exception:  # not a mindspore.dataset, or one that cannot tell without running
+        return None
+    columns = [np.zeros(shape, dtype) for shape, dtype in zip(shapes, types, strict=True)]
+    return net_inputs(net, columns) if columns else None
