@@ -192,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
         exponent = result.exponents.get(name)
         print(
             f"output {name!r}: shape {list(values.shape)}, {values.dtype}, exponent {exponent}, "
-            f"range {int(values.min())}..{int(values.max())}"
+            f"range {_number(values.min())}..{_number(values.max())}"
         )
     if args.output:
         buffer = io.BytesIO()
@@ -212,3 +212,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"first difference: {first}")
         return 1
     return 0
+
+
+def _number(value) -> str:
+    """An integer output's value as is; a float one (a Softmax's probabilities) to 4 digits,
+    not truncated to an int (0..0)."""
+    import numpy as np
+
+    if np.issubdtype(np.asarray(value).dtype, np.integer):
+        return str(int(value))
+    return f"{float(value):.4g}"

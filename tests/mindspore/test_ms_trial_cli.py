@@ -62,3 +62,23 @@ def test_espdl_eval_takes_the_espdl_file_export_espdl_wrote(tmp_path, capsys):
     # a directory that does not exist is still named as such
     assert main(["espdl-eval", "--export", str(tmp_path / "none"), *base[3:]]) == 2
     assert "none: export directory not found" in capsys.readouterr().err
+
+
+def test_espdl_run_prints_a_float_output_range_as_floats(tmp_path, capsys):
+    """A network ending in nn.Softmax: the v3 file's output is float32 probabilities, and
+    ``espdl-run --check`` printed their range as 'range 0..0' (int() of each end)."""
+    import mindspore as ms
+    from mindspore import nn
+
+    ms.set_seed(0)
+    net = nn.SequentialCell([nn.Dense(6, 4), nn.Softmax()])
+    x = np.random.default_rng(4).normal(size=(8, 6)).astype(np.float32)
+    ams.calibrate(net, x, tmp_path / "r.txt", algorithm="minmax")
+    ams.export_espdl(net, tmp_path / "r.txt", tmp_path / "m.espdl", sample_input=x[:1],
+                     format="espdl", test_input=x[:1])  # fmt: skip
+    assert main(["espdl-run", str(tmp_path / "m.espdl"), "--check"]) == 0
+    out = capsys.readouterr().out
+    line = next(t for t in out.splitlines() if t.startswith("output "))
+    assert "float32" in line and "range 0..0" not in line, out
+    lo, hi = (float(v) for v in line.rsplit("range ", 1)[1].split(".."))
+    assert 0 < lo < hi < 1, line
