@@ -64,8 +64,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--format",
         choices=("v1", "espdl"),
-        default="v1",
-        help="v1: --export is an export directory (default); espdl: an ESP-DL v3 .espdl file",
+        default=None,
+        help="v1: --export is an export directory; espdl: an ESP-DL v3 .espdl file (default: "
+        "espdl for an existing .espdl file, else v1)",
     )
     parser.add_argument("--input-exponent", type=int, help="override the export's input exponent")
     parser.add_argument("--limit", type=int, help="use the first N samples only")
@@ -112,6 +113,9 @@ def run(args: argparse.Namespace) -> int:
     """Run the evaluation; returns the exit code."""
     from amct_bridge.commands.common import load_keras_model
 
+    if args.format is None:  # export-espdl --format espdl wrote a file: take it as such
+        is_file = Path(args.export).is_file() and Path(args.export).suffix == ".espdl"
+        args.format = "espdl" if is_file else "v1"
     if args.format == "espdl":
         if not Path(args.export).is_file() or Path(args.export).suffix != ".espdl":
             raise ExportError(f"{args.export}: expected an .espdl file with --format espdl")

@@ -198,12 +198,23 @@ class ExponentFinder:
             found = self._bn_bound(chain)
         if found is None:
             hint = f" nor an input range / scale_d for its reader {nxt.name!r}" if nxt else ""
+            if self.stats is None or not self.stats.layers:
+                fix = (
+                    "pass the sidecar the calibration wrote beside the record "
+                    "(<record>.calib.json): give the record's path, or stats= / --stats (a "
+                    "Record object carries no sidecar)"
+                )
+            else:  # a sidecar was read: telling the user to pass one misleads
+                fix = (
+                    f"the sidecar has {len(self.stats.layers)} entries but none for "
+                    f"{chain.last!r}: was it made for this model, or by an amct_bridge that "
+                    "did not observe that layer (QAT skip_layers before 2026-12)? Calibrate or "
+                    "save the QAT record again"
+                )
             raise ExportError(
                 f"layer {chain.head.name!r}: cannot choose output_exponent: no calibrated output "
                 f"range for {chain.last!r} in the calibration sidecar{self._sidecar_hint(chain)}"
-                f"{hint}; pass the sidecar the calibration wrote beside the record "
-                "(<record>.calib.json): give the record's path, or stats= / --stats (a Record "
-                "object carries no sidecar)"
+                f"{hint}; {fix}"
             )
         if found[2] is not None and found[2][0] == found[2][1] == 0.0:
             found = self._zero_output(chain, found)

@@ -109,6 +109,13 @@ class SelectivePruneCallback(Callback):
                 "once per sink (every sink_size steps), not after every step"
             )
         self._steps = 0
+        if self.masks is None:
+            # the graph is read now, before any step: another callback's first step_begin
+            # (QuantCalibration's probes) would put cells in the graph MindIR cannot export
+            if self.sample_input is None:
+                self.sample_input = _dataset_sample(self._net, args.get("train_dataset"))
+            if self.sample_input is not None:
+                self.masks = selective_masks(self._plain(), graph=self._graph_of())
         if self.masks is not None:
             self._bind(self.masks)
             self._apply()
@@ -125,7 +132,7 @@ class SelectivePruneCallback(Callback):
                     "('train_dataset_element'); give sample_input"
                 )
             self.sample_input = net_inputs(self._net, element)
-        self.masks = selective_masks(self._net, graph=self._graph_of())
+        self.masks = selective_masks(self._plain(), graph=self._graph_of())
         self._bind(self.masks)
         self._apply()
 
@@ -133,7 +140,7 @@ class SelectivePruneCallback(Callback):
         """Re-apply the masks after the optimizer's step (recompute every ``update_freq``)."""
         self._steps += 1
         if self.update_freq and self._steps % self.update_freq == 0:
-            self.masks = selective_masks(self._net, graph=self._graph_of())
+            self.masks = selective_masks(self._plain(), graph=self._graph_of())
             self._bind(self.masks)
         self._apply()
 
@@ -142,7 +149,7 @@ class SelectivePruneCallback(Callback):
         if self.record_path is None or self.masks is None:
             return
         self.record = prune_record(
-            self._net, channel=False, selective=True, masks=self.masks, graph=self._graph_of()
+            self._plain(), channel=False, selective=True, masks=self.masks, graph=self._graph_of()
         )
         group = distributed.current()
         if group is None or group.rank == 0:  # data-parallel: the ranks' weights are the same
@@ -157,13 +164,30 @@ class SelectivePruneCallback(Callback):
                     "SelectivePruneCallback: the eligible cells come from a MindIR export, "
                     "which needs an input: give sample_input"
                 )
-            self._graph = extract_graph(self._net, self.sample_input)
+            self._graph = extract_graph(self._plain(), self.sample_input)
         return self._graph
+
+    def _plain(self) -> ms.nn.Cell:
+        """The network whose graph and cells give the masks: a ``quantize_aware`` network's
+        QAT cells hide their convolutions from the graph (no eligible cell would be found), so
+        its :func:`strip_qat` copy stands in: the same names, shapes and current weights."""
+        if getattr(self._net, "amct_qat", None) is None:
+            return self._net
+        from amct_bridge.mindspore.qat.strip import strip_qat
+
+        return strip_qat(self._net)
 
     def _bind(self, masks: dict[str, np.ndarray]) -> None:
         """Each mask with its cell's weight Parameter; a mask that does not fit is refused,
         naming the cell and its parameter."""
-        cells = dict(self._net.cells_and_names())
+        if not masks:  # nothing would be pruned: say so instead of training on silently
+            log.warning(
+                "SelectivePruneCallback: %s has no cell eligible for 2:4 pruning (Conv2d with "
+                "group 1, Dense, Conv2dTranspose, each called once): nothing is pruned",
+                type(self._net).__name__,
+            )
+        cells = dict(self._plain().cells_and_names())
+        own = {p.name: p for p in self._net.get_parameters()}  # a QAT net's are the same names
         params = []
         for name, mask in masks.items():
             cell = cells.get(name)
@@ -184,9 +208,21 @@ class SelectivePruneCallback(Callback):
                     f"{tuple(mask.shape)}, its parameter {weight.name!r} has shape "
                     f"{tuple(weight.shape)}; nothing applied"
                 )
+            weight = own.get(weight.name, weight)
             params.append((name, weight, ms.Tensor(mask.astype(np.float32)).astype(weight.dtype)))
         self._params = params
 
     def _apply(self) -> None:
         for _, weight, mask in self._params:
             ops.assign(weight, weight * mask)
+
+
+def _dataset_sample(net: ms.nn.Cell, dataset: Any) -> Any:
+    """Zeros shaped as the dataset's first batch (the columns ``net`` takes), or None when the
+    dataset does not say (then the first step's batch is used)."""
+    try:
+        shapes, types = dataset.output_shapes(), dataset.output_types()
+    except Exception:  # not a mindspore.dataset, or one that cannot tell without running
+        return None
+    columns = [np.zeros(shape, dtype) for shape, dtype in zip(shapes, types, strict=True)]
+    return net_inputs(net, columns) if columns else None

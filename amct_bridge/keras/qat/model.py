@@ -167,7 +167,8 @@ def quantize_aware(
         if id(layer) in folded:
             return FoldedBatchNorm(name=layer.name)
         n = len(sites.get(key, [key]))
-        if key not in chosen and _observed(layer):  # its output range goes to the sidecar
+        # its output range goes to the sidecar (a skip_layers layer too: the export needs it)
+        if key not in chosen and (_observed(layer) or key in layers):
             return QATObserve(plain_copy(layer), ema_decay=ema_decay, sites=n, name=layer.name)
         if key not in chosen:
             return plain_copy(layer)
