@@ -164,3 +164,16 @@ def test_fit_with_validation_data_and_a_shared_cell(tmp_path):
     check_sites(auto, net, x)
     check_sites(val, net, v)
     assert load_stats(sidecar_path(auto)).batches == 6
+
+
+def test_model_train_refuses_merged_calls_at_the_first_step(tmp_path):
+    """Under Model.train (GRAPH_MODE) the refusal comes at the first step's end; the probes go
+    out and no record is written."""
+    ms.set_seed(4)
+    net = Merged()
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    model = Model(net, loss, nn.Momentum(net.trainable_params(), 0.0, 0.9))
+    path = tmp_path / "r.txt"
+    with pytest.raises(CalibrationError, match=r"3 time\(s\) in 1 step\(s\)"):
+        model.train(1, dataset(inputs(6, n=12)), callbacks=[QuantCalibration(path)])
+    assert not path.exists() and type(net.fc) is nn.Dense
