@@ -14,7 +14,8 @@ and writes them only when every piece was built.
 An adapter subclasses :class:`CalibrationSession` and implements four hooks: ``describe``
 (the :class:`~amct_bridge.calibration.layers.ModelDesc`), ``weight_source``, ``_instrument``
 (a not yet installed Instrumentation for a pass) and, when its step must be re-made to pick the
-instrumentation up, ``_activate`` / ``_deactivate``.
+instrumentation up, ``_activate`` / ``_deactivate``; ``_first_read`` checks, before the first read
+of a pass, what only the run can tell (MindSpore: each cell's calls per step against the graph).
 
 Example:
     >>> from amct_bridge.config import QuantConfig
