@@ -14,7 +14,8 @@ and writes them only when every piece was built.
 An adapter subclasses :class:`CalibrationSession` and implements four hooks: ``describe``
 (the :class:`~amct_bridge.calibration.layers.ModelDesc`), ``weight_source``, ``_instrument``
 (a not yet installed Instrumentation for a pass) and, when its step must be re-made to pick the
-instrumentation up, ``_activate`` / ``_deactivate``.
+instrumentation up, ``_activate`` / ``_deactivate``; ``_first_read`` checks, before the first read
+of a pass, what only the run can tell (MindSpore: each cell's calls per step against the graph).
 
 Example:
     >>> from amct_bridge.config import QuantConfig
@@ -100,6 +101,7 @@ class CalibrationSession:
         self._futures: list = []
         self._spans: dict[int, tuple[float, float]] = {}  # point -> union of batch ranges
         self._gridded: set[int] = set()  # points with a grid in this pass's instrumentation
+        self._first = False
 
     # ---- adapter hooks ------------------------------------------------------------------------
 
@@ -124,6 +126,10 @@ class CalibrationSession:
 
     def _deactivate(self, mode: str) -> None:
         """After remove: put back what ``_activate`` changed."""
+
+    def _first_read(self, steps: int) -> None:
+        """Before the first read of a pass, after ``steps`` (>= 1) batch ends: check what only
+        the run can tell (MindSpore: calls per step against the graph's sites); default none."""
 
     # ---- set-up -------------------------------------------------------------------------------
 
@@ -239,6 +245,7 @@ class CalibrationSession:
         self._inst.install()
         self._mode, self._pass_base = mode, self.batches
         self._pass_batches = self._pass_seen = self._ends = 0
+        self._first = True  # no read yet in this pass (see _first_read)
         self._activate(mode)
 
     def batch_begin(self, mode: str, batch: int) -> None:
@@ -300,6 +307,9 @@ class CalibrationSession:
         the counts accumulated on the old grid are taken first. ``final``: take every
         accumulator (end of pass, or a record written mid-pass).
         """
+        if self._first and self._pass_batches:
+            self._first = False
+            self._first_read(self._pass_batches)
         rows = self._inst.drain()
         own = {row.point for row in rows if row.stats.hist is not None}
         # also the accumulators that could overflow before the next read

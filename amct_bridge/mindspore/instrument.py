@@ -370,6 +370,10 @@ class Instrumentation:
         session asks after every step, so a bad batch stops the run where it happened)."""
         return not np.isfinite(float(self._health.asnumpy()))
 
+    def calls_made(self) -> list[tuple[list[int], int]]:
+        """Per probe: the points it observes and the calls of its cell since :meth:`install`."""
+        return [(self._by_probe[k], int(p.count.asnumpy())) for k, p in enumerate(self._probes)]
+
     def drain(self) -> list[Row]:
         """Every summary written since the last drain, in write order per point."""
         rows: list[Row] = []

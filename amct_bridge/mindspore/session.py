@@ -164,6 +164,29 @@ class Session(CalibrationSession):
         cells = [self._on_cell(p) for p in points]
         return Instrumentation(self.net, cells, every, compiled=self.compiled)
 
+    def _first_read(self, steps: int) -> None:
+        """Each probed cell must have run its graph's calls per step: the k-th row of a step is
+        site k only then. MindSpore's compiler merges identical calls (CSE): in
+        ``fc(x) + fc(fc(x))`` the MindIR export computes ``fc(x)`` once (2 sites), while the
+        probes (side effects) make all 3 calls run: the rows cannot be told apart by site."""
+        points = self.points
+        for indices, made in self._inst.calls_made():
+            planned = max(max(1, points[i].calls) for i in indices)
+            if made == 0 or made == planned * steps:
+                continue  # a cell the run does not reach has no rows to misplace
+            point = points[indices[0]]
+            key = point.key
+            sites = ", ".join(repr(key if k == 0 else f"{key}@{k}") for k in range(planned))
+            raise CalibrationError(
+                f"layer {key!r} (cell {type(point.layer).__name__}): the graph of the MindIR "
+                f"export has {planned} call site(s) per step ({sites}), but the instrumented run "
+                f"called it {made} time(s) in {steps} step(s) ({made / steps:g} per step); the "
+                "statistics cannot be given to its sites, no record written. MindSpore's compiler "
+                "merges identical calls in the export (e.g. fc(x) written twice is computed "
+                "once), the probes make every call run. Compute the repeated call once and reuse "
+                "its result (y = self.fc(x)), or give each call its own cell."
+            )
+
     # ---- MindSpore specifics ------------------------------------------------------------------
 
     def forget_graphs(self, *cells) -> None:
