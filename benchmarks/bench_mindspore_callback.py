@@ -15,10 +15,11 @@ in turn (interleaved and rotated, ``--repeat`` rounds) over ``--steps`` batches.
   reads every 16 steps and the histogram grids are in the intervals; the observers' host work
   runs on the core's worker thread);
 * ``fixed s``: the per-run cost of a calibration on top of the steady steps (median over the
-  rounds of run time minus steps x the steady step): the MindIR export of the graph at the
-  first step (BN folding, calls per step), the recompile of the graph with the probes in
-  (GRAPH_MODE: the setups are warm, so a plain run compiles nothing), the final drain, the
-  observers' search (HFMG) and writing record + sidecar;
+  rounds of run time minus steps x the steady step): the final drain, the observers' search
+  (HFMG) and writing record + sidecar. The warm-up is a calibrated run of the same network and
+  points, so the timed runs take its kept probes, compiled graph and graph IR (no MindIR
+  export, no compile; before they were kept, each run exported and compiled the graph with the
+  probes again). A first run's export and compile are in ``bench_mindspore_calibrated_epoch.py``;
 * ``run x``: the whole call (``Model.eval`` / ``train`` of ``--steps`` batches) with the
   callback / without, medians over the rounds;
 * ``target at``: the run length (steps) from which ``run x`` is at most 1.10 (minmax) / 1.30
