@@ -409,7 +409,7 @@ def export_espdl(
     rule = exponents or ("max" if calibration_data is None else "search")
     if rule == "search" and calibration_data is not None:
         from amct_bridge.errors import CalibrationError
-        from amct_bridge.espdl.v1.head import host_heads
+        from amct_bridge.espdl.v1.head import chip_reference
         from amct_bridge.keras.calibrate import check_data_shapes
 
         try:  # refused, not searched-around: the user asked for a search on these inputs
@@ -419,10 +419,9 @@ def export_espdl(
         from amct_bridge.espdl.v1.search import search_samples
 
         x = search_samples(np.asarray(calibration_data, np.float32))
-        output = model.outputs[0]._keras_history.operation.name
         # a head whose softmax / sigmoid is left to the host: the chip computes (and the
         # search and bias correction compare) its logits, not the probabilities
-        heads = {h.layer for h in host_heads(layers)[1] if h.layer == h.reads}
+        output, heads = chip_reference(layers, model.outputs[0]._keras_history.operation.name)
         floats = lambda names: float_outputs(model, x, names, 64, linear=heads)  # noqa: E731
         options["calibration"] = CalibrationData(x, floats, output)
     return export(record, layers, out_dir, exponents=rule, **options)

@@ -537,12 +537,16 @@ def export_espdl(
     rule = exponents or ("max" if calibration_data is None else "search")
     if rule == "search" and calibration_data is not None:
         from amct_bridge.espdl.exponent_search import CalibrationData
+        from amct_bridge.espdl.v1.head import chip_reference
         from amct_bridge.espdl.v1.search import search_samples
 
         x = search_samples(np.asarray(calibration_data, np.float32))
-        floats = float_outputs(net, x, 64).floats  # NHWC, by cell call site
+        # a head whose softmax / sigmoid is left to the host: the chip computes (and the
+        # search and bias correction compare) its logits, not the probabilities
+        output, linear = chip_reference(layers, _output_cell(layers))
+        floats = float_outputs(net, x, 64, linear=linear).floats  # NHWC, by cell call site
         x_chip = x.transpose(0, 2, 3, 1) if x.ndim == 4 else x  # the chip runs NHWC
-        options["calibration"] = CalibrationData(x_chip, floats, _output_cell(layers))
+        options["calibration"] = CalibrationData(x_chip, floats, output)
     return export(record, layers, out_dir, stats=stats, exponents=rule, **options)
 
 

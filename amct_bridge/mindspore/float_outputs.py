@@ -50,10 +50,19 @@ class FloatRun(NamedTuple):
     output: str | None
 
 
-def float_outputs(net: nn.Cell, x: np.ndarray, batch: int = 64) -> FloatRun:
+def float_outputs(
+    net: nn.Cell,
+    x: np.ndarray,
+    batch: int = 64,
+    linear: frozenset[str] | set[str] = frozenset(),
+) -> FloatRun:
     """Run ``net`` (PyNative, inference; mode and training state put back) on ``x`` (NCHW as the
     network takes it) in batches of ``batch``, recording every leaf cell call site and the
     functional ops a cell site reads.
+
+    An ``nn.Dense`` call site in ``linear`` gives its output before its own ``activation``
+    (a classifier head whose softmax is left to the host: the chip computes its logits),
+    from the input it got and its weights.
 
     A Flatten of an NCHW map is left out with a reason: NCHW flattens channel-major, the chip
     pixel-major (the Dense after it, its rows reordered by the export, is compared).
@@ -66,6 +75,11 @@ def float_outputs(net: nn.Cell, x: np.ndarray, batch: int = 64) -> FloatRun:
         >>> run = float_outputs(net, x, batch=2)
         >>> np.allclose(run.floats["relu"], np.maximum(run.floats["fc"], 0)), run.reasons
         (True, {})
+        >>> head = nn.SequentialCell(OrderedDict(fc=nn.Dense(2, 3, activation="softmax")))
+        >>> logits = float_outputs(head, x, linear={"fc"}).floats["fc"]  # before its softmax
+        >>> w, b = head.fc.weight.asnumpy(), head.fc.bias.asnumpy()
+        >>> np.allclose(logits, x @ w.T + b, atol=1e-5)
+        True
     """
     cells = leaf_cells(net)
     finals = []
@@ -89,6 +103,12 @@ def float_outputs(net: nn.Cell, x: np.ndarray, batch: int = 64) -> FloatRun:
                 # rows reordered by the export, is compared)
                 reasons[name] = "a Flatten of an NCHW map (the chip flattens NHWC; the Dense "
                 reasons[name] += "after it is compared)"
+                continue
+            if name in linear and not isinstance(cells[key], nn.Dense):
+                reasons[name] = f"no linear part of a {type(cells[key]).__name__} (only nn.Dense)"
+                continue
+            if name in linear:
+                floats[name] = _nhwc(_linear_part(cells[key], inputs))
                 continue
             floats[name] = _nhwc(np.concatenate(values[site::calls]))
     functional, output = functional_outputs(net, x[:1], site_inputs, reasons)
@@ -134,6 +154,13 @@ def functional_outputs(
                 "a functional op whose output no cell reads alone (so no hook sees it)"
             )
     return out, None if producer is None else producer.name
+
+
+def _linear_part(cell: nn.Dense, inputs: np.ndarray) -> np.ndarray:
+    """An ``nn.Dense``'s output without its activation: ``x · Wᵀ + b`` over the last axis
+    (what its construct computes before the activation; the network is not touched)."""
+    out = np.asarray(inputs, np.float32) @ cell.weight.asnumpy().T
+    return out + cell.bias.asnumpy() if cell.has_bias else out
 
 
 def _nhwc(value: np.ndarray) -> np.ndarray:

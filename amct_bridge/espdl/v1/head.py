@@ -159,3 +159,27 @@ def logit_bound(head: SourceLayer, input_range: tuple[float, float]) -> tuple[fl
     if bias is not None:
         top, bottom = top + np.asarray(bias, np.float64), bottom + np.asarray(bias, np.float64)
     return float(bottom.min()), float(top.max())
+
+
+def chip_reference(
+    layers: list[SourceLayer], output: str | None
+) -> tuple[str | None, frozenset[str]]:
+    """What the chip's output is compared with when heads are left to the host (the exponent
+    search, its bias correction): the model layer whose float output the chip computes in
+    place of ``output`` (a dropped ``Softmax`` layer -> the layer it reads), and the layers
+    whose float output is wanted before their own activation (``Dense(activation="softmax")``
+    exported linear: the chip computes its logits, not the probabilities).
+
+    Example:
+        >>> fc = SourceLayer("fc", "dense", ["in"], "Dense", attrs={"activation": "softmax"})
+        >>> sm = SourceLayer("sm", "unsupported", ["fc"], "Softmax", attrs={"model_output": True})
+        >>> chip_reference([SourceLayer("in", "input"), fc, sm], "sm")
+        ('fc', frozenset())
+        >>> chip_reference([SourceLayer("in", "input"), replace(fc, attrs={
+        ...     "activation": "softmax", "model_output": True})], "fc")
+        ('fc', frozenset({'fc'}))
+    """
+    host = host_heads(layers)[1]
+    reads = {h.layer: h.reads for h in host if h.layer != h.reads}
+    linear = frozenset(h.layer for h in host if h.layer == h.reads)
+    return reads.get(output, output) if output is not None else None, linear
