@@ -203,8 +203,8 @@ class QATQuant(nn.Cell):
 
     def set_ranks(self, rank: int, world: int) -> None:
         """In a data-parallel run of ``world`` ranks, a learned range starts at the min / max of
-        every rank's first batch (one small AllReduce per step), so every rank holds the same
-        range; the gradient all-reduce then moves it alike on every rank (``quantize_aware``
+        every rank's first batch (one small AllReduce, in the first step only), so every rank
+        holds the same range; the gradient all-reduce then moves it alike on every rank (``quantize_aware``
         calls it under :func:`amct_bridge.mindspore.distributed.current`).
 
         Example:
@@ -249,15 +249,28 @@ class QATQuant(nn.Cell):
             return track_ema(x, self.in_min, self.in_max, self.in_seen, self.decay, self.rest)
         # learned: the first batch sets the range, then only gradients move it
         first = self.in_seen <= 0.0
-        batch_lo, batch_hi = batch_range(x)
         if self.world > 1:
-            rows = self.all_reduce(self.rank_row * ops.stack([batch_lo, batch_hi]).reshape(1, 2))
-            batch_lo, batch_hi = ops.reduce_min(rows[:, 0]), ops.reduce_max(rows[:, 1])
-        lo = ops.select(first, batch_lo, self.in_min)
-        hi = ops.select(first, batch_hi, self.in_max)
+            lo, hi = self._shared_start(x, first)
+        else:
+            batch_lo, batch_hi = batch_range(x)
+            lo = ops.select(first, batch_lo, self.in_min)
+            hi = ops.select(first, batch_hi, self.in_max)
         ops.assign(self.in_min, ops.stop_gradient(lo))
         ops.assign(self.in_max, ops.stop_gradient(hi))
         ops.assign_add(self.in_seen, ops.ones_like(self.in_seen))
+        return lo, hi
+
+    def _shared_start(self, x, first):
+        # The AllReduce only in the first step (a branch: every rank has seen as many steps, so
+        # all take the same one): a collective is a sync point of the ranks, costly on CPU, and
+        # after the first step its result went unused. The same values as a select between
+        # the all-reduced batch range and the Parameters.
+        if first:
+            batch_lo, batch_hi = batch_range(x)
+            rows = self.all_reduce(self.rank_row * ops.stack([batch_lo, batch_hi]).reshape(1, 2))
+            lo, hi = ops.reduce_min(rows[:, 0]), ops.reduce_max(rows[:, 1])
+        else:
+            lo, hi = self.in_min, self.in_max
         return lo, hi
 
     def _dense(self, x, w):
