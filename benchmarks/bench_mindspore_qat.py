@@ -1,7 +1,7 @@
 """Cost of a MindSpore QAT training step against a plain training step (GRAPH_MODE).
 
 Run: ``.venv/bin/python benchmarks/bench_mindspore_qat.py [--steps N] [--repeat R] [--size S]
-[--tiny]``.
+[--tiny | --dp]``.
 
 ``--tiny``: the digits CNN of ``examples/mindspore_qat.py`` instead (Conv(4)+BN+ReLU,
 Conv(8, stride 2)+BN+ReLU, Dense; 8x8 inputs, batch 32), where the per-op host cost of the QAT
@@ -12,13 +12,25 @@ The small ResNet of ``bench_mindspore_instrument.py`` (15 convs with BN, ReLUs, 
 ranges), each with its own ``Model`` (Momentum), compiled by a warm-up epoch. Then ``--repeat``
 rounds, in turn, of one ``Model.train`` epoch of ``--steps`` batches each; the step time is the
 median of the step-end-to-step-end intervals after each run's first step, pooled over the rounds
-(this VM's step times drift by tens of percent between runs). Printed: both step times and
-``QAT step x`` = QAT / plain. Goal of issue 21: <= 1.5x.
+(this VM's step times drift by tens of percent between runs). Printed: the load average, both
+step times as the wall median, the wall 10th percentile (the steps the other jobs of a shared
+machine disturbed least) and the median process CPU time per step (all threads; less sensitive
+to being descheduled), and ``QAT step x`` = QAT / plain in each column. Goal of issue 21:
+<= 1.5x.
+
+``--dp``: data-parallel QAT instead (``qat_dp_bench_worker.py``): the tiny net of
+tests/mindspore/ms_dp_worker.py (3 quantized cells, no BN), batches of 4, plain / EMA / learned
+ranges, run once alone and once under ``msrun --worker_num=2``; printed per process the step
+medians and the ratios learned dp / ema dp, dp / single, and what the learned ranges' cross-rank
+sync adds per step: (learned dp - learned single) - (ema dp - ema single).
 
 The QAT step computes per quantized cell: the input range (reduce min/max, EMA, 3 assigns),
 the fake-quantized input (scale, offset, round, clip), the ARQ weight scales and fake-quantized
 weight, the cell's op, the output EMA; plus an output EMA per observed cell, and the backward of
-all of it.
+all of it. Each op costs a fixed host time on CPU, which on the tiny CNN outweighs its
+arithmetic: MindSpore's profiler counts 29 kernels per plain step there, 276 per QAT step
+(EMA; 376 learned), 330 (438) before the cells were trimmed (docs/mindspore.md, "Quantization-
+aware training", Cost).
 """
 
 from __future__ import annotations
