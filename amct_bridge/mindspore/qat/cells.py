@@ -204,8 +204,8 @@ class QATQuant(nn.Cell):
     def set_ranks(self, rank: int, world: int) -> None:
         """In a data-parallel run of ``world`` ranks, a learned range starts at the min / max of
         every rank's first batch (one small AllReduce, in the first step only), so every rank
-        holds the same range; the gradient all-reduce then moves it alike on every rank (``quantize_aware``
-        calls it under :func:`amct_bridge.mindspore.distributed.current`).
+        holds the same range; the gradient all-reduce then moves it alike on every rank
+        (``quantize_aware`` calls it under :func:`amct_bridge.mindspore.distributed.current`).
 
         Example:
             >>> q = QATQuant(nn.Dense(2, 1), "fc", "Dense", activation_range="learned")
