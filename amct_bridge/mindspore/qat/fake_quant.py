@@ -6,9 +6,18 @@ docs/qat.md) as graph ops with gradients, the counterpart of
     x' = (q - offset) * scale
 
 ``round`` is C's (halves away from zero) with a straight-through gradient; ``clip`` keeps its
-true gradient (zero outside the range). Scales are divided in float64 and rounded once to
-float32 (the correctly rounded quotient numpy computes). Only graph ops: GRAPH_MODE compiles
-them, PyNative runs them.
+true gradient (zero outside the range). MindSpore's float32 division is the correctly rounded
+quotient (measured on CPU in GRAPH and PyNative mode, also by a constant: unlike TF graphs it
+does not turn ``x / c`` into ``x * (1 / c)``), which is what numpy computes in float64 and rounds
+once to float32: scales are divided in float32. Only graph ops: GRAPH_MODE compiles them,
+PyNative runs them.
+
+Every op of a QAT step costs a fixed host time on CPU (tens of microseconds, far more than
+the arithmetic of a small tensor), so these functions are written with as few ops as give the
+same values: ``round`` as 4 ops with a custom gradient (no forward ops for the STE), the clip's
+gradient in 2 ops, one
+division per ARQ scale, no offset ops with offset 0, reductions over a flat view
+(benchmarks/bench_mindspore_qat.py, docs/mindspore.md "Speed").
 
 Example:
     >>> import numpy as np
@@ -21,14 +30,14 @@ Example:
 
 from __future__ import annotations
 
-import mindspore as ms
-from mindspore import ops
+from mindspore import nn, ops
 
 from amct_bridge.quant.factors import FLT_EPSILON, quant_limits
 
 __all__ = [
     "arq_fake_quant",
     "arq_scale",
+    "clip",
     "fake_quant",
     "fake_quant_range",
     "limits",
@@ -36,19 +45,87 @@ __all__ = [
 ]
 
 
-def divide_exact(a, b):
-    """``a / b`` in float64, rounded to float32 (see the module docstring)."""
-    return ops.cast(ops.cast(a, ms.float64) / ops.cast(b, ms.float64), ms.float32)
-
-
 def round_half_away(x):
-    """C's ``round``: halves away from zero (``ops.round`` rounds half to even)."""
-    return ops.sign(x) * ops.floor(ops.abs(x) + 0.5)
+    """C's ``round``: halves away from zero (``ops.round`` rounds half to even).
+
+    ``trunc(x + sign(x) / 2)``: for ``x < 0``, ``x - 0.5`` is ``-(|x| + 0.5)`` rounded alike,
+    so this is ``sign(x) * floor(|x| + 0.5)`` exactly, in 4 ops instead of 5.
+
+    Example:
+        >>> import numpy as np
+        >>> from mindspore import Tensor
+        >>> round_half_away(Tensor(np.float32([0.5, 1.5, -2.5, -0.4]))).asnumpy().tolist()
+        [1.0, 2.0, -3.0, -0.0]
+    """
+    return ops.trunc(x + 0.5 * ops.sign(x))
+
+
+class RoundSTE(nn.Cell):
+    """``round_half_away`` with the straight-through gradient as a custom ``bprop``: the same
+    values as ``x + stop_gradient(round_half_away(x) - x)`` (``round(x) - x`` is exact, so
+    adding ``x`` back gives ``round(x)``) without its two extra forward ops."""
+
+    def construct(self, x):
+        """``round_half_away(x)``."""
+        return round_half_away(x)
+
+    def bprop(self, x, out, dout):
+        """Identity: the incoming gradient passes unchanged."""
+        return (dout,)
+
+
+# Docstrings of functions that graph code calls must not hold the Python keyword for an
+# anonymous function: MindSpore's parser then takes the whole source for one and fails.
+_ROUND_STE = RoundSTE()
 
 
 def round_ste(x):
-    """``round_half_away(x)`` forward, identity gradient backward."""
-    return x + ops.stop_gradient(round_half_away(x) - x)
+    """``round_half_away(x)`` forward, identity gradient backward.
+
+    Example:
+        >>> import numpy as np
+        >>> import mindspore as ms
+        >>> from mindspore import Tensor
+        >>> x = Tensor(np.float32([0.4, 2.5]))
+        >>> def total(v):
+        ...     return (round_ste(v) * v).sum()
+        >>> ms.grad(total)(x).asnumpy().tolist()  # round(x) + x
+        [0.4000000059604645, 5.5]
+    """
+    return _ROUND_STE(x)
+
+
+class Clip(nn.Cell):
+    """``clamp(x, lo, hi)`` (constant bounds) with its true gradient as a custom ``bprop``:
+    ``dout`` where ``x`` is inside ``[lo, hi]``, else 0, told by ``x == clamp(x)`` (2 ops
+    instead of autodiff's 4: two comparisons, a logical and, a select)."""
+
+    def construct(self, x, lo, hi):
+        """``clamp(x, lo, hi)``."""
+        return ops.clamp(x, lo, hi)
+
+    def bprop(self, x, lo, hi, out, dout):
+        """``dout`` where ``x`` was not clipped; the constant bounds get none."""
+        return ops.select(x == out, dout, ops.zeros_like(dout)), lo, hi
+
+
+_CLIP = Clip()
+
+
+def clip(x, lo: float, hi: float):
+    """``x`` clipped to ``[lo, hi]``; the gradient passes inside the range (bounds included).
+
+    Example:
+        >>> import numpy as np
+        >>> import mindspore as ms
+        >>> from mindspore import Tensor
+        >>> x = Tensor(np.float32([-2.0, -1.0, 0.5, 3.0]))
+        >>> def total(v):
+        ...     return clip(v, -1.0, 1.0).sum()
+        >>> ms.grad(total)(x).asnumpy().tolist()
+        [0.0, 1.0, 1.0, 0.0]
+    """
+    return _CLIP(x, lo, hi)
 
 
 def limits(bits: int) -> tuple[float, float]:
@@ -72,7 +149,9 @@ def fake_quant(x, scale, offset, qmin: float, qmax: float):
         >>> fake_quant(Tensor(np.float32([9.0, -9.0])), 1.0, 0.0, -8.0, 7.0).asnumpy().tolist()
         [7.0, -8.0]
     """
-    q = ops.clamp(round_ste(x / scale) + offset, qmin, qmax)
+    if isinstance(offset, (int, float)) and offset == 0:  # weights, symmetric: no offset ops
+        return clip(round_ste(x / scale), qmin, qmax) * scale
+    q = clip(round_ste(x / scale) + offset, qmin, qmax)
     return (q - offset) * scale
 
 
@@ -99,9 +178,9 @@ def fake_quant_range(x, lo, hi, qmin: float, qmax: float, symmetric: bool = Fals
     lo = ops.minimum(lo, zero)
     hi = ops.maximum(hi, zero)
     if symmetric:
-        scale = ops.select(hi > -lo, divide_exact(hi, qmax), divide_exact(-lo, -qmin))
+        scale = ops.select(hi > -lo, hi / qmax, -lo / -qmin)
         return fake_quant(x, _floor_scale(scale), 0.0, qmin, qmax)
-    scale = _floor_scale(divide_exact(hi - lo, qmax - qmin))
+    scale = _floor_scale((hi - lo) / (qmax - qmin))
     offset = qmin - round_ste(lo / scale)
     return fake_quant(x, scale, offset, qmin, qmax)
 
@@ -119,12 +198,21 @@ def arq_scale(kernel, out_axis: int | None, qmin: float, qmax: float):
         >>> arq_scale(Tensor(np.float32([[1.0, -2.0]])), None, -128.0, 127.0).asnumpy().tolist()
         [[0.015625]]
     """
-    rank = len(kernel.shape)
-    axes = tuple(a for a in range(rank) if a != out_axis)
-    kmax = ops.amax(kernel, axes, True)
-    kmin = ops.amin(kernel, axes, True)
-    big = ops.maximum(kmax, -kmin)
-    scale = ops.select(-kmin >= kmax, divide_exact(big, -qmin), divide_exact(big, qmax))
+    shape = kernel.shape
+    keep = tuple(n if a == out_axis else 1 for a, n in enumerate(shape))
+    if out_axis is None or out_axis == 0:
+        # over a flat view (per channel: rows): CPU reductions over all but one axis of an
+        # N-d tensor are far slower than over one axis of the same data
+        flat = ops.reshape(kernel, (-1,) if out_axis is None else (shape[0], -1))
+        kmax = ops.reshape(ops.amax(flat, -1), keep)
+        kmin = ops.reshape(ops.amin(flat, -1), keep)
+    else:
+        axes = tuple(a for a in range(len(shape)) if a != out_axis)
+        kmax = ops.amax(kernel, axes, True)
+        kmin = ops.amin(kernel, axes, True)
+    neg = -kmin
+    # one division by the chosen divisor: the same quotient as choosing between two divisions
+    scale = ops.maximum(kmax, neg) / ops.select(neg >= kmax, -qmin, qmax)
     return _floor_scale(scale)
 
 
