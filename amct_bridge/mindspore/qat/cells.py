@@ -160,6 +160,8 @@ class _Sites:
         self.site_names = names
         self.n_sites = len(names)
         self.shared = self.n_sites > 1
+        # quantize_aware's one counting forward (eval mode): calls counted, no state moved
+        self.counting = False
         if self.shared:
             self.calls = Parameter(
                 Tensor(np.int32(0)), name=f"{key}.qat.calls", requires_grad=False
@@ -172,6 +174,11 @@ class _Sites:
         site = ops.floor_mod(self.calls + 0, self.n_sites)  # read before the increment
         ops.assign_add(self.calls, self.one)
         return site, ops.equal(self.site_ids, site)
+
+    def _count(self):
+        """Counts a call and nothing else (``counting``: quantize_aware's check that every call
+        site of the graph runs once per step)."""
+        ops.assign_add(self.calls, self.one)
 
     def tracked(self) -> dict[tuple[str, str], tuple[float, float, float]]:
         """``(site or cell name, "input" / "output") -> (min, max, seen)`` of every tracked
@@ -217,6 +224,8 @@ class QATObserve(_Sites, nn.Cell):
 
     def construct(self, *inputs):
         """The cell's output; its range is tracked in training."""
+        if self.counting:
+            self._count()
         y = self.cell(*inputs)
         if self.training:
             if self.shared:
@@ -256,6 +265,8 @@ class QATObserveInput(QATObserve):
 
     def construct(self, *inputs):
         """The cell's output; its input and output ranges are tracked in training."""
+        if self.counting:
+            self._count()
         if not self.training:
             return self.cell(*inputs)
         x = inputs[0]
@@ -365,6 +376,8 @@ class QATQuant(_Sites, nn.Cell):
 
     def construct(self, x):
         """The cell's output on the fake-quantized input and weight."""
+        if self.counting:
+            self._count()
         if self.training:
             if self.shared:
                 site, hot = self._site()
