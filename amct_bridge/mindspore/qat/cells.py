@@ -12,7 +12,9 @@ A cell called at several sites per step (LeNet5's one ``self.relu`` called four 
 wrapper with ``sites`` = its call-site names from the graph (``relu``, ``relu@1``...): its range
 Parameters then hold one value per site (shape ``[n]``), an int32 Parameter
 ``<cell>.qat.calls`` counts the training calls, and the call ``calls mod n`` updates its site's
-entry alone (a one-hot select), as the calibration probes number their rows. A quantized cell
+entry alone (a one-hot select), as the calibration probes number their rows. ``counting`` (set by
+``quantize_aware`` for one eval forward) makes a wrapper count its calls and nothing else, to
+check the calls per step match the graph's sites. A quantized cell
 called at several sites keeps its sites' input EMAs apart too, but clips every site at their
 union (the record holds one scale_d / offset_d per cell); a learned range is one pair.
 

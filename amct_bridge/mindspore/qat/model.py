@@ -24,6 +24,9 @@ times) keeps a range per call site, named as the graph names its nodes (``relu``
 the sidecar gets an entry per site, as the calibration sidecar does, and the export takes each
 site's range (:mod:`amct_bridge.mindspore.qat.cells`). The call sites come from the graph of
 ``sample_input``, so a network with a ``construct`` of its own needs it.
+MindSpore's compiler merges identical calls in that graph (``fc(x) + fc(x) + fc(relu(x))``:
+2 sites, 3 calls in training): one counting forward of ``sample_input`` refuses such a network
+(docs/mindspore.md, "Identical calls the compiler merges").
 
 Example:
     >>> import numpy as np
@@ -161,7 +164,9 @@ def quantize_aware(
 
     Raises:
         QuantError: a bad option, a ``skip_layers`` name that is no quantizable cell, no
-            quantizable cell at all, or no ``sample_input`` for a network that needs it.
+            quantizable cell at all, no ``sample_input`` for a network that needs it, or a
+            cell called more times per step than the graph has sites for it (identical calls
+            the compiler merged in the export).
         RecordError: ``init_record`` names a cell that is not quantized here.
 
     Example:
@@ -237,19 +242,6 @@ def quantize_aware(
     group = distributed.current() if activation_range == "learned" else None
     info.sites = sites
     shared_quantized = shared_layers(sites, chosen)
-    if shared_quantized:
-        log.warning(
-            "quantize_aware(%s): quantized cell(s) %s called at several sites: every site's "
-            "input is fake-quantized with one range (an AMCT record holds one scale_d / "
-            "offset_d per cell, which simulate applies at every site; %s), each site's output "
-            "range is kept apart in the sidecar; the ESP-DL exporters refuse a cell called "
-            "more than once: give each site a cell of its own to deploy it",
-            name,
-            ", ".join(shared_quantized),
-            "the union of the sites' own EMAs"
-            if activation_range == "ema"
-            else "one learned range, started at the union of the first step's sites",
-        )
     for key, d in chosen.items():
         if fold_batchnorm and key in chains:
             _fold(d.handle, leaves[chains[key]].handle, key, chains[key], d.parts[0].layout)
@@ -297,6 +289,19 @@ def quantize_aware(
                 if producer is not None:
                     info.readers.setdefault(producer.name, node.name)
     _check_calls(qat, graph, sample_input, name)
+    if shared_quantized:
+        log.warning(
+            "quantize_aware(%s): quantized cell(s) %s called at several sites: every site's "
+            "input is fake-quantized with one range (an AMCT record holds one scale_d / "
+            "offset_d per cell, which simulate applies at every site; %s), each site's output "
+            "range is kept apart in the sidecar; the ESP-DL exporters refuse a cell called "
+            "more than once: give each site a cell of its own to deploy it",
+            name,
+            ", ".join(shared_quantized),
+            "the union of the sites' own EMAs"
+            if activation_range == "ema"
+            else "one learned range, started at the union of the first step's sites",
+        )
     qat.amct_qat = info
     if init_record is not None:
         _init_ranges(qat, init_record)
