@@ -12,7 +12,9 @@ A cell called at several sites per step (LeNet5's one ``self.relu`` called four 
 wrapper with ``sites`` = its call-site names from the graph (``relu``, ``relu@1``...): its range
 Parameters then hold one value per site (shape ``[n]``), an int32 Parameter
 ``<cell>.qat.calls`` counts the training calls, and the call ``calls mod n`` updates its site's
-entry alone (a one-hot select), as the calibration probes number their rows. A quantized cell
+entry alone (a one-hot select), as the calibration probes number their rows. ``counting`` (set by
+``quantize_aware`` for one eval forward) makes a wrapper count its calls and nothing else, to
+check the calls per step match the graph's sites. A quantized cell
 called at several sites keeps its sites' input EMAs apart too, but clips every site at their
 union (the record holds one scale_d / offset_d per cell); a learned range is one pair.
 
@@ -175,6 +177,8 @@ class _Sites:
         self.site_names = names
         self.n_sites = len(names)
         self.shared = self.n_sites > 1
+        # quantize_aware's one counting forward (eval mode): calls counted, no state moved
+        self.counting = False
         if self.shared:
             self.calls = Parameter(
                 Tensor(np.int32(0)), name=f"{key}.qat.calls", requires_grad=False
@@ -187,6 +191,11 @@ class _Sites:
         site = ops.floor_mod(self.calls + 0, self.n_sites)  # read before the increment
         ops.assign_add(self.calls, self.one)
         return site, ops.equal(self.site_ids, site)
+
+    def _count(self):
+        """Counts a call and nothing else (``counting``: quantize_aware's check that every call
+        site of the graph runs once per step)."""
+        ops.assign_add(self.calls, self.one)
 
     def tracked(self) -> dict[tuple[str, str], tuple[float, float, float]]:
         """``(site or cell name, "input" / "output") -> (min, max, seen)`` of every tracked
@@ -232,6 +241,8 @@ class QATObserve(_Sites, nn.Cell):
 
     def construct(self, *inputs):
         """The cell's output; its range is tracked in training."""
+        if self.counting:
+            self._count()
         y = self.cell(*inputs)
         if self.training:
             if self.shared:
@@ -271,6 +282,8 @@ class QATObserveInput(QATObserve):
 
     def construct(self, *inputs):
         """The cell's output; its input and output ranges are tracked in training."""
+        if self.counting:
+            self._count()
         if not self.training:
             return self.cell(*inputs)
         x = inputs[0]
@@ -380,6 +393,8 @@ class QATQuant(_Sites, nn.Cell):
 
     def construct(self, x):
         """The cell's output on the fake-quantized input and weight."""
+        if self.counting:
+            self._count()
         if self.training:
             if self.shared:
                 site, hot = self._site()

@@ -24,6 +24,9 @@ times) keeps a range per call site, named as the graph names its nodes (``relu``
 the sidecar gets an entry per site, as the calibration sidecar does, and the export takes each
 site's range (:mod:`amct_bridge.mindspore.qat.cells`). The call sites come from the graph of
 ``sample_input``, so a network with a ``construct`` of its own needs it.
+MindSpore's compiler merges identical calls in that graph (``fc(x) + fc(x) + fc(relu(x))``:
+2 sites, 3 calls in training): one counting forward of ``sample_input`` refuses such a network
+(docs/mindspore.md, "Identical calls the compiler merges").
 
 Example:
     >>> import numpy as np
@@ -161,7 +164,9 @@ def quantize_aware(
 
     Raises:
         QuantError: a bad option, a ``skip_layers`` name that is no quantizable cell, no
-            quantizable cell at all, or no ``sample_input`` for a network that needs it.
+            quantizable cell at all, no ``sample_input`` for a network that needs it, or a
+            cell called more times per step than the graph has sites for it (identical calls
+            the compiler merged in the export).
         RecordError: ``init_record`` names a cell that is not quantized here.
 
     Example:
@@ -237,19 +242,6 @@ def quantize_aware(
     group = distributed.current() if activation_range == "learned" else None
     info.sites = sites
     shared_quantized = shared_layers(sites, chosen)
-    if shared_quantized:
-        log.warning(
-            "quantize_aware(%s): quantized cell(s) %s called at several sites: every site's "
-            "input is fake-quantized with one range (an AMCT record holds one scale_d / "
-            "offset_d per cell, which simulate applies at every site; %s), each site's output "
-            "range is kept apart in the sidecar; the ESP-DL exporters refuse a cell called "
-            "more than once: give each site a cell of its own to deploy it",
-            name,
-            ", ".join(shared_quantized),
-            "the union of the sites' own EMAs"
-            if activation_range == "ema"
-            else "one learned range, started at the union of the first step's sites",
-        )
     for key, d in chosen.items():
         if fold_batchnorm and key in chains:
             _fold(d.handle, leaves[chains[key]].handle, key, chains[key], d.parts[0].layout)
@@ -296,10 +288,89 @@ def quantize_aware(
                 producer = graph.producer_of(node.inputs[0])
                 if producer is not None:
                     info.readers.setdefault(producer.name, node.name)
+    _check_calls(qat, graph, sample_input, name)
+    if shared_quantized:
+        log.warning(
+            "quantize_aware(%s): quantized cell(s) %s called at several sites: every site's "
+            "input is fake-quantized with one range (an AMCT record holds one scale_d / "
+            "offset_d per cell, which simulate applies at every site; %s), each site's output "
+            "range is kept apart in the sidecar; the ESP-DL exporters refuse a cell called "
+            "more than once: give each site a cell of its own to deploy it",
+            name,
+            ", ".join(shared_quantized),
+            "the union of the sites' own EMAs"
+            if activation_range == "ema"
+            else "one learned range, started at the union of the first step's sites",
+        )
     qat.amct_qat = info
     if init_record is not None:
         _init_ranges(qat, init_record)
     return qat
+
+
+class _CountCalls(nn.Cell):
+    """A throw-away top-level cell for the counting forward: its compiled graph is its own, so
+    the QAT network compiles afresh (counting off) when it is trained or run."""
+
+    def __init__(self, net: nn.Cell) -> None:
+        super().__init__(auto_prefix=False)  # the network's parameter names stay as they are
+        self.net = net
+
+    def construct(self, *inputs):
+        return self.net(*inputs)
+
+
+def _check_calls(qat: nn.Cell, graph, sample_input: Any, name: str) -> None:
+    """Every cell called at several sites runs its graph's call sites once per forward.
+
+    A site's ranges are ``calls mod n_sites``, so the training calls per step must be the
+    graph's sites. MindSpore's compiler merges identical calls (CSE) in the MindIR export
+    (``fc(x) + fc(x) + fc(relu(x))``: 2 sites), while the wrappers' state updates (side
+    effects) make all 3 calls run in training. One forward of ``sample_input`` in eval mode,
+    in the current mode, counts the calls without moving any range (eval mode: the wrappers
+    and BatchNorm update nothing; the counters are reset after).
+
+    Raises:
+        QuantError: a cell's calls per forward differ from its graph's call sites.
+    """
+    shared = {}
+    for _, cell in qat.cells_and_names():
+        if isinstance(cell, (QATQuant, QATObserve)) and cell.shared:
+            shared.setdefault(cell.key, cell)
+    if not shared or graph is None:
+        return
+    from amct_bridge.mindspore.mindir import to_tensors
+
+    # parents first (cells_and_names' order): set_train of each restores its own flag
+    flags = [(c, c.training, c.phase) for _, c in qat.cells_and_names()]
+    counter = _CountCalls(qat)
+    try:
+        for cell in shared.values():
+            cell.counting = True
+        counter.set_train(False)
+        counter(*to_tensors(sample_input))
+        counted = {key: int(cell.calls.asnumpy()) for key, cell in shared.items()}
+    finally:
+        for cell in shared.values():
+            cell.counting = False
+            cell.calls.set_data(Tensor(np.int32(0)))
+        for cell, training, phase in flags:
+            cell.set_train(training)
+            cell.phase = phase
+    for key, cell in shared.items():
+        made = counted[key]
+        if made == cell.n_sites:
+            continue
+        sites = ", ".join(repr(s) for s in cell.site_names)
+        raise QuantError(
+            f"quantize_aware({name}): cell {key!r} ({type(cell.cell).__name__}): the graph of "
+            f"the MindIR export has {cell.n_sites} call site(s) per step ({sites}), but the QAT "
+            f"network calls it {made} time(s) per step; its sites' ranges would be mixed up "
+            "(the k-th call of a step keeps site k's). MindSpore's compiler merges identical "
+            "calls in the export (e.g. fc(x) written twice is computed once), the QAT cells "
+            "make every call run. Compute the repeated call once and reuse its result "
+            "(y = self.fc(x)), or give each call its own cell."
+        )
 
 
 def _functional_homes(graph, leaves: dict) -> dict[str, tuple[str, str]]:
