@@ -145,8 +145,8 @@ def quantize_aware(
             "quantize_aware(%s): quantized layer(s) %s called at several nodes: every node's "
             "input is fake-quantized with one range (an AMCT record holds one scale_d / "
             "offset_d per layer, which simulate applies at every node; %s), each node's "
-            "output range is kept apart in the sidecar; the ESP-DL exporters refuse a layer "
-            "called more than once: give each node a layer of its own to deploy it",
+            "output range is kept apart in the sidecar; ESP-DL v1 refuses a layer called more "
+            "than once (give each node a layer of its own), ESP-DL v3 exports one layer per node",
             model.name,
             ", ".join(shared_quantized),
             "the union of the nodes' own EMAs"
