@@ -10,6 +10,7 @@ import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import nn
+from nets import SharedDense
 
 import amct_bridge.mindspore as ams
 from amct_bridge.errors import ExportError
@@ -26,18 +27,6 @@ class Sliced(nn.Cell):
 
     def construct(self, x):
         return self.fc(self.flat(self.conv(x)[:, :2]))
-
-
-class Twice(nn.Cell):
-    """One Dense cell called at two sites (``fc``, ``fc@1``)."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Dense(6, 6)
-        self.relu = nn.ReLU()
-
-    def construct(self, x):
-        return self.fc(x) + self.fc(self.relu(x))
 
 
 class Scale(nn.Cell):
@@ -65,7 +54,7 @@ CASES = {
         "functional StridedSlice is not translated by the ESP-DL v3 exporter here",
     ),
     "shared_dense": (
-        Twice, (1, 6), "fc",
+        SharedDense, (1, 6), "fc",
         "give each call its own cell: not supported by the ESP-DL v1 exporter",
         "give each call its own cell: not supported by the ESP-DL v3 exporter",
     ),

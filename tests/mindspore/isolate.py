@@ -6,6 +6,9 @@ Found here: after a MindIR export of a network with ``out += y`` (InplaceAddExt)
 ``Default/ReLU6-op0`` instead of ``Default/3-ReLU6/ReLU6-op0``, so its primitive reads as a
 functional op (MindSpore 2.10, CPU). A user's process meets it only in that sequence; the suite
 must not depend on which tests a worker ran before.
+
+Also for a test whose ``gc.collect()`` would pay for every earlier test's garbage in a
+long-lived worker (tests/keras/test_kept_step.py).
 """
 
 from __future__ import annotations

@@ -318,3 +318,27 @@ def lenet5() -> nn.Cell:
     """LeNet5 (tutorial), input (1, 1, 32, 32)."""
     _seed()
     return LeNet5()
+
+
+class SharedDense(nn.Cell):
+    """One ``nn.Dense(6, 6)`` on ``x`` and on ``relu(x)``: two calls the compiler keeps apart
+    (sites ``fc``, ``fc@1``); input (n, 6)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Dense(6, 6)
+        self.relu = nn.ReLU()
+
+    def construct(self, x):
+        return self.fc(x) + self.fc(self.relu(x))
+
+
+class DenseBackToBack(nn.Cell):
+    """One ``nn.Dense(6, 6)`` applied twice in a row, ``fc(fc(x))`` (sites ``fc``, ``fc@1``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Dense(6, 6)
+
+    def construct(self, x):
+        return self.fc(self.fc(x))

@@ -17,6 +17,7 @@ import pytest
 from mindspore import dataset as ds
 from mindspore import nn
 from mindspore.train import Model
+from nets import DenseBackToBack, SharedDense
 
 from amct_bridge.errors import CalibrationError
 from amct_bridge.mindspore import QuantCalibration, calibrate
@@ -55,27 +56,6 @@ class MergedOnce(nn.Cell):
         return self.fc(x) + self.fc(x)
 
 
-class Apart(nn.Cell):
-    """The same Dense on ``x`` and on ``relu(x)``: two different calls, nothing to merge."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Dense(6, 6)
-        self.relu = nn.ReLU()
-
-    def construct(self, x):
-        return self.fc(x) + self.fc(self.relu(x))
-
-
-class BackToBack(nn.Cell):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Dense(6, 6)
-
-    def construct(self, x):
-        return self.fc(self.fc(x))
-
-
 def inputs(seed: int = 0, n: int = 8, scale: float = 2.0) -> np.ndarray:
     return np.random.default_rng(seed).normal(0, scale, (n, 6)).astype(np.float32)
 
@@ -88,7 +68,7 @@ def dense(net, x: np.ndarray) -> np.ndarray:
 
 def site_inputs(net, x: np.ndarray) -> dict[str, np.ndarray]:
     """Each call site's input, numpy (site order = call order in ``construct``)."""
-    if isinstance(net, Apart):
+    if isinstance(net, SharedDense):
         return {"fc": x, "fc@1": np.maximum(x, 0)}
     return {"fc": x, "fc@1": dense(net, x)}
 
@@ -127,7 +107,7 @@ def test_compiler_merged_calls_are_refused_naming_cell_sites_and_calls(
     assert type(net.fc) is nn.Dense
 
 
-@pytest.mark.parametrize("cls", [Apart, BackToBack])
+@pytest.mark.parametrize("cls", [SharedDense, DenseBackToBack])
 def test_shared_cells_without_merging_get_each_sites_range(mode, cls, tmp_path):
     ms.set_seed(2)
     net, x = cls(), inputs()
@@ -147,7 +127,7 @@ def test_fit_with_validation_data_and_a_shared_cell(tmp_path):
     network runs, the validation-only pass sees the eval batches only; neither trips the
     calls-per-step check, each gets its own data's per-site ranges (lr 0: weights unchanged)."""
     ms.set_seed(3)
-    net = Apart()
+    net = SharedDense()
     x, v = inputs(4, n=12), inputs(5, n=8, scale=10.0)
     loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     model = Model(net, loss, nn.Momentum(net.trainable_params(), 0.0, 0.9), metrics={"acc"})

@@ -11,6 +11,7 @@ import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Tensor, nn, ops
+from nets import SharedDense
 
 from amct_bridge.errors import ExportError
 from amct_bridge.graph import discover_groups
@@ -202,18 +203,6 @@ class B2B(nn.Cell):
         return self.fc(self.fc(x))
 
 
-class Apart(nn.Cell):
-    """The same Dense at two sites with an op between: the case that always worked."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Dense(6, 6)
-        self.relu = nn.ReLU()
-
-    def construct(self, x):
-        return self.fc(x) + self.fc(self.relu(x))
-
-
 @pytest.mark.parametrize("mode", ["graph", "pynative"])
 def test_calibration_sidecar_has_each_calls_range(mode, tmp_path):
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
@@ -240,7 +229,7 @@ def test_calibration_sidecar_has_each_calls_range(mode, tmp_path):
 def test_export_refuses_a_shared_dense_naming_it_whether_back_to_back_or_apart(fmt, tmp_path):
     x = np.random.default_rng(1).normal(0, 1, (4, 6)).astype(np.float32)
     messages = {}
-    for cls in (B2B, Apart):
+    for cls in (B2B, SharedDense):
         net = cls()
         path = tmp_path / f"{cls.__name__}.txt"
         calibrate(net, x, path, algorithm="minmax", batch_size=4)

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from mindspore import nn
 from mindspore.train import Model
+from nets import DenseBackToBack, SharedDense
 
 from amct_bridge.errors import QuantError
 from amct_bridge.mindspore.qat import quantize_aware, save_qat_record
@@ -46,27 +47,6 @@ class Merged(nn.Cell):
 
     def construct(self, x):
         return self.fc(x) + self.fc(x) + self.fc(self.relu(x))
-
-
-class Apart(nn.Cell):
-    """The same Dense on ``x`` and on ``relu(x)``: two different calls, nothing to merge."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Dense(6, 6)
-        self.relu = nn.ReLU()
-
-    def construct(self, x):
-        return self.fc(x) + self.fc(self.relu(x))
-
-
-class BackToBack(nn.Cell):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Dense(6, 6)
-
-    def construct(self, x):
-        return self.fc(self.fc(x))
 
 
 def inputs(n: int = 12, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -102,7 +82,7 @@ def test_compiler_merged_calls_are_refused_naming_cell_sites_and_calls(mode, tmp
     assert list(tmp_path.iterdir()) == []  # nothing written (no debris of the forward either)
 
 
-@pytest.mark.parametrize("cls", [Apart, BackToBack])
+@pytest.mark.parametrize("cls", [SharedDense, DenseBackToBack])
 def test_shared_cells_the_compiler_keeps_apart_are_not_refused(mode, cls):
     """The counting forward leaves nothing behind: counters and ranges at 0, eval mode kept."""
     ms.set_seed(2)
@@ -122,7 +102,7 @@ def test_per_site_input_ranges_of_a_shared_cell(mode, tmp_path):
     ``fc@1``'s min is >= 0; the sidecar carries them under the graph's site names (as
     observed; both sites clip at their union, the record's one range)."""
     ms.set_seed(3)
-    net = Apart()
+    net = SharedDense()
     x, y = inputs()
     qat = quantize_aware(net, ema_decay=DECAY, sample_input=(4, 6))
     train(qat, x, y)
