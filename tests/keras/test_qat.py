@@ -249,7 +249,7 @@ def _qat_digits():
     return module
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", [0])  # seeds 1 and 2: docs/qat.md (suite time)
 def test_int4_qat_beats_the_control_where_post_training_int4_loses(seed):
     """Standardized pixels put 10-20 sigma outliers in the input: post-training INT4 (minmax,
     per-tensor activations; record built in numpy by the example) loses >= 5 points, more float

@@ -65,7 +65,9 @@ def _trained(head: str) -> tuple[Net, np.ndarray]:
     return net, x
 
 
-@pytest.mark.parametrize("head", ["dense", "softmax_cell"])
+# "softmax_cell" (Dense + nn.Softmax) is kept in _trained; the suite runs the Dense(softmax)
+# head only, the case the search got wrong (the other read the Dense's logits already)
+@pytest.mark.parametrize("head", ["dense"])
 def test_search_on_a_softmax_head_reports_and_improves_the_logits_snr(head, tmp_path):
     net, x = _trained(head)
     assert len(search_samples(x)) == len(x)  # the search scores every sample here

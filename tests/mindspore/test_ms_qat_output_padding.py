@@ -60,8 +60,12 @@ def _up(output_padding, padding=1):
     return cell
 
 
+# each mode and each padding form once (suite time)
 @pytest.mark.parametrize(
-    "output_padding, padding", [(1, 1), ((1, 0), (1, 1, 0, 1))], ids=["int", "tuple"]
+    ("mode", "output_padding", "padding"),
+    [("graph", 1, 1), ("pynative", (1, 0), (1, 1, 0, 1))],
+    ids=["graph-int", "pynative-tuple"],
+    indirect=["mode"],
 )
 def test_output_padding_shapes_and_values_equal_the_plain_cell(mode, output_padding, padding):
     up = _up(output_padding, padding)
