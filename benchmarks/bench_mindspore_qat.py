@@ -54,6 +54,10 @@ from mindspore.train import Callback, Model
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_mindspore_instrument import SmallResNet, data  # noqa: E402
 
+# the digits CNN of the MindSpore QAT example, the net this bench's --tiny times
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+from mindspore_qat import DigitsCNN as TinyCNN  # noqa: E402
+
 from amct_bridge.mindspore.qat import quantize_aware  # noqa: E402
 
 
@@ -67,25 +71,6 @@ class StepClock(Callback):
     def on_train_step_end(self, run_context) -> None:
         self.ends.append(time.perf_counter())
         self.cpu.append(time.process_time())
-
-
-class TinyCNN(nn.Cell):
-    """The digits CNN of examples/mindspore_qat.py (1 x 8 x 8 inputs)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 4, 3, pad_mode="valid", has_bias=False)
-        self.bn1 = nn.BatchNorm2d(4)
-        self.relu1 = nn.ReLU()
-        self.conv2 = nn.Conv2d(4, 8, 3, stride=2, pad_mode="valid", has_bias=False)
-        self.bn2 = nn.BatchNorm2d(8)
-        self.relu2 = nn.ReLU()
-        self.flatten = nn.Flatten()
-        self.logits = nn.Dense(32, 10)
-
-    def construct(self, x):
-        x = self.relu1(self.bn1(self.conv1(x)))
-        return self.logits(self.flatten(self.relu2(self.bn2(self.conv2(x)))))
 
 
 def tiny_data(steps: int):
