@@ -68,14 +68,6 @@ def make_model(net, lr: float | None = None) -> Model:
     return Model(net, loss, opt, metrics={"acc"})
 
 
-@pytest.fixture(params=list(MODES))
-def mode(request):
-    before = ms.get_context("mode")
-    ms.set_context(mode=MODES[request.param])
-    yield request.param
-    ms.set_context(mode=before)
-
-
 # ---- the independent reference ----------------------------------------------------------------
 
 

@@ -23,16 +23,6 @@ from amct_bridge.errors import CalibrationError
 from amct_bridge.mindspore import QuantCalibration, calibrate
 from amct_bridge.records.calibration import load_stats, sidecar_path
 
-MODES = {"graph": ms.GRAPH_MODE, "pynative": ms.PYNATIVE_MODE}
-
-
-@pytest.fixture(params=list(MODES))
-def mode(request):
-    before = ms.get_context("mode")
-    ms.set_context(mode=MODES[request.param])
-    yield request.param
-    ms.set_context(mode=before)
-
 
 class Merged(nn.Cell):
     """``fc(x)`` written twice: the export computes it once (2 sites, 3 calls run)."""

@@ -18,8 +18,6 @@ from amct_bridge.errors import CalibrationError
 from amct_bridge.mindspore.instrument import Instrumentation
 from amct_bridge.quant.stats import batch_stats
 
-MODES = {"graph": ms.GRAPH_MODE, "pynative": ms.PYNATIVE_MODE}
-
 
 class Net(nn.Cell):
     """conv-bn-relu stem, depthwise block in a SequentialCell, one ReLU used twice, pool, fc."""
@@ -95,14 +93,6 @@ def reference():
     for h in handles:
         h.remove()
     return seen, outputs
-
-
-@pytest.fixture(params=list(MODES))
-def mode(request):
-    before = ms.get_context("mode")
-    ms.set_context(mode=MODES[request.param])
-    yield request.param
-    ms.set_context(mode=before)
 
 
 def grid_hist(x: np.ndarray, lo: float, hi: float, bins: int) -> np.ndarray:

@@ -25,16 +25,7 @@ from amct_bridge.mindspore.qat import quantize_aware, save_qat_record
 from amct_bridge.quant import qat as core
 from amct_bridge.records.calibration import load_stats, sidecar_path
 
-MODES = {"graph": ms.GRAPH_MODE, "pynative": ms.PYNATIVE_MODE}
 DECAY = 0.5
-
-
-@pytest.fixture(params=list(MODES))
-def mode(request):
-    before = ms.get_context("mode")
-    ms.set_context(mode=MODES[request.param])
-    yield request.param
-    ms.set_context(mode=before)
 
 
 class Merged(nn.Cell):

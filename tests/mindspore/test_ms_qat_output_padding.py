@@ -23,16 +23,6 @@ from amct_bridge.mindspore.qat import qat_record, quantize_aware, save_qat_recor
 from amct_bridge.quant import qat as core
 from amct_bridge.records import load, validate
 
-MODES = {"graph": ms.GRAPH_MODE, "pynative": ms.PYNATIVE_MODE}
-
-
-@pytest.fixture(params=list(MODES))
-def mode(request):
-    before = ms.get_context("mode")
-    ms.set_context(mode=MODES[request.param])
-    yield request.param
-    ms.set_context(mode=before)
-
 
 def deconv_numpy(x, w, b, stride, pads, out_pad):
     """Transposed convolution from its definition: every input pixel adds ``x * w`` at

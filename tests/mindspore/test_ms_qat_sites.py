@@ -28,17 +28,8 @@ from amct_bridge.quant.espdl import range_to_exponent
 from amct_bridge.quant.factors import activation_factors
 from amct_bridge.records.calibration import load_stats, sidecar_path
 
-MODES = {"graph": ms.GRAPH_MODE, "pynative": ms.PYNATIVE_MODE}
 SAMPLE = (1, 1, 12, 12)
 DECAY = 0.5
-
-
-@pytest.fixture(params=list(MODES))
-def mode(request):
-    before = ms.get_context("mode")
-    ms.set_context(mode=MODES[request.param])
-    yield request.param
-    ms.set_context(mode=before)
 
 
 class TinyLeNet(nn.Cell):

@@ -5,7 +5,6 @@ for the final weights; masks that do not fit are refused naming the parameter.""
 
 from __future__ import annotations
 
-import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Tensor, nn
@@ -16,16 +15,7 @@ from amct_bridge.errors import AmctBridgeError
 from amct_bridge.mindspore import SelectivePruneCallback, prune_record, selective_masks
 from amct_bridge.records import load
 
-MODES = {"graph": ms.GRAPH_MODE, "pynative": ms.PYNATIVE_MODE}
 SHAPE = (1, 4, 6, 6)
-
-
-@pytest.fixture(params=list(MODES))
-def mode(request):
-    before = ms.get_context("mode")
-    ms.set_context(mode=MODES[request.param])
-    yield request.param
-    ms.set_context(mode=before)
 
 
 def make_net() -> nn.SequentialCell:
