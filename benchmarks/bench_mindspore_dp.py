@@ -26,11 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import msrun_command, msrun_env  # noqa: E402
 
 WORKER = Path(__file__).resolve().parents[1] / "tests" / "mindspore" / "ms_dp_worker.py"
 
@@ -41,29 +43,20 @@ def main() -> None:
     parser.add_argument("--algorithm", default="hfmg", choices=["minmax", "hfmg", "ifmr"])
     parser.add_argument("--task", default="eval", choices=["eval", "train"])
     args = parser.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    root = str(WORKER.parents[2])
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env = msrun_env(WORKER.parents[2])
     case = "bench" if args.task == "eval" else "bench-train"
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
-        cmd = [
-            "msrun",
-            "--worker_num=2",
-            "--local_worker_num=2",
-            f"--master_port={port}",
-            f"--log_dir={out / 'log'}",
-            "--join=True",
-            str(WORKER),
-            str(out),
-            case,
-            args.algorithm,
-            str(args.batches * 2 * 4),
-        ]
+        cmd = msrun_command(
+            out / "log",
+            [
+                str(WORKER),
+                str(out),
+                case,
+                args.algorithm,
+                str(args.batches * 2 * 4),
+            ],
+        )
         done = subprocess.run(cmd, env=env, cwd=out, capture_output=True, text=True, timeout=600)
         if done.returncode:
             sys.exit(done.stdout[-2000:] + done.stderr[-2000:])

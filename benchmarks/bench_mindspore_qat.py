@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -52,6 +51,7 @@ from mindspore import nn
 from mindspore.train import Callback, Model
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import msrun_command, msrun_env  # noqa: E402
 from bench_mindspore_instrument import SmallResNet, data  # noqa: E402
 
 # the digits CNN of the MindSpore QAT example, the net this bench's --tiny times
@@ -98,29 +98,14 @@ DP_WORKER = Path(__file__).resolve().with_name("qat_dp_bench_worker.py")
 def data_parallel(steps: int, repeat: int) -> None:
     """``--dp``: the worker alone, then under ``msrun`` with 2 CPU workers; the step medians
     and their ratios (module docstring)."""
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    root = str(DP_WORKER.parents[1])
-    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    env = msrun_env(DP_WORKER.parents[1])
     loads = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         args = [str(DP_WORKER), str(out), str(steps), str(repeat)]
         runs = {
             "single": [sys.executable, *args, "single"],
-            "dp": [
-                "msrun",
-                "--worker_num=2",
-                "--local_worker_num=2",
-                f"--master_port={port}",
-                f"--log_dir={out / 'log'}",
-                "--join=True",
-                *args,
-                "dp",
-            ],
+            "dp": msrun_command(out / "log", [*args, "dp"]),
         }
         reports = {}
         for kind, cmd in runs.items():
