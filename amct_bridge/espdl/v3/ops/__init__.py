@@ -1,0 +1,92 @@
+"""The ESP-DL v3 ops the simulator computes: one module per runtime module, one table.
+
+Each module follows one ``esp-dl/dl/module/include/dl_module_<op>.hpp`` (the attributes and
+initializers its ``deserialize()`` reads, its shape rule) and the kernels it calls
+(``dl/base/dl_base_<op>.cpp``, the esp32s3 / esp32p4 assembly where it differs), as ONNX's
+``onnx/reference/ops/op_<name>.py`` do for ONNX. A module names the op types it computes in
+``OP_TYPES`` and computes a node with ``compute(ctx, node)`` (:class:`Context` gives it the
+values, exponents and target). :data:`OPS` maps every op type to its ``compute``; the
+simulator refuses any other op type by name.
+
+Example:
+    >>> OPS["Conv"] is conv.compute, OPS["Sub"] is OPS["Add"]
+    (True, True)
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from amct_bridge.espdl.v3.ops import (
+    add,
+    average_pool,
+    clip,
+    concat,
+    conv,
+    flatten,
+    gemm,
+    global_average_pool,
+    layer_normalization,
+    lut,
+    matmul,
+    max_pool,
+    mul,
+    pad,
+    prelu,
+    reduce_mean,
+    relu,
+    requantize_linear,
+    reshape,
+    resize,
+    slice,
+    softmax,
+    split,
+    squeeze,
+    transpose,
+)
+from amct_bridge.espdl.v3.ops._base import Context, OpFunction
+
+__all__ = ["OPS", "MODULES", "Context", "OpFunction"]
+
+#: The op modules, in name order.
+MODULES: tuple[ModuleType, ...] = (
+    add,
+    average_pool,
+    clip,
+    concat,
+    conv,
+    flatten,
+    gemm,
+    global_average_pool,
+    layer_normalization,
+    lut,
+    matmul,
+    max_pool,
+    mul,
+    pad,
+    prelu,
+    reduce_mean,
+    relu,
+    requantize_linear,
+    reshape,
+    resize,
+    slice,
+    softmax,
+    split,
+    squeeze,
+    transpose,
+)
+
+
+def _table(modules: tuple[ModuleType, ...]) -> dict[str, OpFunction]:
+    table: dict[str, OpFunction] = {}
+    for module in modules:
+        for op_type in module.OP_TYPES:
+            if op_type in table:  # two modules claiming one op would silently shadow one
+                raise RuntimeError(f"op {op_type!r} is registered twice ({module.__name__})")
+            table[op_type] = module.compute
+    return table
+
+
+#: op type -> the ``compute`` of the module that simulates it.
+OPS: dict[str, OpFunction] = _table(MODULES)

@@ -1,0 +1,194 @@
+"""What every op module shares: the run's :class:`Context`, esp-dl's rounding helpers, saturation.
+
+The rounding follows ``esp-dl/dl/tool/src/dl_tool.cpp`` (``shift_and_round_half_up`` /
+``_half_even``, ``tool::round``); :class:`Context` gives an op its inputs' values, exponents and
+element types and builds refusals that name the file and the node.
+
+Example:
+    >>> shift_round(np.array([6]), 2, half_even=False).tolist()
+    [2]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from amct_bridge.espdl.v3.model import EspdlError, EspdlModel, Node, Tensor
+
+__all__ = [
+    "Context",
+    "OpFunction",
+    "HALF_EVEN_TARGETS",
+    "ints_input",
+    "round_float",
+    "saturate",
+    "shift_round",
+]
+
+#: Targets whose kernels round half to even (``CONFIG_ROUND_HALF_EVEN_ENABLED``, PIE-V2 chips).
+HALF_EVEN_TARGETS = ("esp32p4", "esp32s31")
+_INT = {"S8": np.dtype(np.int8), "S16": np.dtype(np.int16)}
+
+
+def shift_round(x: np.ndarray, shift: int | np.ndarray, half_even: bool) -> np.ndarray:
+    """x · 2^-shift rounded like esp-dl's ``shift_and_round_half_up`` / ``_half_even``.
+
+    A shift ≤ 0 is a left shift (exact). int64 in, int64 out; the caller saturates.
+
+    Example:
+        >>> shift_round(np.array([5, 6, 7, -5, -6, -7]), 2, half_even=False).tolist()
+        [1, 2, 2, -1, -1, -2]
+        >>> shift_round(np.array([2, 6, -2, -6]), 2, half_even=True).tolist()
+        [0, 2, 0, -2]
+    """
+    x = np.asarray(x, np.int64)
+    if np.ndim(shift) == 0:  # one shift for the whole tensor: scalar arithmetic, in place
+        s = int(shift)
+        if s <= 0:
+            return np.left_shift(x, -s)
+        if not half_even:
+            out = x + np.int64(1 << (s - 1))
+            np.right_shift(out, s, out=out)
+            return out
+        floor = np.right_shift(x, s)
+        rem = x & np.int64((1 << s) - 1)
+        half = np.int64(1 << (s - 1))
+        up = (rem > half) | ((rem == half) & ((floor & 1) == 1))
+        floor += up
+        return floor
+    shift = np.broadcast_to(np.asarray(shift, np.int64), x.shape)
+    right = np.maximum(shift, 1)
+    half = np.left_shift(np.int64(1), right - 1)
+    if half_even:
+        floor = np.right_shift(x, right)
+        rem = x & ((np.int64(1) << right) - 1)
+        up = (rem > half) | ((rem == half) & ((floor & 1) == 1))
+        rounded = floor + up
+    else:
+        rounded = np.right_shift(x + half, right)
+    return np.where(shift > 0, rounded, np.left_shift(x, np.maximum(-shift, 0)))
+
+
+def round_float(x: np.ndarray, half_even: bool) -> np.ndarray:
+    """esp-dl's ``tool::round`` of float32 values: ``rne`` on esp32p4, ``floor(x + 0.5)`` else.
+
+    Example:
+        >>> round_float(np.float32([0.5, 1.5, -0.5, -1.5]), False).tolist()
+        [1, 2, 0, -1]
+        >>> round_float(np.float32([0.5, 1.5, -0.5, -1.5]), True).tolist()
+        [0, 2, 0, -2]
+    """
+    x = np.asarray(x, np.float32)
+    if half_even:
+        return np.rint(x).astype(np.int64)
+    # floorf(value + 0.5): the sum is a double, converted to float by floorf's parameter
+    return np.floor((x.astype(np.float64) + 0.5).astype(np.float32)).astype(np.int64)
+
+
+def saturate(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Clip to ``dtype``'s range and cast, as the kernels saturate their outputs.
+
+    Example:
+        >>> saturate(np.array([-200, 5, 200]), np.dtype(np.int8)).tolist()
+        [-128, 5, 127]
+    """
+    info = np.iinfo(dtype)
+    return np.clip(x, info.min, info.max).astype(dtype)
+
+
+class Context:
+    """One simulation run: the model, the target, the values computed so far, notes.
+
+    Op modules read their inputs through it (:meth:`value`, :meth:`exponent`,
+    :meth:`initializer`) so that a missing tensor is refused with the file and node named.
+
+    Example:
+        >>> from amct_bridge.espdl.v3.model import ValueInfo
+        >>> m = EspdlModel([], {}, inputs=[ValueInfo("x", [1], 3, [-4])])
+        >>> ctx = Context(m, "esp32p4")
+        >>> ctx.half_even, ctx.exponent("x", Node("n", "Relu", ["x"], ["y"]))
+        (True, -4)
+    """
+
+    def __init__(self, model: EspdlModel, target: str) -> None:
+        self.model = model
+        self.target = target
+        self.half_even = target in HALF_EVEN_TARGETS
+        self.values: dict[str, np.ndarray] = {}
+        self.notes: list[str] = []
+        self.infos = {v.name: v for v in (*model.value_info, *model.outputs, *model.inputs)}
+
+    def exponent(self, name: str, node: Node) -> int:
+        """The single exponent of tensor ``name`` (initializer or value_info)."""
+        tensor = self.model.initializers.get(name)
+        if tensor is not None:
+            return tensor.exponent
+        info = self.infos.get(name)
+        if info is None or not info.exponents:
+            raise EspdlError(
+                f"{self.model.source}: node {node.name!r} ({node.op_type}): tensor {name!r} has "
+                "no exponent in value_info"
+            )
+        return info.exponent
+
+    def value(self, name: str, node: Node) -> np.ndarray:
+        """The integers (or floats) of ``name``: computed, a graph input, or an initializer."""
+        if name in self.values:
+            return self.values[name]
+        tensor = self.model.initializers.get(name)
+        if tensor is not None:
+            return tensor.data
+        raise EspdlError(
+            f"{self.model.source}: node {node.name!r} ({node.op_type}) reads {name!r}, which no "
+            "earlier node, input or initializer provides"
+        )
+
+    def initializer(self, name: str, node: Node) -> Tensor:
+        """The constant tensor ``name``; refused when it is not an initializer."""
+        tensor = self.model.initializers.get(name)
+        if tensor is None:
+            raise EspdlError(
+                f"{self.model.source}: node {node.name!r} ({node.op_type}): {name!r} must be a "
+                "constant (initializer)"
+            )
+        return tensor
+
+    def value_dtype(self, name: str, node: Node) -> np.dtype:
+        """The element type value_info gives ``name`` (float32, int8, int16), else quant_type's."""
+        info = self.infos.get(name)
+        if info is not None and info.elem_type in (1, 3, 5):
+            return np.dtype({1: np.float32, 3: np.int8, 5: np.int16}[info.elem_type])
+        return self.out_dtype(node)
+
+    def out_dtype(self, node: Node) -> np.dtype:
+        """int8 or int16, from the node's ``quant_type`` (S8 when absent)."""
+        quant = node.attributes.get("quant_type", "S8")
+        if quant not in _INT:
+            raise EspdlError(
+                f"{self.model.source}: node {node.name!r} ({node.op_type}): quant_type "
+                f"{quant!r} is not simulated (S8 and S16 are)"
+            )
+        return _INT[quant]
+
+    def refuse(self, node: Node, why: str) -> EspdlError:
+        """An error naming the file and the node, for the op to raise."""
+        return EspdlError(f"{self.model.source}: node {node.name!r} ({node.op_type}): {why}")
+
+
+#: What an op module's ``compute`` is: the node's output values, in output order.
+OpFunction = Callable[[Context, Node], list[np.ndarray]]
+
+
+def ints_input(ctx: Context, node: Node, index: int) -> list[int] | None:
+    """The integers of the node's input ``index`` (a constant such as axes or pads), or None.
+
+    Example:
+        >>> m = EspdlModel([], {"a": Tensor("a", np.array([2, 3], np.int64), [0])})
+        >>> ints_input(Context(m, "c"), Node("n", "Pad", ["x", "a"], ["y"]), 1)
+        [2, 3]
+    """
+    if len(node.inputs) <= index or not node.inputs[index]:
+        return None
+    return [int(v) for v in ctx.value(node.inputs[index], node).reshape(-1)]

@@ -1,0 +1,20 @@
+"""MaxPool: ``dl_module_max_pool.hpp``, ``dl_base_max_pool2d.cpp``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from amct_bridge.espdl.v3.model import Node
+from amct_bridge.espdl.v3.ops._base import Context
+from amct_bridge.espdl.v3.ops._pool import pool_geometry, windows
+
+OP_TYPES = ("MaxPool",)
+
+
+def compute(ctx: Context, node: Node) -> list[np.ndarray]:
+    x0 = ctx.value(node.inputs[0], node)
+    x, kernel, strides, (top, left, bottom, right) = pool_geometry(ctx, node, x0)
+    low = np.iinfo(x.dtype).min
+    xp = np.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)), constant_values=low)
+    out = np.maximum.reduce(list(windows(xp, kernel, strides)))
+    return [out[:, 0] if x0.ndim == 3 else out]

@@ -1,0 +1,27 @@
+"""Slice: ``dl_module_slice.hpp``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from amct_bridge.espdl.v3.model import Node
+from amct_bridge.espdl.v3.ops._base import Context, ints_input
+
+OP_TYPES = ("Slice",)
+
+
+def compute(ctx: Context, node: Node) -> list[np.ndarray]:
+    x = ctx.value(node.inputs[0], node)
+    starts, ends = ints_input(ctx, node, 1), ints_input(ctx, node, 2)
+    if starts is None or ends is None:
+        raise ctx.refuse(node, "starts and ends must be given as inputs")
+    axes = ints_input(ctx, node, 3) or list(range(len(starts)))
+    steps = ints_input(ctx, node, 4) or [1] * len(starts)
+    index = [slice(None)] * x.ndim
+    for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
+        dim = x.shape[axis]
+        # ONNX clamps as slice.indices does (INT64_MAX: to the end); a stop of -1 there means
+        # "past index 0", which a slice can only say as None
+        first, stop, step = slice(start, end, step).indices(dim)
+        index[axis] = slice(first, stop if stop >= 0 else None, step)
+    return [np.ascontiguousarray(x[tuple(index)])]
