@@ -18,6 +18,7 @@ Example:
 from amct_bridge.espdl.v3.model import EspdlError, EspdlModel, Node, Tensor, ValueInfo, filter_nhwc
 from amct_bridge.espdl.v3.reader import parse_espdl, parse_espdl_pack, read_espdl, read_espdl_pack
 from amct_bridge.espdl.v3.simulate import (
+    CHIPS,
     TARGETS,
     SimulationResult,
     infer_target,
@@ -38,6 +39,7 @@ __all__ = [
     "read_espdl",
     "read_espdl_pack",
     "TARGETS",
+    "CHIPS",
     "SimulationResult",
     "infer_target",
     "simulate_espdl",

@@ -40,6 +40,7 @@ from amct_bridge.espdl.v3.ops.layer_normalization import sqrt_newton
 
 __all__ = [
     "TARGETS",
+    "CHIPS",
     "SimulationResult",
     "infer_target",
     "simulate_espdl",
@@ -49,8 +50,26 @@ __all__ = [
     "supported_ops",
 ]
 
-#: The targets the runtime distinguishes (``c``: esp32, esp32s2, c2, c3, c5, c6 and others).
+#: The kernel families the runtime distinguishes, which the simulator computes.
 TARGETS = ("esp32s3", "esp32p4", "c")
+#: Every chip name ESP-DL builds for (``dl_define_private.hpp``, CMakeLists.txt), with the
+#: kernels it runs: esp32s31 is a PIE-V2 chip like esp32p4 (half-to-even rounding, per-channel
+#: filters); the others run the generic C kernels.
+CHIPS: dict[str, str] = {
+    "esp32s3": "esp32s3",
+    "esp32p4": "esp32p4",
+    "esp32s31": "esp32p4",
+    "c": "c",
+    "esp32": "c",
+    "esp32s2": "c",
+    "esp32c2": "c",
+    "esp32c3": "c",
+    "esp32c5": "c",
+    "esp32c6": "c",
+    "esp32c61": "c",
+    "esp32h2": "c",
+    "esp32h4": "c",
+}
 
 
 @dataclass
@@ -77,24 +96,37 @@ def infer_target(model: EspdlModel, target: str | None = None) -> tuple[str, str
     Example:
         >>> infer_target(EspdlModel([], {}, metadata={"target": "esp32p4"}))
         ('esp32p4', "the file's metadata_props target")
-        >>> infer_target(EspdlModel([], {}))
-        ('esp32s3', 'no target in the file and no filter layout: esp32s3 assumed')
+        >>> infer_target(EspdlModel([], {}, metadata={"target": "esp32s31"}))
+        ('esp32p4', "the file's metadata_props target esp32s31 (the esp32p4 kernels)")
+        >>> infer_target(EspdlModel([], {}))[1][:46]
+        'no target in the file and no filter layout: es'
+
     """
     if target is not None:
-        if target not in TARGETS:
-            raise EspdlError(f"unknown target {target!r}, expected one of {', '.join(TARGETS)}")
-        return target, "given by the caller"
+        if target not in CHIPS:
+            raise EspdlError(f"unknown target {target!r}, expected one of {', '.join(CHIPS)}")
+        return CHIPS[target], "given by the caller" + _runs_as(target)
     meta = model.target
-    if meta in TARGETS:
-        return meta, "the file's metadata_props target"
+    if meta in CHIPS:
+        return CHIPS[meta], "the file's metadata_props target" + _runs_as(meta)
+    unknown = f"target {meta!r} in the file is not a chip ESP-DL knows; " if meta else ""
     layouts = {t.layout for t in model.initializers.values() if t.layout and t.layout != "UNK"}
     if any("/16)" in s or "/8)" in s or s.startswith(("N16", "N8")) for s in layouts):
         return "esp32s3", (
-            "no target in the file; blocked filter layouts (esp32s3 or esp32p4): esp32s3 assumed"
+            f"{unknown or 'no target in the file; '}blocked filter layouts (esp32s3 or esp32p4): "
+            "esp32s3 assumed (pass --target esp32p4 for a PIE-V2 chip)"
         )
     if layouts:
-        return "c", "no target in the file; plain filter layouts: the c target"
-    return "esp32s3", "no target in the file and no filter layout: esp32s3 assumed"
+        return "c", f"{unknown or 'no target in the file; '}plain filter layouts: the c target"
+    return "esp32s3", (
+        f"{unknown or 'no target in the file and '}no filter layout: esp32s3 assumed (pass "
+        "--target for another chip)"
+    )
+
+
+def _runs_as(chip: str) -> str:
+    runtime = CHIPS[chip]
+    return "" if runtime == chip else f" {chip} (the {runtime} kernels)"
 
 
 def supported_ops() -> list[str]:
