@@ -82,8 +82,8 @@ def check_output(
     against NaN), any other integer type exact. Exponents, when both are given, must be equal.
 
     Example:
-        >>> check_output("y", np.array([1, 2], np.int8), np.array([1, 3], np.int8)).first
-        'output \\'y\\': 1 of 2 values differ; first at index (1,): simulated 2, expected 3'
+        >>> print(check_output("y", np.array([1, 2], np.int8), np.array([1, 3], np.int8)).first)
+        output 'y': 1 of 2 values differ; first at index (1,): simulated 2, expected 3
     """
     want = np.asarray(want)
     got = np.asarray(got)
