@@ -1,8 +1,11 @@
 """``amct-bridge espdl-run``: run an ESP-DL v3 ``.espdl`` file in the bit-exact simulator.
 
-``--check`` runs the file's embedded test inputs and compares with its test outputs, as
-ESP-DL's ``Model::test()`` does on the chip: prints ``test outputs equal: N/N`` and exits 0 when
-every output matches, 1 otherwise (naming the first differing output and position). Otherwise
+``--check`` runs the file's embedded test inputs and compares with its test outputs under the
+rule of ESP-DL's ``Model::test()`` on the chip (:mod:`amct_bridge.espdl.v3.check`: int8 exact,
+int16 within ±1, float32 within 2e-5, equal exponents): prints a line per output (how many values
+were exact, the rule), ``test outputs equal: N/N``, and exits 0 when every output passes, 1
+otherwise (naming the first differing output and position; when the file names no target, also
+whether another target's rounding would pass). Otherwise
 ``--input`` gives the inputs (integers as they are; floats are quantized at the input's
 exponent with the target's rounding), the outputs are summarised, and ``-o out.npz`` saves them
 (the integers under each output's name, its exponent under ``NAME.exponent``). The simulator is
@@ -22,11 +25,12 @@ import numpy as np
 
 from amct_bridge.commands.common import load_npy
 from amct_bridge.errors import AmctBridgeError
-from amct_bridge.espdl.v3 import TARGETS, EspdlModel, infer_target, read_espdl, simulate_espdl
+from amct_bridge.espdl.v3 import CHIPS, EspdlModel, infer_target, read_espdl, simulate_espdl
+from amct_bridge.espdl.v3.check import OutputCheck, check_outputs
 from amct_bridge.espdl.v3.simulate import round_float
 from amct_bridge.records.atomic import atomic_write_bytes
 
-__all__ = ["compare_outputs", "quantize_input"]
+__all__ = ["quantize_input"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -60,9 +64,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("-o", "--output", help="write the outputs to this .npz")
     parser.add_argument(
         "--target",
-        choices=TARGETS,
-        help="runtime to simulate (default: the file's target metadata, else guessed from the "
-        "filter layouts)",
+        choices=CHIPS,
+        metavar="CHIP",
+        help="chip to simulate: " + ", ".join(CHIPS) + " (default: the file's target metadata, "
+        "else guessed from the filter layouts; esp32s31 runs the esp32p4 kernels, esp32 and "
+        "the C chips the c kernels)",
     )
     parser.add_argument("--model-name", help="model to run from a PDL pack")
     parser.set_defaults(func=run)
@@ -94,40 +100,6 @@ def quantize_input(
         raise AmctBridgeError(f"input of dtype {array.dtype}: integers or floats expected")
     scaled = (array.astype(np.float64) * 2.0**-exponent).astype(np.float32)
     return np.clip(round_float(scaled, half_even), info.min, info.max).astype(dtype)
-
-
-def compare_outputs(
-    got: dict[str, np.ndarray], expected: dict[str, np.ndarray]
-) -> tuple[int, str | None]:
-    """(number of outputs equal, description of the first difference or None).
-
-    Example:
-        >>> compare_outputs({"y": np.array([[1, 2]])}, {"y": np.array([[1, 3]])})
-        (0, "output 'y': 1 of 2 values differ; first at index (0, 1): simulated 2, expected 3")
-    """
-    equal, first = 0, None
-    for name, want in expected.items():
-        have = got.get(name)
-        if have is None:
-            first = first or f"output {name!r}: not computed"
-            continue
-        if have.size != want.size:
-            first = first or (
-                f"output {name!r}: simulated shape {list(have.shape)}, expected {list(want.shape)}"
-            )
-            continue
-        have = have.reshape(want.shape)
-        diff = have.astype(np.int64) != want.astype(np.int64)
-        if not diff.any():
-            equal += 1
-            continue
-        if first is None:
-            where = tuple(int(i) for i in np.argwhere(diff)[0])
-            first = (
-                f"output {name!r}: {int(diff.sum())} of {diff.size} values differ; first at index "
-                f"{where}: simulated {int(have[where])}, expected {int(want[where])}"
-            )
-    return equal, first
 
 
 def _load_inputs(model: EspdlModel, specs: list[str], half_even: bool) -> dict[str, np.ndarray]:
@@ -206,10 +178,45 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {args.output}")
     if not args.check:
         return 0
+    checks = _check(model, result.outputs, result.exponents)
+    for check in checks:
+        print(check.summary())
+    equal = sum(c.ok for c in checks)
+    print(f"test outputs equal: {equal}/{len(checks)}")
+    if equal == len(checks):
+        return 0
+    first = next(c.first for c in checks if not c.ok)
+    print(f"first difference: {first}")
+    if args.target is None and not model.target:
+        print(_other_rounding(model, target))
+    return 1
+
+
+def _check(model: EspdlModel, outputs, exponents) -> list[OutputCheck]:
     expected = {t.name: t.data for t in model.test_outputs}
-    equal, first = compare_outputs(result.outputs, expected)
-    print(f"test outputs equal: {equal}/{len(expected)}")
-    if first is not None:
-        print(f"first difference: {first}")
-        return 1
-    return 0
+    want = {t.name: t.exponent for t in model.test_outputs if len(t.exponents) == 1}
+    return check_outputs(outputs, expected, exponents, want)
+
+
+def _other_rounding(model: EspdlModel, target: str) -> str:
+    """Whether the file passes for the other target family: the file named no target, so the
+    one assumed may be wrong (esp-ppq 1.3.12 writes none)."""
+    passing = []
+    for other in ("esp32s3", "esp32p4", "c"):
+        if other == target:
+            continue
+        try:
+            result = simulate_espdl(model, None, other)
+        except AmctBridgeError:
+            continue
+        if all(c.ok for c in _check(model, result.outputs, result.exponents)):
+            passing.append(other)
+    if passing:
+        return (
+            f"the file names no target and {target} was assumed; it passes as "
+            f"{' and '.join(passing)}: run with --target {passing[0]}"
+        )
+    return (
+        f"the file names no target and {target} was assumed; it fails as every other target too "
+        "(--target chooses one)"
+    )
