@@ -24,7 +24,12 @@ from pathlib import Path
 import numpy as np
 
 from amct_bridge.errors import ExportError
-from amct_bridge.records.atomic import atomic_write_bytes, current_umask
+from amct_bridge.records.atomic import (
+    atomic_write_bytes,
+    current_umask,
+    sweep_stale_temps,
+    temp_prefix,
+)
 
 
 def npy_bytes(arr: np.ndarray) -> bytes:
@@ -72,8 +77,9 @@ def write_directory(
     for name in files:
         _check_file_name(name)
     _prepare_target(out_dir, overwrite)
+    sweep_stale_temps(out_dir)  # temp directories of killed runs
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(out_dir), suffix=".tmp", dir=out_dir.parent))
     except OSError as err:
         raise ExportError(
             f"{out_dir.parent}: cannot create a directory here: {err.strerror}"
@@ -89,7 +95,7 @@ def write_directory(
         os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it 0700
         if out_dir.exists():
             old = Path(
-                tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".old", dir=out_dir.parent)
+                tempfile.mkdtemp(prefix=temp_prefix(out_dir), suffix=".old", dir=out_dir.parent)
             )
             os.rename(out_dir, old / "prev")
         os.rename(tmp, out_dir)

@@ -3,7 +3,9 @@
 A crash or an error mid-write leaves the old file (or nothing), never half a file. The file gets
 the mode an ordinary ``open(path, "w")`` would give it: an existing file keeps its mode, a new one
 gets ``0o666`` less the process umask (``mkstemp`` alone would make every output 0600, unreadable
-to another user or a container running under another uid).
+to another user or a container running under another uid). A temp is named ``.NAME.PID.*.tmp``:
+a process killed mid-write (kill -9 runs no cleanup) leaves one, and the next write to the same
+path removes it (:func:`sweep_stale_temps`).
 
 Example:
     >>> import tempfile, pathlib
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import stat
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -52,6 +55,70 @@ def current_umask() -> int:
     return mask
 
 
+def temp_prefix(path: str | os.PathLike) -> str:
+    """The name prefix of this process's temp files for ``path``: ``.NAME.PID.``.
+
+    The writer's pid in the name lets a later run to the same path tell a temp left by a killed
+    run (its pid gone) from one that a live writer is filling (:func:`sweep_stale_temps`).
+
+    Example:
+        >>> temp_prefix("out/model.espdl") == f".model.espdl.{os.getpid()}."
+        True
+    """
+    return f".{Path(path).name}.{os.getpid()}."
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return pid > 0  # another user's live process (or an impossible pid: not ours)
+    return True
+
+
+def sweep_stale_temps(path: str | os.PathLike) -> list[Path]:
+    """Remove the temps that killed writers left beside ``path``; return what was removed.
+
+    Only names of our own kind are touched: ``.NAME.PID.<random>.tmp`` / ``.old`` (files or
+    directories) whose PID is no running process. A temp of a live writer, and every other
+    file, stays.
+
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp())
+        >>> _ = (d / ".m.espdl.999999999.abc.tmp").write_bytes(b"half")  # no such pid
+        >>> _ = (d / f".m.espdl.{os.getpid()}.def.tmp").write_bytes(b"live")
+        >>> [p.name for p in sweep_stale_temps(d / "m.espdl")]
+        ['.m.espdl.999999999.abc.tmp']
+    """
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    head = f".{path.name}."
+    removed = []
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        name = entry.name
+        if not name.startswith(head) or not name.endswith((".tmp", ".old")):
+            continue
+        pid_text = name[len(head) :].split(".", 1)[0]
+        if not pid_text.isdigit() or _pid_alive(int(pid_text)):
+            continue
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
+        except OSError:
+            continue  # another run swept it first, or it is not ours to remove
+        removed.append(Path(entry.path))
+    return removed
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers see the old file or the whole new one.
 
@@ -78,6 +145,8 @@ def atomic_write_files(files: Mapping[str | os.PathLike, bytes]) -> None:
         ['r.txt', 'r.txt.calib.json']
     """
     temps: list[tuple[str, Path]] = []
+    for path in files:
+        sweep_stale_temps(path)
     try:
         for path, data in files.items():
             path = Path(path)
@@ -98,7 +167,7 @@ def _write_temp(path: Path, data: bytes) -> str:
     except OSError:
         mode = 0o666 & ~current_umask()
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+        fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent or ".")
     except OSError as err:
         raise AmctBridgeError(f"{path}: cannot write here: {err.strerror}") from None
     try:
