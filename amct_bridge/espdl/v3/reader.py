@@ -50,14 +50,18 @@ def read_espdl(path: str | Path, name: str | None = None) -> EspdlModel:
     """
     data = _read_bytes(path)
     if data[:3] == b"PDL":
-        models = parse_espdl_pack(data, str(path))
-        if name is None and len(models) == 1:
-            return next(iter(models.values()))
-        if name not in models:
+        table = _pack_table(data, str(path))
+        offsets = dict(table)
+        if name is None and len(offsets) == 1:
+            name = next(iter(offsets))
+        if name not in offsets:
+            names = sorted(offsets)
+            shown = ", ".join(repr(n) for n in names[:20])
+            more = f" and {len(names) - 20} more" if len(names) > 20 else ""
             raise EspdlError(
-                f"{path}: pack holds models {sorted(models)}; choose one by name (got {name!r})"
+                f"{path}: pack holds models {shown}{more}; choose one by name (got {name!r})"
             )
-        return models[name]
+        return parse_espdl(memoryview(data)[offsets[name] :], f"{path}[{name}]")
     return parse_espdl(data, str(path))
 
 
@@ -92,26 +96,57 @@ def parse_espdl_pack(data: bytes, source: str = "<bytes>") -> dict[str, EspdlMod
         ...
         amct_bridge.espdl.v3.model.EspdlError: p.espdl: truncated pack: table of 1 models...
     """
-    magic = data[:4]
+    parsed: dict[int, EspdlModel] = {}
+    models: dict[str, EspdlModel] = {}
+    view = memoryview(data)
+    for name, offset in _pack_table(data, source):
+        if offset not in parsed:  # names that share one model parse it once
+            parsed[offset] = parse_espdl(view[offset:], f"{source}[{name}]")
+        models[name] = parsed[offset]
+    return models
+
+
+#: Most models a PDL pack may list: far beyond any real pack (esp-dl packs hold a few), and a
+#: bound on the work a damaged table can ask for.
+MAX_PACK_MODELS = 1024
+
+
+def _pack_table(data: bytes, source: str) -> list[tuple[str, int]]:
+    """(name, offset) of every model in a pack's table, checked before any model is parsed."""
+    magic = bytes(data[:4])
     if magic not in (b"PDL1", b"PDL2"):
         raise EspdlError(f"{source}: bad magic {magic!r}, expected b'PDL1' or b'PDL2'")
     if len(data) < 8:
         raise EspdlError(f"{source}: truncated pack: {len(data)} bytes, no model count")
     (count,) = struct.unpack_from("<I", data, 4)
+    if count > MAX_PACK_MODELS:
+        raise EspdlError(
+            f"{source}: pack table lists {count} models, at most {MAX_PACK_MODELS} expected"
+        )
     table_end = 8 + 12 * count
     if table_end > len(data):
         raise EspdlError(
             f"{source}: truncated pack: table of {count} models needs {table_end} bytes, "
             f"file has {len(data)}"
         )
-    models: dict[str, EspdlModel] = {}
+    table: list[tuple[str, int]] = []
+    seen: set[str] = set()
     for i in range(count):
         offset, name_offset, name_length = struct.unpack_from("<III", data, 8 + 12 * i)
         if name_offset + name_length > len(data) or offset >= len(data):
             raise EspdlError(f"{source}: truncated pack: model {i} lies beyond the file's end")
-        name = data[name_offset : name_offset + name_length].split(b"\0")[0].decode("utf-8")
-        models[name] = parse_espdl(data[offset:], f"{source}[{name}]")
-    return models
+        raw = bytes(data[name_offset : name_offset + name_length]).split(b"\0")[0]
+        try:
+            name = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise EspdlError(
+                f"{source}: pack entry {i}: model name {raw[:40]!r} is not UTF-8"
+            ) from None
+        if name in seen:
+            raise EspdlError(f"{source}: pack entry {i}: model name {name[:80]!r} is listed twice")
+        seen.add(name)
+        table.append((name, offset))
+    return table
 
 
 def parse_espdl(data: bytes, source: str = "<bytes>") -> EspdlModel:
