@@ -1,27 +1,35 @@
-"""ReduceMean: ``dl_module_reduce_mean.hpp``."""
+"""ReduceMean: ``dl_module_reduce_mean.hpp`` (an integer sum, scaled in float32)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from amct_bridge.espdl.v3.model import Node
-from amct_bridge.espdl.v3.ops._base import Context, ints_input, round_float, saturate
+from amct_bridge.espdl.v3.ops._base import Context, round_float, saturate
+from amct_bridge.espdl.v3.ops._reduce import element_type, fold, pin_finite, rows_of, scale
 
 OP_TYPES = ("ReduceMean",)
 
 
 def compute(ctx: Context, node: Node) -> list[np.ndarray]:
-    # dl_module_reduce_mean.hpp: round(float(sum) * 2^e_in / count * 2^-e_out), float32
+    """``round(float(sum) · 2^e_in / count · 2^-e_out)`` in float32, saturated; float32:
+    the sum in order divided by the count.
+
+    Example:
+        >>> from amct_bridge.espdl.v3.model import EspdlModel, ValueInfo
+        >>> m = EspdlModel([], {}, value_info=[ValueInfo("x", [4], 3, [0]),
+        ...                                    ValueInfo("y", [1], 3, [0])])
+        >>> ctx = Context(m, "esp32p4"); ctx.values["x"] = np.int8([1, 2, 2, 5])
+        >>> compute(ctx, Node("n", "ReduceMean", ["x"], ["y"]))[0].tolist()  # 2.5: to even
+        [2]
+    """
     x = ctx.value(node.inputs[0], node)
-    axes = ints_input(ctx, node, 1) or node.attributes.get("axes")
-    if not axes:
-        if node.attributes.get("noop_with_empty_axes", 0):
-            return [x.copy()]
-        axes = list(range(x.ndim))
-    axes = tuple(sorted(a % x.ndim for a in axes))
-    keep = bool(node.attributes.get("keepdims", 1))
-    total = x.astype(np.int64).sum(axis=axes, keepdims=keep)
-    count = np.float32(int(np.prod([x.shape[a] for a in axes])))
+    kind = element_type(ctx, node, x)
+    rows, shape = rows_of(ctx, node, x)
+    count = np.float32(rows.shape[1])  # size_t count, converted to float by the division
+    if kind.kind == "f":
+        return [(fold(rows, lambda acc, v: acc + v, 0.0) / count).reshape(shape)]
+    total = rows.astype(np.int64).sum(axis=1)
     e_in, e_out = ctx.exponent(node.inputs[0], node), ctx.exponent(node.outputs[0], node)
-    scaled = total.astype(np.float32) * np.float32(2.0**e_in) / count * np.float32(2.0**-e_out)
-    return [saturate(round_float(scaled, ctx.half_even), ctx.out_dtype(node))]
+    value = total.astype(np.float32) * scale(e_in) / count * scale(-e_out)
+    return [saturate(round_float(pin_finite(value, kind), ctx.half_even), kind).reshape(shape)]
