@@ -6,7 +6,8 @@ Each file is read, simulated on its embedded test inputs for the target in its m
 ``amct-bridge espdl-run FILE --check`` does. A file is
 
 - ``equal``: every output within the rule (``exact`` counts the files where every value is
-  exact, ``±1`` those with an int16 value one off);
+  exact, ``tolerance`` those where some value used the rule's tolerance: an int16 value one
+  off, a float32 value within 2e-5 but not equal);
 - ``different``: an output beyond the rule;
 - ``refused``: the reader or the simulator refused it with a clear error (the reason is listed);
 - ``crash``: any other exception (a bug).
@@ -33,11 +34,11 @@ from amct_bridge.errors import AmctBridgeError
 from amct_bridge.espdl.v3 import read_espdl, simulate_espdl
 from amct_bridge.espdl.v3.check import check_outputs
 
-KINDS = ("equal", "exact", "±1", "different", "refused", "crash")
+KINDS = ("equal", "exact", "tolerance", "different", "refused", "crash")
 
 
 def check_file(path: Path, target: str | None = None) -> tuple[str, str]:
-    """(outcome, detail) of one file: outcome is exact, ±1, different, refused or crash."""
+    """(outcome, detail) of one file: exact, tolerance, different, refused or crash."""
     try:
         model = read_espdl(path)
         if not model.test_outputs:
@@ -56,7 +57,7 @@ def check_file(path: Path, target: str | None = None) -> tuple[str, str]:
     if all(c.exact == c.size for c in checks):
         return "exact", ""
     off = sum(c.within - c.exact for c in checks)
-    return "±1", f"{off} int16 value(s) one off"
+    return "tolerance", f"{off} value(s) within the rule's tolerance, not exact"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             key = "."
         outcome, detail = check_file(path, args.target)
         rows[key][outcome] += 1
-        if outcome in ("exact", "±1"):
+        if outcome in ("exact", "tolerance"):
             rows[key]["equal"] += 1
         else:
             details.append((outcome, str(rel), detail))
@@ -93,9 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     total: collections.Counter = collections.Counter()
     for key in sorted(rows):
         total.update(rows[key])
-        count = sum(rows[key][k] for k in ("exact", "±1", "different", "refused", "crash"))
+        count = sum(rows[key][k] for k in KINDS[1:])
         print(f"{key:{width}}{count:>7}" + "".join(f"{rows[key][k]:>11}" for k in KINDS))
-    count = sum(total[k] for k in ("exact", "±1", "different", "refused", "crash"))
+    count = sum(total[k] for k in KINDS[1:])
     print(f"{'total':{width}}{count:>7}" + "".join(f"{total[k]:>11}" for k in KINDS))
     print(f"{len(files)} files in {seconds:.1f} s")
     if not args.quiet:

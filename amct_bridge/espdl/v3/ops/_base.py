@@ -21,6 +21,9 @@ __all__ = [
     "Context",
     "OpFunction",
     "HALF_EVEN_TARGETS",
+    "expf",
+    "logf",
+    "powf",
     "ints_input",
     "round_float",
     "saturate",
@@ -69,6 +72,45 @@ def shift_round(x: np.ndarray, shift: int | np.ndarray, half_even: bool) -> np.n
     else:
         rounded = np.right_shift(x + half, right)
     return np.where(shift > 0, rounded, np.left_shift(x, np.maximum(-shift, 0)))
+
+
+def expf(x: np.ndarray) -> np.ndarray:
+    """newlib's ``expf`` (correctly rounded but in rare cases): exp in double, rounded to
+    float32. numpy's float32 ``exp`` is off by one unit in the last place more often
+    (``exp(1)`` gives 2.71828198 instead of 2.71828174), and its SIMD kernels differ between
+    CPUs; a float64 result rounded to float32 is the same on every CPU but at a rounding
+    boundary.
+
+    Example:
+        >>> float(expf(np.float32([1.0]))[0])
+        2.7182817459106445
+    """
+    with np.errstate(over="ignore"):  # beyond float32 range: inf, as expf gives
+        return np.exp(np.asarray(x, np.float32).astype(np.float64)).astype(np.float32)
+
+
+def logf(x: np.ndarray) -> np.ndarray:
+    """newlib's ``logf``, as :func:`expf`: log in double rounded to float32 (-inf for 0, NaN
+    below).
+
+    Example:
+        >>> logf(np.float32([1.0, 0.0])).tolist()
+        [0.0, -inf]
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.log(np.asarray(x, np.float32).astype(np.float64)).astype(np.float32)
+
+
+def powf(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """newlib's ``powf``, as :func:`expf`: pow in double rounded to float32.
+
+    Example:
+        >>> powf(np.float32([2.0, 4.0]), np.float32([3.0, 0.5])).tolist()
+        [8.0, 2.0]
+    """
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        a64 = np.asarray(a, np.float32).astype(np.float64)
+        return np.power(a64, np.asarray(b, np.float32).astype(np.float64)).astype(np.float32)
 
 
 def round_float(x: np.ndarray, half_even: bool) -> np.ndarray:

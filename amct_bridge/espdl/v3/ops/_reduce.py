@@ -24,10 +24,8 @@ from amct_bridge.espdl.v3.ops._base import Context, ints_input
 
 __all__ = [
     "element_type",
-    "expf",
     "fold",
     "grouped",
-    "logf",
     "pin_finite",
     "reduce_axes",
     "rows_of",
@@ -171,28 +169,3 @@ def scale(exponent: int) -> np.float32:
         (0.125, 4.0)
     """
     return np.float32(2.0**exponent)
-
-
-def expf(x: np.ndarray) -> np.ndarray:
-    """newlib's ``expf`` (correctly rounded but in rare cases): exp in double, rounded to
-    float32. numpy's float32 ``exp`` is off by one unit in the last place more often
-    (``exp(1)`` gives 2.71828198 instead of 2.71828174).
-
-    Example:
-        >>> float(expf(np.float32([1.0]))[0])
-        2.7182817459106445
-    """
-    with np.errstate(over="ignore"):  # beyond float32 range: inf, as expf gives
-        return np.exp(np.asarray(x, np.float32).astype(np.float64)).astype(np.float32)
-
-
-def logf(x: np.ndarray) -> np.ndarray:
-    """newlib's ``logf``, as :func:`expf`: log in double rounded to float32 (-inf for 0, NaN
-    below).
-
-    Example:
-        >>> logf(np.float32([1.0, 0.0])).tolist()
-        [0.0, -inf]
-    """
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.log(np.asarray(x, np.float32).astype(np.float64)).astype(np.float32)

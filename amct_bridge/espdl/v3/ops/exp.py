@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from amct_bridge.espdl.v3.model import Node
-from amct_bridge.espdl.v3.ops._base import Context
+from amct_bridge.espdl.v3.ops._base import Context, expf
 from amct_bridge.espdl.v3.ops.lut import float_unary, is_float, node_table, table_lookup
 
 OP_TYPES = ("Exp",)
@@ -30,8 +30,8 @@ def compute(ctx: Context, node: Node) -> list[np.ndarray]:
         [94, 256, 696]
     """
     if is_float(node):
-        return [np.exp(ctx.value(node.inputs[0], node).astype(np.float32))]
+        return [expf(ctx.value(node.inputs[0], node))]
     table = node_table(ctx, node)
     if table is not None:
         return [table_lookup(ctx, node, table)]
-    return [float_unary(ctx, node, np.exp)]
+    return [float_unary(ctx, node, expf)]

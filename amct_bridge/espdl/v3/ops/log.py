@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from amct_bridge.espdl.v3.model import Node
-from amct_bridge.espdl.v3.ops._base import Context
+from amct_bridge.espdl.v3.ops._base import Context, logf
 from amct_bridge.espdl.v3.ops.lut import float_unary, is_float, node_table, table_lookup
 
 OP_TYPES = ("Log",)
@@ -31,8 +31,8 @@ def compute(ctx: Context, node: Node) -> list[np.ndarray]:
     """
     if is_float(node):
         with np.errstate(divide="ignore", invalid="ignore"):
-            return [np.log(ctx.value(node.inputs[0], node).astype(np.float32))]
+            return [logf(ctx.value(node.inputs[0], node))]
     table = node_table(ctx, node)
     if table is not None:
         return [table_lookup(ctx, node, table)]
-    return [float_unary(ctx, node, np.log)]
+    return [float_unary(ctx, node, logf)]

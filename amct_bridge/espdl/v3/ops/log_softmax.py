@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from amct_bridge.espdl.v3.model import Node
-from amct_bridge.espdl.v3.ops._base import Context
-from amct_bridge.espdl.v3.ops._reduce import element_type, expf, fold, logf, scale
+from amct_bridge.espdl.v3.ops._base import Context, expf, logf
+from amct_bridge.espdl.v3.ops._reduce import element_type, fold, scale
 from amct_bridge.espdl.v3.ops.reduce_log_sum_exp import exp_table
 
 OP_TYPES = ("LogSoftmax",)

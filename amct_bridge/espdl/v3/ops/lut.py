@@ -20,7 +20,7 @@ from collections.abc import Callable
 import numpy as np
 
 from amct_bridge.espdl.v3.model import Node
-from amct_bridge.espdl.v3.ops._base import Context, round_float, saturate, shift_round
+from amct_bridge.espdl.v3.ops._base import Context, expf, round_float, saturate, shift_round
 
 __all__ = [
     "OP_TYPES",
@@ -159,7 +159,7 @@ def float_unary(ctx: Context, node: Node, fn: Callable[[np.ndarray], np.ndarray]
 
 def _sigmoid(t: np.ndarray) -> np.ndarray:
     # dl_math.hpp: 1.0 / (1.0 + expf(-x)), expf in float, the division in double
-    return (1.0 / (1.0 + np.exp(-t).astype(np.float64))).astype(np.float32)
+    return (1.0 / (1.0 + expf(-t).astype(np.float64))).astype(np.float32)
 
 
 def _hard_swish(t: np.ndarray) -> np.ndarray:

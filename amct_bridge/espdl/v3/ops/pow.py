@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from amct_bridge.espdl.v3.model import Node
-from amct_bridge.espdl.v3.ops._base import Context
+from amct_bridge.espdl.v3.ops._base import Context, powf
 from amct_bridge.espdl.v3.ops.div import elemwise_rows
 from amct_bridge.espdl.v3.ops.lut import is_float, round_saturate
 
@@ -39,12 +39,12 @@ def compute(ctx: Context, node: Node) -> list[np.ndarray]:
         raise ctx.refuse(node, f"shapes {a.shape} and {b.shape} merge into {dims} dimensions")
     if is_float(node):
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            return [np.power(a.astype(np.float32), b.astype(np.float32))]
+            return [powf(a, b)]
     s0 = np.float32(2.0 ** ctx.exponent(node.inputs[0], node))
     s1 = np.float32(2.0 ** ctx.exponent(node.inputs[1], node))
     rescale = np.float32(2.0 ** -ctx.exponent(node.outputs[0], node))
     base = a.astype(np.float32) * s0
     power = b.astype(np.float32) * s1
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        result = np.power(base, power).astype(np.float32) * rescale
+        result = powf(base, power) * rescale
     return [round_saturate(result, ctx.out_dtype(node), ctx.half_even)]

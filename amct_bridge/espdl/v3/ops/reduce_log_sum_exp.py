@@ -6,16 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from amct_bridge.espdl.v3.model import Node
-from amct_bridge.espdl.v3.ops._base import Context, round_float, saturate
-from amct_bridge.espdl.v3.ops._reduce import (
-    element_type,
-    expf,
-    fold,
-    logf,
-    pin_finite,
-    rows_of,
-    scale,
-)
+from amct_bridge.espdl.v3.ops._base import Context, expf, logf, round_float, saturate
+from amct_bridge.espdl.v3.ops._reduce import element_type, fold, pin_finite, rows_of, scale
 
 OP_TYPES = ("ReduceLogSumExp",)
 

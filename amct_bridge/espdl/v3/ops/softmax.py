@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from amct_bridge.espdl.v3.model import Node
-from amct_bridge.espdl.v3.ops._base import Context
+from amct_bridge.espdl.v3.ops._base import Context, expf
 
 OP_TYPES = ("Softmax",)
 
@@ -19,11 +19,11 @@ def compute(ctx: Context, node: Node) -> list[np.ndarray]:
     scale = np.float32(2.0 ** ctx.exponent(node.inputs[0], node))
     moved = np.moveaxis(x, axis, -1)
     if ctx.out_dtype(node) == np.int8:
-        table = np.exp(scale * (np.arange(256, dtype=np.float32) - np.float32(128)))
+        table = expf(scale * (np.arange(256, dtype=np.float32) - np.float32(128)))
         e = table[moved.astype(np.int64) + 128]
     else:
         t = moved.astype(np.float32) * scale
-        e = np.exp(t - t.max(axis=-1, keepdims=True))
+        e = expf(t - t.max(axis=-1, keepdims=True))
     total = np.zeros(e.shape[:-1], np.float32)
     for i in range(e.shape[-1]):
         total = total + e[..., i]
