@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from amct_bridge.cli import main
-from amct_bridge.espdl.v3 import espdl_bytes, read_espdl, simulate_espdl
+from amct_bridge.espdl.v3 import EspdlError, espdl_bytes, read_espdl, simulate_espdl
 from amct_bridge.espdl.v3.check import check_outputs
 
 SUITE = Path(__file__).parent.parent / "data" / "espdl_v3" / "ops_test"
@@ -101,3 +101,30 @@ def test_every_chip_name_in_the_metadata_is_read(chip, tmp_path):
     result = simulate_espdl(read_espdl(path))
     assert result.target == ("esp32p4" if chip == "esp32s31" else "c")
     assert chip in result.target_reason
+
+
+def _damaged(tmp_path, change) -> Path:
+    model = read_espdl(MUL_P4)
+    change(model)
+    path = tmp_path / "damaged.espdl"
+    path.write_bytes(espdl_bytes(model))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda m: setattr(m.outputs[0], "exponents", []), "has no exponent in its value_info"),
+        (lambda m: setattr(m.outputs[0], "exponents", [1, 2]), "has 2 exponents in its value_info"),
+        (lambda m: setattr(m.outputs[0], "exponents", [100]), "exponent 100 in its value_info"),
+        (lambda m: setattr(m.outputs[0], "exponents", [2**40]), "expected -64..64"),
+    ],
+)
+def test_bad_exponents_are_refused_naming_file_node_and_tensor(tmp_path, change, message):
+    """An exponent of 100 overflowed shift_round, 2^33 grew a 2 KB file to 1.1 GB (issue 32)."""
+    path = _damaged(tmp_path, change)
+    model = read_espdl(path)
+    with pytest.raises(EspdlError) as err:
+        simulate_espdl(model)
+    text = str(err.value)
+    assert text.startswith(f"{path}: node ") and message in text
