@@ -23,7 +23,7 @@ from amct_bridge.espdl.v3 import read_espdl, simulate_espdl
 from amct_bridge.espdl.v3.check import check_outputs
 from amct_bridge.espdl.v3.model import EspdlError, EspdlModel, Node, Tensor, ValueInfo
 from amct_bridge.espdl.v3.ops import OPS, Context
-from amct_bridge.espdl.v3.ops._compare import merged_dims
+from amct_bridge.espdl.v3.ops._base import elemwise_rows
 
 F32 = np.float32
 SUITE = Path(__file__).parent.parent / "data" / "espdl_v3" / "ops_test"
@@ -92,11 +92,11 @@ def test_comparison_ignores_exponents_and_takes_int16():
 
 
 def test_comparison_merges_to_four_dimensions_or_refuses():
-    assert merged_dims([1, 4, 5, 16], [1, 4, 5, 16]) == 1
-    assert merged_dims([1, 4, 5, 1], [1, 4, 5, 31]) == 2  # (20, 1) against (20, 31)
+    assert elemwise_rows([1, 4, 5, 16], [1, 4, 5, 16])[3] == 1
+    assert elemwise_rows([1, 4, 5, 1], [1, 4, 5, 31])[3] == 2  # (20, 1) against (20, 31)
     # alternating broadcasts never merge: 5 dimensions, beyond the runtime's 4-D loop
     a, b = [2, 1, 2, 1, 2], [1, 2, 1, 2, 1]
-    assert merged_dims(a, b) == 5
+    assert elemwise_rows(a, b)[3] == 5
     ctx = _ctx(a=np.zeros(a, np.int8), b=np.zeros(b, np.int8))
     with pytest.raises(EspdlError, match="more than 4 dimensions"):
         _run(ctx, "Equal", ["a", "b"])

@@ -21,6 +21,7 @@ __all__ = [
     "Context",
     "OpFunction",
     "HALF_EVEN_TARGETS",
+    "elemwise_rows",
     "MAX_EXPONENT",
     "expf",
     "logf",
@@ -237,6 +238,47 @@ class Context:
 
 #: What an op module's ``compute`` is: the node's output values, in output order.
 OpFunction = Callable[[Context, Node], list[np.ndarray]]
+
+
+def elemwise_rows(shape0: tuple[int, ...], shape1: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """``(input0_d0, input1_d0, output_d0, dims)`` as ``get_elemwise_operation_args`` merges
+    (``dl_base_elemwise.cpp``, shared by every broadcasting element-wise op).
+
+    Both shapes are right-aligned to the broadcast output's rank; two adjacent dimensions
+    merge while both inputs agree on both, or one input is 1 on both. ``dims`` above 4 is
+    what the runtime cannot run.
+
+    Example:
+        >>> elemwise_rows((1, 96, 5, 16), (1, 96, 5, 1))  # one b per row of 16: n_1
+        (16, 1, 16, 2)
+        >>> elemwise_rows((2, 3, 4, 5), (1,))  # a single b: everything merges
+        (120, 1, 120, 1)
+    """
+    out = list(np.broadcast_shapes(tuple(shape0), tuple(shape1)))
+    dims = len(out)
+    s0 = [1] * (dims - len(shape0)) + list(shape0)
+    s1 = [1] * (dims - len(shape1)) + list(shape1)
+    merged = dims
+    for i in range(dims):
+        j = i + 1
+        while j < dims:
+            if s0[i] == s1[i] and s0[j] == s1[j]:
+                s0[i], s1[i], out[i] = s0[i] * s0[j], s1[i] * s1[j], out[i] * out[j]
+                s0[j] = s1[j] = out[j] = 1
+            elif s0[i] == 1 and s0[j] == 1:
+                s1[i], out[i] = s1[i] * s1[j], out[i] * out[j]
+                s1[j] = out[j] = 1
+            elif s1[i] == 1 and s1[j] == 1:
+                s0[i], out[i] = s0[i] * s0[j], out[i] * out[j]
+                s0[j] = out[j] = 1
+            else:
+                break
+            j += 1
+        if j == dims:
+            merged = i + 1
+            break
+    last = merged - 1
+    return s0[last], s1[last], out[last], merged
 
 
 def ints_input(ctx: Context, node: Node, index: int) -> list[int] | None:

@@ -11,8 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from amct_bridge.espdl.v3.model import Node
-from amct_bridge.espdl.v3.ops._base import Context, powf
-from amct_bridge.espdl.v3.ops.div import elemwise_rows
+from amct_bridge.espdl.v3.ops._base import Context, elemwise_rows, powf
 from amct_bridge.espdl.v3.ops.lut import is_float, round_saturate
 
 OP_TYPES = ("Pow",)

@@ -1,4 +1,4 @@
-"""What Equal, Greater, GreaterOrEqual, Less and LessOrEqual share: integers compared as stored.
+"""Equal, Greater, GreaterOrEqual, Less, LessOrEqual: the stored integers compared as they are.
 
 Runtime: ``dl_module_equal.hpp`` (and ``_greater``, ``_greater_or_equal``, ``_less``,
 ``_less_or_equal``), ``dl_base_equal.cpp`` (and the others), ``dl_base_elemwise.cpp`` for the
@@ -10,59 +10,42 @@ each, 0 or 1), exponent 0. The broadcast is ONNX's multidirectional one, which t
 after merging the two shapes into at most 4 dimensions (``get_elemwise_operation_args``, which
 asserts ``merged_dims <= 4``).
 
-Example:
-    >>> merged_dims([1, 4, 5, 1], [1, 4, 5, 16])
-    2
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
 from amct_bridge.espdl.v3.model import Node
-from amct_bridge.espdl.v3.ops._base import Context
+from amct_bridge.espdl.v3.ops._base import Context, elemwise_rows
 
-__all__ = ["compare", "merged_dims"]
+OP_TYPES = ("Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual")
+_RELATIONS = {
+    "Equal": np.equal,
+    "Greater": np.greater,
+    "GreaterOrEqual": np.greater_equal,
+    "Less": np.less,
+    "LessOrEqual": np.less_equal,
+}
 
 
-def merged_dims(shape0: list[int], shape1: list[int]) -> int:
-    """How many dimensions ``get_elemwise_operation_args`` leaves after merging two shapes.
-
-    Neighbouring dimensions merge while both inputs agree on them, or while one input is 1 on
-    both (``dl_base_elemwise.cpp``); the runtime handles at most 4 merged dimensions.
+def compute(ctx: Context, node: Node) -> list[np.ndarray]:
+    """The node's relation of its two inputs' stored integers, broadcast, as bool (exponent 0).
 
     Example:
-        >>> merged_dims([2, 3, 4, 5, 6], [2, 3, 4, 5, 6]), merged_dims([2, 1, 3], [1, 4, 1])
-        (1, 3)
+        >>> from amct_bridge.espdl.v3.model import EspdlModel, ValueInfo
+        >>> m = EspdlModel([], {}, value_info=[ValueInfo(n, [3], 3, [-4]) for n in "ab"])
+        >>> ctx = Context(m, "esp32s3")
+        >>> ctx.values.update(a=np.int8([3, -2, 5]), b=np.int8([3, 2, 4]))
+        >>> for op in OP_TYPES:
+        ...     print(op, compute(ctx, Node("n", op, ["a", "b"], ["y"]))[0].tolist())
+        Equal [True, False, False]
+        Greater [False, False, True]
+        GreaterOrEqual [True, False, True]
+        Less [False, True, False]
+        LessOrEqual [True, True, False]
     """
-    dims = max(len(shape0), len(shape1))
-    a = [1] * (dims - len(shape0)) + [int(d) for d in shape0]
-    b = [1] * (dims - len(shape1)) + [int(d) for d in shape1]
-    merged = dims
-    for i in range(dims):
-        j = i + 1
-        while j < dims:
-            if a[i] == b[i] and a[j] == b[j]:
-                a[i], b[i], a[j], b[j] = a[i] * a[j], b[i] * b[j], 1, 1
-            elif a[i] == 1 and a[j] == 1:
-                b[i], b[j] = b[i] * b[j], 1
-            elif b[i] == 1 and b[j] == 1:
-                a[i], a[j] = a[i] * a[j], 1
-            else:
-                break
-            j += 1
-        if j == dims:
-            merged = i + 1
-            break
-    return merged
-
-
-def compare(
-    ctx: Context, node: Node, relation: Callable[[np.ndarray, np.ndarray], np.ndarray]
-) -> list[np.ndarray]:
-    """``relation`` of the node's two inputs' stored integers, broadcast, as a bool array."""
+    relation = _RELATIONS[node.op_type]
     ctx.out_dtype(node)  # the module exists for S8 and S16 only: anything else is refused here
     a, b = (np.asarray(ctx.value(n, node)) for n in node.inputs[:2])
     try:
@@ -71,7 +54,7 @@ def compare(
         raise ctx.refuse(
             node, f"shapes {list(a.shape)} and {list(b.shape)} do not broadcast"
         ) from exc
-    if merged_dims(list(a.shape), list(b.shape)) > 4:
+    if elemwise_rows(a.shape, b.shape)[3] > 4:
         raise ctx.refuse(
             node,
             f"shapes {list(a.shape)} and {list(b.shape)} merge into more than 4 dimensions, "
