@@ -1,6 +1,31 @@
 """Conv (1-D and 2-D, plain and depthwise): ``dl_module_conv.hpp``, ``dl_base_conv2d.cpp``,
 ``dl_base_depthwise_conv2d.cpp``, ``dl_base_activate_buffer.hpp``. Gemm and MatMul run through
-:func:`conv_core` as the runtime runs them as 1x1 convolutions.
+:func:`conv_core` / :func:`requant_output` as the runtime runs them as 1x1 convolutions.
+
+Per-channel filters (one exponent per output channel, what esp-ppq writes for esp32p4 and
+esp32s31, ESP-DL >= 3.3.1): the accumulator of output channel ``c`` (bias included) is shifted
+right by its own ``e_out - e_w[c] - e_in`` and rounded like the per-tensor shift (half to even on
+esp32p4). From the sources: ``ConvOpArgs`` (``dl_base.hpp``, ``CONFIG_PIE_V2_BOOST``) fills
+``tie_filter_channel_factor[c]`` with exactly that shift, and the esp32p4 kernels
+(``dl_esp32p4_s8_conv2d.S`` and the s16 / unaligned / depthwise twins) apply it per lane with
+``esp.srcmb.s{8,16}.q.qacc`` (the per-tensor kernels use ``esp.srcmb.s{8,16}.qacc`` with one
+shift) and, for the channels beyond the last full vector, ``esp.srs.s.xacc`` with the channel's
+shift: a shift, no multiply. The bias is added as stored (at ``e_in + e_w[c]``) before it.
+From the files: that the per-channel shift rounds half to even. 178 accumulators of the
+esp32p4_8 / esp32s31_8 suite files lie exactly half-way with an even value below, where half up
+and half to even part, and half up fails 10 of those files; with half to even every per-channel
+Conv, Gemm and ConvTranspose file of the suite is equal (int8 exact; int16 within the chip's
+±1, each int16 miss within 0.003 of a half step, esp-ppq's float32 reference). No suite file
+has a per-channel shift <= 0 or a per-channel MatMul: a shift <= 0 is computed as an exact
+left shift, as the per-tensor path does, with a note that no file pins the chip there. Other
+chips have no per-channel kernel (``ConvOpArgs`` leaves the factors NULL): refused.
+
+Example:
+    >>> shifts = np.array([1, 2])  # e_out - e_w[c] - e_in of two output channels
+    >>> requant(np.array([[6, 6], [10, 10], [-6, -6]]), shifts, None, True, np.dtype(np.int8))
+    array([[ 3,  2],
+           [ 5,  2],
+           [-3, -2]], dtype=int8)
 """
 
 from __future__ import annotations
@@ -13,7 +38,18 @@ from amct_bridge.espdl.v3.ops._base import Context, saturate, shift_round
 OP_TYPES = ("Conv",)
 
 
+#: The chips whose kernels compute per-channel filters (PIE-V2: ``CONFIG_PIE_V2_BOOST``).
+PER_CHANNEL_TARGETS = ("esp32p4", "esp32s31")
+
+
 def fused_activation(ctx: Context, node: Node) -> str:
+    """The node's fused ``activation`` (Linear or Relu); the others are refused.
+
+    Example:
+        >>> from amct_bridge.espdl.v3.model import EspdlModel
+        >>> fused_activation(Context(EspdlModel([], {}), "c"), Node("n", "Conv", [], []))
+        'Linear'
+    """
     act = node.attributes.get("activation", "Linear")
     if act not in ("Linear", "Relu"):
         # dl_base.hpp's ConvOpArgs leaves LeakyReLU/PReLU parameters unset ("do not support")
@@ -21,16 +57,92 @@ def fused_activation(ctx: Context, node: Node) -> str:
     return act
 
 
-def requant_output(
-    ctx: Context, node: Node, acc: np.ndarray, shift: int, act: str, dtype: np.dtype
+def requant(
+    acc: np.ndarray,
+    shift: int | np.ndarray,
+    act: str | None,
+    half_even: bool,
+    dtype: np.dtype,
 ) -> np.ndarray:
-    out = shift_round(acc, shift, ctx.half_even)
+    """The output stage of a conv: ``acc · 2^-shift`` rounded, ReLU'd, saturated to ``dtype``.
+
+    ``shift`` is one int (per-tensor) or one per output channel (the last axis of ``acc``).
+
+    Example:
+        >>> requant(np.array([2, 6, -6, 300]), 2, "Relu", True, np.dtype(np.int8)).tolist()
+        [0, 2, 0, 75]
+    """
+    if np.ndim(shift) == 0 and not half_even:
+        out = shift_round(acc, int(shift), half_even)
+    else:  # per channel, or half to even: 4 vector passes (~4x faster than shift_round's)
+        out = _shift_round_channels(
+            np.asarray(acc, np.int64), np.asarray(shift, np.int64), half_even
+        )
     if act == "Relu":
-        out = np.maximum(out, 0)
+        np.maximum(out, 0, out=out)
     return saturate(out, dtype)
 
 
+def _shift_round_channels(acc: np.ndarray, shift: np.ndarray, half_even: bool) -> np.ndarray:
+    # one shift, or one per last-axis channel broadcast as a vector (no full-size shift array):
+    # half to even is (x + 2^(s-1) - 1 + bit s of x) >> s (the tie goes up only when bit s, the
+    # floor's parity, is 1), half up (x + 2^(s-1)) >> s
+    if (shift <= 0).any():
+        left = np.left_shift(acc, np.maximum(-shift, 0))
+        right = _shift_round_channels(acc, np.maximum(shift, 1), half_even)
+        return np.where(shift > 0, right, left)
+    half = np.left_shift(np.int64(1), shift - 1)
+    if half_even:
+        out = np.right_shift(acc, shift)
+        out &= 1
+        out += acc
+        out += half - 1
+    else:
+        out = acc + half
+    np.right_shift(out, shift, out=out)
+    return out
+
+
+def requant_output(
+    ctx: Context, node: Node, acc: np.ndarray, shift: int | np.ndarray, act: str, dtype: np.dtype
+) -> np.ndarray:
+    """:func:`requant` with the target's rounding (half to even on esp32p4).
+
+    Example:
+        >>> from amct_bridge.espdl.v3.model import EspdlModel
+        >>> ctx = Context(EspdlModel([], {}), "esp32s3")
+        >>> requant_output(ctx, Node("n", "Conv", [], []), np.array([2, 6]), 2, "Linear",
+        ...                np.dtype(np.int8)).tolist()
+        [1, 2]
+    """
+    return requant(acc, shift, act, ctx.half_even, dtype)
+
+
+def note_qacc_reach(ctx: Context, node: Node, lanes: np.ndarray) -> None:
+    """Note an esp32s3 int8 accumulator beyond the 20-bit QACC lanes (``lanes``: the channels
+    the TIE728 kernels sum in QACC): the exact int64 sums may differ from the chip's there, and
+    the note says so rather than guess the wrap.
+
+    Example:
+        >>> from amct_bridge.espdl.v3.model import EspdlModel
+        >>> ctx = Context(EspdlModel([], {}), "esp32s3")
+        >>> node = Node("n", "Conv", [], [], {"quant_type": "S8"})
+        >>> note_qacc_reach(ctx, node, np.array([1 << 19])); ctx.notes[0][:40]
+        "node 'n' (Conv): an accumulator reaches "
+    """
+    if ctx.target != "esp32s3" or ctx.out_dtype(node) != np.int8:
+        return
+    peak = max(int(lanes.max(initial=0)), -int(lanes.min(initial=0)))
+    if peak >= 1 << 19:
+        ctx.notes.append(
+            f"node {node.name!r} ({node.op_type}): an accumulator reaches {peak}, beyond the "
+            "20-bit QACC lanes of esp32s3; the chip's result may differ there"
+        )
+
+
 def _bias(ctx: Context, node: Node, n: int, depthwise: bool) -> np.ndarray | None:
+    # the integers as stored (at e_in + e_w, per channel for a per-channel filter): the kernels
+    # load them into the accumulator unscaled
     if len(node.inputs) < 3 or not node.inputs[2]:
         return None
     bias = ctx.initializer(node.inputs[2], node).data.reshape(-1).astype(np.int64)
@@ -45,25 +157,64 @@ def _bias(ctx: Context, node: Node, n: int, depthwise: bool) -> np.ndarray | Non
     return bias
 
 
-def per_tensor_filter(ctx: Context, node: Node, filt: Tensor) -> None:
-    """Refuse per-channel filter exponents (esp-ppq writes them for esp32p4 Conv/Gemm, ESP-DL
-    >= 3.3.1): only the esp32p4 assembly computes them. The C fallback's per-channel branch
-    (dl_base_activate_buffer.hpp) reads ``filter_channel_factor``, which nothing sets
-    (dl_base.hpp fills ``tie_filter_channel_factor`` for the assembly), and its loaders are never
-    called (dl_base_conv2d.cpp), so there is no C reference to follow bit for bit."""
-    if len(filt.exponents) > 1:
+def filter_shift(ctx: Context, node: Node, filt: Tensor, n: int) -> int | np.ndarray:
+    """``e_out - e_w - e_in``: one int, or one per output channel for a per-channel filter.
+
+    Per-channel filters run on the PIE-V2 chips only (``ConvOpArgs`` in ``dl_base.hpp`` fills
+    ``tie_filter_channel_factor`` under ``CONFIG_PIE_V2_BOOST``); elsewhere they are refused.
+
+    Example:
+        >>> from amct_bridge.espdl.v3.model import EspdlModel, ValueInfo
+        >>> m = EspdlModel([], {}, inputs=[ValueInfo("x", [1], 3, [-5])],
+        ...                outputs=[ValueInfo("y", [1], 3, [-3])])
+        >>> node = Node("c", "Conv", ["x", "w"], ["y"])
+        >>> w = Tensor("w", np.zeros(2, np.int8), [-7, -9])
+        >>> filter_shift(Context(m, "esp32p4"), node, w, 2).tolist()
+        [9, 11]
+    """
+    base = ctx.exponent(node.outputs[0], node) - ctx.exponent(node.inputs[0], node)
+    if len(filt.exponents) == 1:
+        return base - filt.exponent
+    if ctx.target not in PER_CHANNEL_TARGETS:
         raise ctx.refuse(
             node,
             f"filter {filt.name!r} has {len(filt.exponents)} per-channel exponents: only the "
-            "esp32p4 assembly kernels compute per-channel Conv/Gemm (ESP-DL >= 3.3.1), the C "
-            "reference has no working path for them, so they are not simulated",
+            "PIE-V2 chips (esp32p4, esp32s31) compute per-channel Conv/Gemm/MatMul (ESP-DL >= "
+            f"3.3.1); on {ctx.target} the runtime has no per-channel kernel (dl_base.hpp)",
         )
+    if len(filt.exponents) != n:
+        raise ctx.refuse(
+            node,
+            f"filter {filt.name!r} has {len(filt.exponents)} exponents for {n} output channels",
+        )
+    shift = base - np.asarray(filt.exponents, np.int64)
+    if (shift <= 0).any():
+        ctx.notes.append(
+            f"node {node.name!r} ({node.op_type}): a per-channel shift <= 0 "
+            f"({int(shift.min())}) is computed as an exact left shift; no test file pins what "
+            "the esp32p4 kernel does there"
+        )
+    if (shift == shift[0]).all():  # one value: the scalar path, same arithmetic
+        return int(shift[0])
+    return shift
 
 
 def conv_core(ctx: Context, node: Node, x: np.ndarray, rank: int) -> np.ndarray:
+    """The Conv of ``x`` (``rank`` 1: NWC, 2: NHWC) by the node's filter, bias and activation.
+
+    Example:
+        >>> from amct_bridge.espdl.v3.model import EspdlModel, ValueInfo
+        >>> w = Tensor("w", np.array([1, 1], np.int8).reshape(1, 1, 1, 2), [-1, -2], "NHWC")
+        >>> m = EspdlModel([], {"w": w}, inputs=[ValueInfo("x", [3, 1, 1, 1], 3, [0])],
+        ...                outputs=[ValueInfo("y", [3, 1, 1, 2], 3, [0])])
+        >>> ctx = Context(m, "esp32p4")
+        >>> x = np.array([6, 10, -6], np.int8).reshape(3, 1, 1, 1)
+        >>> y = conv_core(ctx, Node("c", "Conv", ["x", "w"], ["y"]), x, 2)
+        >>> y[:, 0, 0].tolist()  # channel 0: x/2, channel 1: x/4 (2.5 -> 2, half to even)
+        [[3, 2], [5, 2], [-3, -2]]
+    """
     act = fused_activation(ctx, node)
     filt = ctx.initializer(node.inputs[1], node)
-    per_tensor_filter(ctx, node, filt)
     group = int(node.attributes.get("group", 1))
     channels = x.shape[-1]
     if group not in (1, channels):
@@ -84,6 +235,7 @@ def conv_core(ctx: Context, node: Node, x: np.ndarray, rank: int) -> np.ndarray:
         raise ctx.refuse(node, f"kernel_shape {kernel} does not match the filter {filt.dims}")
     if (depthwise and w.shape[0] != channels) or (not depthwise and w.shape[-1] != channels):
         raise ctx.refuse(node, f"filter {filt.dims} does not fit input channels {channels}")
+    shift = filter_shift(ctx, node, filt, w.shape[0])  # refuses before the sums
     top, left, bottom, right = pads
     xp = np.pad(x.astype(np.int64), ((0, 0), (top, bottom), (left, right), (0, 0)))
     kh, kw = w.shape[1], w.shape[2]
@@ -114,22 +266,25 @@ def conv_core(ctx: Context, node: Node, x: np.ndarray, rank: int) -> np.ndarray:
     bias = _bias(ctx, node, n, depthwise)
     if bias is not None:
         acc += bias
-    if ctx.target == "esp32s3" and ctx.out_dtype(node) == np.int8:
-        # the TIE728 kernels accumulate the aligned channels in 20-bit QACC lanes; the exact
-        # int64 sums here may then differ from the chip's: say so rather than guess the wrap
-        lanes = acc if depthwise else acc[..., : n // 16 * 16]
-        peak = max(int(lanes.max(initial=0)), -int(lanes.min(initial=0)))
-        if peak >= 1 << 19:
-            ctx.notes.append(
-                f"node {node.name!r} ({node.op_type}): an accumulator reaches {peak}, beyond the "
-                "20-bit QACC lanes of esp32s3; the chip's result may differ there"
-            )
-    shift = ctx.exponent(node.outputs[0], node) - filt.exponent - ctx.exponent(node.inputs[0], node)
+    note_qacc_reach(ctx, node, acc if depthwise else acc[..., : n // 16 * 16])
     out = requant_output(ctx, node, acc, shift, act, ctx.out_dtype(node))
     return out[:, 0] if rank == 1 else out
 
 
 def compute(ctx: Context, node: Node) -> list[np.ndarray]:
+    """A Conv node: input NWC or NHWC, filter in the target's file order, optional bias.
+
+    Example:
+        >>> from amct_bridge.espdl.v3.model import EspdlModel, ValueInfo
+        >>> w = Tensor("w", np.array([1, 2, 1], np.int8).reshape(3, 1, 1), [0], "NWC")  # k=3
+        >>> m = EspdlModel([], {"w": w}, inputs=[ValueInfo("x", [1, 4, 1], 3, [0])],
+        ...                outputs=[ValueInfo("y", [1, 2, 1], 3, [1])])
+        >>> ctx = Context(m, "c")
+        >>> ctx.values["x"] = np.array([1, 2, 3, 4], np.int8).reshape(1, 4, 1)
+        >>> node = Node("c", "Conv", ["x", "w"], ["y"], {"kernel_shape": [3]})
+        >>> compute(ctx, node)[0][0, :, 0].tolist()  # (1+4+3)/2 = 4, (2+6+4)/2 = 6
+        [4, 6]
+    """
     x = ctx.value(node.inputs[0], node)
     if x.ndim not in (3, 4):
         raise ctx.refuse(node, f"input of rank {x.ndim} (1-D NWC or 2-D NHWC expected)")
