@@ -36,7 +36,7 @@ DETECT = DATA / "cat_detect_models_s3_espdet_pico_224_224_cat.espdl"
 
 
 def test_the_fixtures_are_there():
-    assert len(FIXTURES) == 7
+    assert len(FIXTURES) == 8
 
 
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.name[:40])

@@ -29,8 +29,8 @@ DATA = Path(__file__).parent.parent / "data" / "espdl_v3"
 WITH_TESTS = [p for p in sorted(DATA.glob("*.espdl")) if read_espdl(p).test_inputs]
 
 
-def test_six_fixtures_carry_test_values():
-    assert len(WITH_TESTS) == 6
+def test_seven_fixtures_carry_test_values():
+    assert len(WITH_TESTS) == 7
 
 
 @pytest.mark.parametrize("path", WITH_TESTS, ids=lambda p: p.name[:40])
@@ -61,13 +61,24 @@ def test_fixture_fails_with_the_wrong_layout(path):
 def test_target_inference():
     by_name = {p.name: infer_target(read_espdl(p)) for p in WITH_TESTS}
     assert by_name["test_apps_c_Gemm_linear_ishap_1_16_kshap_16_16_relu_s8.espdl"][0] == "c"
-    streaming = next(v for k, v in by_name.items() if "streaming" in k)
-    assert streaming == (
+    s3, p4 = (
+        by_name[f"tutorial_how_to_deploy_streaming_model_test_streaming_model_main_models_{c}_model"
+                ".espdl"]
+        for c in ("esp32s3", "esp32p4")
+    )  # fmt: skip
+    # no target metadata, the same blocked layouts: only the path tells the chips apart
+    assert s3 == ("esp32s3", "no target in the file; its path names esp32s3")
+    assert p4 == ("esp32p4", "no target in the file; its path names esp32p4")
+    bare = read_espdl(DATA / "tutorial_how_to_deploy_streaming_model_test_streaming_model_main_"
+                      "models_esp32p4_model.espdl")  # fmt: skip
+    bare.source = "model.espdl"
+    assert infer_target(bare) == (
         "esp32s3",
-        "no target in the file; blocked filter layouts (esp32s3 or esp32p4): esp32s3 assumed",
+        "no target in the file; blocked filter layouts (esp32s3 or esp32p4): esp32s3 assumed "
+        "(pass --target esp32p4 for a PIE-V2 chip)",
     )
-    with pytest.raises(EspdlError, match="unknown target 'esp32'"):
-        infer_target(EspdlModel([], {}), "esp32")
+    with pytest.raises(EspdlError, match="unknown target 'esp32s9'"):
+        infer_target(EspdlModel([], {}), "esp32s9")
 
 
 # --- rounding: dl_tool.cpp shift_and_round_half_up / shift_and_round_half_even / round

@@ -28,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -91,13 +92,16 @@ class SimulationResult:
 
 
 def infer_target(model: EspdlModel, target: str | None = None) -> tuple[str, str]:
-    """(target, why): the caller's, the file's ``target`` metadata, else a layout guess.
+    """(kernels, why): the caller's chip, the file's ``target`` metadata, a chip named in the
+    file's path (``models/esp32p4/model.espdl``), else a guess from the filter layouts.
 
     Example:
         >>> infer_target(EspdlModel([], {}, metadata={"target": "esp32p4"}))
         ('esp32p4', "the file's metadata_props target")
         >>> infer_target(EspdlModel([], {}, metadata={"target": "esp32s31"}))
         ('esp32p4', "the file's metadata_props target esp32s31 (the esp32p4 kernels)")
+        >>> infer_target(EspdlModel([], {}, source="models/esp32p4/model.espdl"))
+        ('esp32p4', 'no target in the file; its path names esp32p4')
         >>> infer_target(EspdlModel([], {}))[1][:46]
         'no target in the file and no filter layout: es'
 
@@ -110,6 +114,12 @@ def infer_target(model: EspdlModel, target: str | None = None) -> tuple[str, str
     if meta in CHIPS:
         return CHIPS[meta], "the file's metadata_props target" + _runs_as(meta)
     unknown = f"target {meta!r} in the file is not a chip ESP-DL knows; " if meta else ""
+    named = [t for t in re.findall(r"esp32[a-z0-9]*", str(model.source).lower()) if t in CHIPS]
+    if named:  # Espressif's examples keep one file per chip: models/esp32p4/model.espdl
+        chip = named[-1]  # the name nearest the file
+        return CHIPS[chip], (
+            f"{unknown or 'no target in the file; '}its path names {chip}" + _runs_as(chip)
+        )
     layouts = {t.layout for t in model.initializers.values() if t.layout and t.layout != "UNK"}
     if any("/16)" in s or "/8)" in s or s.startswith(("N16", "N8")) for s in layouts):
         return "esp32s3", (

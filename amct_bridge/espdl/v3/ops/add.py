@@ -14,6 +14,19 @@ OP_TYPES = ("Add", "Sub")
 
 
 def compute(ctx: Context, node: Node) -> list[np.ndarray]:
+    """``a + b`` (Sub: ``a - b``) on the stored integers, saturated (``dl_base_add.cpp`` /
+    ``dl_base_sub.cpp``); the exponents are not used: esp-ppq gives the three tensors one.
+
+    Example:
+        >>> from amct_bridge.espdl.v3.model import EspdlModel, ValueInfo
+        >>> m = EspdlModel([], {}, value_info=[ValueInfo(n, [3], 3, [-4]) for n in "aby"])
+        >>> ctx = Context(m, "esp32s3")
+        >>> ctx.values.update(a=np.int8([100, -100, 3]), b=np.int8([100, 100, -5]))
+        >>> compute(ctx, Node("n", "Add", ["a", "b"], ["y"], {"quant_type": "S8"}))[0].tolist()
+        [127, 0, -2]
+        >>> compute(ctx, Node("n", "Sub", ["a", "b"], ["y"], {"quant_type": "S8"}))[0].tolist()
+        [0, -128, 8]
+    """
     a, b = (ctx.value(n, node).astype(np.int64) for n in node.inputs[:2])
     exps = [ctx.exponent(n, node) for n in (*node.inputs[:2], node.outputs[0])]
     if len(set(exps)) != 1:

@@ -1,4 +1,9 @@
-"""LayerNormalization: ``dl_module_layer_normalization.hpp``, ``dl_math.hpp``'s ``sqrt_newton``."""
+"""LayerNormalization: each row normalized in float32, operation by operation.
+
+Runtime: ``dl_module_layer_normalization.hpp`` (its integer path) and ``dl_math.hpp``'s
+``sqrt_newton``. A row is the elements from ``axis`` (default -1) to the end; ``Scale`` and
+``B`` are optional initializers with their own exponents. A float32 input is refused.
+"""
 
 from __future__ import annotations
 
@@ -37,10 +42,27 @@ def sqrt_newton(x: np.ndarray) -> np.ndarray:
 
 
 def compute(ctx: Context, node: Node) -> list[np.ndarray]:
-    # dl_module_layer_normalization.hpp, its integer path, float32 operation by operation:
-    # int sum; mean = float(sum * 1.0 / n) (double); var = sum in order of float(x - mean)^2;
-    # mean *= s_in; var *= s_in^2; var /= n; inv = 1 / sqrt_newton(var + eps);
-    # y = round(((x * s_in - mean) * inv * (g * s_g) + b * s_b) * 2^-e_out), saturated.
+    """``round(((x·s_in - mean) · inv · (g·s_g) + b·s_b) · 2^-e_out)``, saturated, with
+    ``inv = 1 / sqrt_newton(var + eps)`` (``dl_module_layer_normalization.hpp``).
+
+    In float32, operation by operation: an int sum; ``mean = float(sum * 1.0 / n)`` (a double
+    division); ``var`` = the sum in order of ``float(x - mean)^2``; then ``mean *= s_in``,
+    ``var *= s_in^2``, ``var /= n``.
+
+    Example:
+        >>> from amct_bridge.espdl.v3.model import EspdlModel, Tensor, ValueInfo
+        >>> g = Tensor("g", np.int8([3, 3]), [-1])  # 1.5
+        >>> m = EspdlModel([], {"g": g},
+        ...     value_info=[ValueInfo("x", [1, 2], 3, [-2]), ValueInfo("y", [1, 2], 3, [0])])
+        >>> n = Node("n", "LayerNormalization", ["x", "g"], ["y"],
+        ...          {"epsilon": 0.0, "quant_type": "S8"})
+        >>> for target in ("esp32s3", "esp32p4"):  # x = -1, 1: mean 0, var 1, y = -1.5, 1.5
+        ...     ctx = Context(m, target)
+        ...     ctx.values["x"] = np.int8([[-4, 4]])
+        ...     print(target, compute(ctx, n)[0].tolist())
+        esp32s3 [[-1, 2]]
+        esp32p4 [[-2, 2]]
+    """
     # The chip's compiler may fuse a*b + c (GCC's -ffp-contract=fast); that is not modelled.
     x = ctx.value(node.inputs[0], node)
     if x.dtype.kind == "f":

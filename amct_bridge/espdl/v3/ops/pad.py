@@ -1,4 +1,9 @@
-"""Pad: ``dl_module_pad.hpp``, ``dl_base_pad.cpp``."""
+"""Pad: the stored tensor padded as ONNX's Pad, no rescaling.
+
+Runtime: ``dl_module_pad.hpp``, ``dl_base_pad.cpp``: ``pads`` is ``[begin..., end...]``
+(non-negative), ``mode`` ``constant`` (the quantized ``constant_value`` input, default 0),
+``edge`` or ``reflect``.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +16,18 @@ OP_TYPES = ("Pad",)
 
 
 def compute(ctx: Context, node: Node) -> list[np.ndarray]:
-    # dl_module_pad.hpp / dl_base_pad.cpp: ONNX pads [begin..., end...] on the stored tensor;
-    # constant (the quantized constant_value input, default 0), edge or reflect
+    """``np.pad`` of the integers with ONNX's ``pads`` and ``mode`` (``dl_base_pad.cpp``).
+
+    Example:
+        >>> from amct_bridge.espdl.v3.model import EspdlModel, Tensor
+        >>> c = {"p": Tensor("p", np.int64([2, 1]), [0]), "v": Tensor("v", np.int8([9]), [-3])}
+        >>> ctx = Context(EspdlModel([], c), "c")
+        >>> ctx.values["x"] = np.int8([1, 2, 3])
+        >>> compute(ctx, Node("n", "Pad", ["x", "p", "v"], ["y"]))[0].tolist()
+        [9, 9, 1, 2, 3, 9]
+        >>> compute(ctx, Node("n", "Pad", ["x", "p"], ["y"], {"mode": "reflect"}))[0].tolist()
+        [3, 2, 1, 2, 3, 2]
+    """
     x = ctx.value(node.inputs[0], node)
     pads = ints_input(ctx, node, 1)
     if pads is None or len(pads) != 2 * x.ndim or min(pads) < 0:
