@@ -61,12 +61,13 @@ def shift_round(x: np.ndarray, shift: int | np.ndarray, half_even: bool) -> np.n
             out = x + np.int64(1 << (s - 1))
             np.right_shift(out, s, out=out)
             return out
-        floor = np.right_shift(x, s)
-        rem = x & np.int64((1 << s) - 1)
-        half = np.int64(1 << (s - 1))
-        up = (rem > half) | ((rem == half) & ((floor & 1) == 1))
-        floor += up
-        return floor
+        # ties to even: (x + half - 1 + lsb(floor)) >> s, four passes over the data
+        out = np.right_shift(x, s)
+        out &= 1
+        out += x
+        out += np.int64((1 << (s - 1)) - 1)
+        np.right_shift(out, s, out=out)
+        return out
     shift = np.broadcast_to(np.asarray(shift, np.int64), x.shape)
     right = np.maximum(shift, 1)
     half = np.left_shift(np.int64(1), right - 1)
