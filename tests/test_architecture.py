@@ -70,6 +70,19 @@ def test_core_never_names_an_adapter():
     assert offenders == [], "\n".join(offenders)
 
 
+def test_the_quantization_math_does_not_know_the_record_format():
+    """amct_bridge.quant is numpy math: record entries (LayerFactors, the record format) are
+    built by amct_bridge.calibration (issue 33 §11: quant/qat.py built the QAT entries)."""
+    root = Path(importlib.import_module("amct_bridge.quant").__path__[0])
+    graph = import_graph(root.parent, "amct_bridge")
+    offenders = {
+        module: sorted(t for t in targets if t.startswith("amct_bridge.records"))
+        for module, targets in graph.items()
+        if module.startswith("amct_bridge.quant")
+    }
+    assert {m: t for m, t in offenders.items() if t} == {}
+
+
 def test_adapter_check_catches_a_lazy_import(tmp_path):
     """The check above is not vacuous: the pattern finds a lazy import inside a function."""
     line = "    from amct_bridge.keras.espdl_weights import source_layers"
@@ -94,7 +107,8 @@ ESPDL_ROOT = Path(amct_bridge.espdl.__path__[0])
 #: ESP-DL v1 only: convert.py input and preview, C++ writers, chip graph and simulator.
 V1_MODULES = (
     "spec layout preview coefficients runtime checks result export report network chip_graph "
-    "chip chip_ops cpp cpp_app cpp_coefficients cpp_model cpp_render cpp_types search head border"
+    "chip chip_ops cpp cpp_app cpp_coefficients cpp_model cpp_render cpp_types search head border "
+    "height1"
 ).split()
 #: What every format shares (besides the package itself, which re-exports v1's names).
 SHARED_MODULES = (

@@ -72,6 +72,9 @@ class LayerDesc:
         name: the framework's short name, for messages (default: ``key``).
         params: facts the core reads: ``channel_axis`` (int, activation channel axis for DMQ,
             default -1), ``on_channels`` (BatchNorm: normalizes the channel axis; default True).
+        weighted: the layer holds weights the deployed model computes with (kernels, BN
+            parameters, embeddings...): one that gets no record entry and is not folded into
+            one is named in a warning (:func:`amct_bridge.calibration.plan.unquantized_layers`).
 
     Example:
         >>> LayerDesc("r1", "ReLU", activation=True).quantizable
@@ -86,6 +89,7 @@ class LayerDesc:
     runtime: bool = False
     name: str = ""
     params: dict[str, Any] = field(default_factory=dict)
+    weighted: bool = False
 
     def __post_init__(self) -> None:
         self.name = self.name or self.key

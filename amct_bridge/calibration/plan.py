@@ -110,6 +110,10 @@ class Plan:
 
     targets: list[Target]
     rank: dict[str, int] = field(default_factory=dict)  # layer key -> first call's position
+    #: layers with weights that stay float (no record entry), see :func:`unquantized_layers`
+    unquantized: list[FloatLayer] = field(default_factory=list)
+    #: their warning lines (one per layer), which the sidecar keeps
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def quantized(self) -> list[Target]:
@@ -196,7 +200,103 @@ def make_plan(model: ModelDesc, config: QuantConfig) -> Plan:
             f"(quantizable types: {', '.join(model.quantizable_kinds)}; skipped: "
             f"{config.skip_layers + config.skip_layer_types or 'none'})"
         )
+    # what the user skipped is float by request; everything else with weights must be named
+    covered = {t.layer_key for t in targets if t.part is not None}
+    covered |= {k for k, d in by_key.items() if config.is_skipped(k, (d.kind,))}
+    plan.unquantized = unquantized_layers(model, covered)
+    plan.warnings = warn_unquantized(plan.unquantized, model.quantizable_kinds)
     return plan
+
+
+@dataclass(frozen=True)
+class FloatLayer:
+    """A layer with weights that gets no record entry, so AMCT and ``simulate`` run it in float.
+
+    Example:
+        >>> FloatLayer("lstm", "LSTM", "not a quantizable type").key
+        'lstm'
+    """
+
+    key: str
+    kind: str
+    reason: str
+
+
+def unquantized_layers(model: ModelDesc, covered: set[str]) -> list[FloatLayer]:
+    """Layers of ``model`` that hold weights (:attr:`LayerDesc.weighted`) but get no record
+    entry, in layer order: a quantized model would compute them in float while the record
+    looks complete (issue 33: Conv1D was such a layer, silently).
+
+    Not listed: layers in ``covered`` (quantized, or skipped by the user's ``skip_layers`` /
+    ``skip_layer_types``), activations (a PReLU slope belongs to the activation, whose ranges
+    go to the sidecar), layers the graph never calls, and a BatchNorm in the position AMCT folds
+    into the Conv/Dense before it (:func:`batchnorm_chains`: folded, or kept apart by the
+    user's ``skip_fusion_layers`` / a skipped conv).
+
+    Example:
+        >>> lstm = LayerDesc("lstm", "LSTM", weighted=True)
+        >>> fc = LayerDesc("fc", "Dense", (QuantPart("", "MatMul", True, False, True),),
+        ...                weighted=True)
+        >>> unquantized_layers(ModelDesc("m", {"lstm": lstm, "fc": fc}), {"fc"})
+        [FloatLayer(key='lstm', kind='LSTM', reason='not a quantizable type')]
+    """
+    chained = {bn_key for bn_key, _ in batchnorm_chains(model).values()}
+    called = None if model.graph is None else {node.layer for node in model.graph}
+    found = []
+    for key, desc in model.layers.items():
+        if not desc.weighted or desc.activation or key in covered or key in chained:
+            continue
+        if called is not None and key not in called:
+            continue
+        if desc.kind in model.batch_norm_kinds:
+            reason = (
+                "not folded: AMCT folds a BatchNorm only into a Conv/Dense without activation "
+                "whose output it alone reads"
+            )
+        elif desc.parts:
+            reason = "not quantized in this run"
+        else:
+            reason = "not a quantizable type"
+        found.append(FloatLayer(key, desc.kind, reason))
+    return found
+
+
+#: A warning about many layers names this many of them; DEBUG (-v) and the sidecar: all.
+NAMED_IN_WARNING = 10
+
+
+def warn_unquantized(found: list[FloatLayer], quantizable_kinds: tuple[str, ...] = ()) -> list[str]:
+    """Log one warning naming the layers of :func:`unquantized_layers`; return one line per
+    layer (logged at DEBUG too; the calibration sidecar keeps them in ``warnings``).
+
+    Example:
+        >>> warn_unquantized([FloatLayer("lstm", "LSTM", "not a quantizable type")])
+        ["layer 'lstm' (LSTM) has weights but no record entry: it stays float (not a \
+quantizable type)"]
+    """
+    lines = [
+        f"layer {f.key!r} ({f.kind}) has weights but no record entry: it stays float ({f.reason})"
+        for f in found
+    ]
+    if not lines:
+        return lines
+    kinds = f" (quantizable types: {', '.join(quantizable_kinds)})" if quantizable_kinds else ""
+    if len(lines) == 1:
+        log.warning("%s%s", lines[0], kinds)
+    else:
+        shown = ", ".join(f"{f.key!r} ({f.kind}: {f.reason})" for f in found[:NAMED_IN_WARNING])
+        more = len(found) - NAMED_IN_WARNING
+        rest = f" and {more} more (-v, or the sidecar's warnings)" if more > 0 else ""
+        log.warning(
+            "%d layers have weights but no record entry: they stay float: %s%s%s",
+            len(found),
+            shown,
+            rest,
+            kinds,
+        )
+        for line in lines:
+            log.debug("%s", line)
+    return lines
 
 
 @dataclass

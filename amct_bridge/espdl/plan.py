@@ -34,6 +34,7 @@ from amct_bridge.espdl.source import (
     FUSABLE_ACTIVATIONS,
     PASS_THROUGH,
     WEIGHT_OPS,
+    ZERO_PADDING_KINDS,
     SourceLayer,
     zero_padding,
 )
@@ -145,7 +146,9 @@ def _folded_padding(
     if str(head.attrs.get("padding", "valid")).lower() != "valid" or head.attrs.get("pads"):
         return None  # SAME (or own pads) plus explicit pads: left as a Pad layer
     src = by_name.get(head.inputs[0])
-    if src is None or src.op != "runtime" or src.kind != "ZeroPadding2D" or len(src.inputs) != 1:
+    if src is None or src.op != "runtime" or src.kind not in ZERO_PADDING_KINDS:
+        return None
+    if len(src.inputs) != 1:
         return None
     return src if _sole_consumer(src, consumers) is head else None
 

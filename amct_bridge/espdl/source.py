@@ -27,6 +27,14 @@ runtime             a coefficient-free layer the ESP-DL runtime has (pooling, Ad
 unsupported         anything else; attrs ``reason``
 ==================  ========================================================================
 
+A 1-D layer (Keras Conv1D / DepthwiseConv1D / SeparableConv1D and the 1-D pools and padding,
+MindSpore ``nn.Conv1d``) is given as the 2-D layer of height 1 it is, as the calibration
+quantizes it (AMCT's Conv2D rules): kernel ``[1, k, cin, cout]``, ``strides`` / ``pool_size``
+``(1, s)``, ZeroPadding1D ``padding`` ``((0, 0), (left, right))``, and ``attrs["rank"] = 1``:
+the framework's tensors are ``(N, W, C)``. The v3 exporter writes the runtime's native 1-D ops
+for them; v1, which has only 2-D layers, runs them on ``(1, W, C)`` tensors (a Reshape after
+the model input, :mod:`amct_bridge.espdl.v1.height1`).
+
 A framework layer that becomes two ESP-DL layers (SeparableConv2D -> depthwise_conv2d
 ``"sep/depthwise"`` + 1x1 conv2d ``"sep/pointwise"``, the record keys) gives both
 ``attrs["part_of"] = "sep"``. Every layer may carry ``attrs["model_output"] = True`` (its
@@ -86,7 +94,24 @@ ESPDL_CLASS: dict[str, str] = {
     "Permute": "Transpose",
     "Maximum": "Max2D",
     "Minimum": "Min2D",
+    # 1-D layers run as their 2-D twins at height 1 (attrs["rank"] = 1)
+    "AveragePooling1D": "AvgPool2D",
+    "GlobalAveragePooling1D": "GlobalAveragePool2D",
+    "MaxPooling1D": "MaxPool2D",
+    "GlobalMaxPooling1D": "GlobalMaxPool2D",
+    "ZeroPadding1D": "Pad",
 }
+
+#: Zero paddings a "valid" conv reading only them takes as its own pads.
+ZERO_PADDING_KINDS: tuple[str, ...] = ("ZeroPadding2D", "ZeroPadding1D")
+
+#: Kinds whose output exponent is chosen from the calibrated range of an average.
+AVERAGE_KINDS: tuple[str, ...] = (
+    "AveragePooling2D",
+    "GlobalAveragePooling2D",
+    "AveragePooling1D",
+    "GlobalAveragePooling1D",
+)
 
 #: Runtime kinds that compute nothing at inference: readers read their input (export.json
 #: lists them under "passthrough"). "Activation" is a linear one (others have their own op).

@@ -41,6 +41,9 @@ from amct_bridge.records.atomic import atomic_write_bytes
 _WEIGHT_INPUT = {"Conv2D": 1, "DepthwiseConv2dNative": 1, "MatMul": 1, "Conv2DBackpropInput": 1}
 #: Ops between a weight constant and its consumer after freezing.
 _PASS_THROUGH = ("Identity", "ReadVariableOp")
+#: TF runs a 1-D conv as a 2-D one: its kernel reaches the Conv2D / DepthwiseConv2dNative through
+#: an ExpandDims (height axis 0), which :func:`_inline_expanded_filter` makes a constant.
+_EXPAND = "ExpandDims"
 
 
 @dataclass
@@ -90,7 +93,8 @@ class FrozenGraph:
         return self.node(self.op_names[key][0]).op
 
     def weights(self, op_name: str) -> np.ndarray:
-        """The constant weights the op ``op_name`` multiplies by (Keras kernel layout)."""
+        """The constant weights the op ``op_name`` multiplies by (Keras kernel layout; a 1-D
+        conv's with the height axis of size 1 that TF's 2-D op reads)."""
         return tf.make_ndarray(
             _weight_const(self.graph_def, self.node(op_name)).attr["value"].tensor
         )
@@ -142,6 +146,9 @@ def freeze_model(model, folds: list[Fold] = (), input_signature=None) -> FrozenG
     for fold in folds:
         for op_name in op_names.get(fold.key, []):
             _set_const(_weight_const(graph_def, result.node(op_name)), fold.kernel)
+    for names in op_names.values():  # after the folds, which write the Keras-layout kernel
+        for op_name in names:
+            _inline_expanded_filter(graph_def, result.node(op_name))
     return result
 
 
@@ -199,8 +206,8 @@ def _op_names(targets: dict, seen: dict, graph_def) -> dict[str, list[str]]:
     return out
 
 
-def _weight_const(graph_def, node):
-    """Follow the op's weight input through Identity/ReadVariableOp to the Const node."""
+def _weight_source(graph_def, node):
+    """The first node of the op's weight input that is not an Identity/ReadVariableOp."""
     by_name = {n.name: n for n in graph_def.node}
     index = _WEIGHT_INPUT.get(node.op)
     if index is None:
@@ -208,6 +215,44 @@ def _weight_const(graph_def, node):
     current = by_name[node.input[index].split(":")[0].lstrip("^")]
     while current.op in _PASS_THROUGH:
         current = by_name[current.input[0].split(":")[0]]
+    return current, by_name
+
+
+def _inline_expanded_filter(graph_def, node) -> None:
+    """A 1-D conv's filter ``ExpandDims(kernel, 0)`` becomes the constant it computes, so the
+    keyed op reads a Const filter ``[1, k, cin, cout]`` as AMCT-TF expects of a Conv2D (the
+    record's scale_w are per output channel, the same for both shapes)."""
+    if node.op not in _WEIGHT_INPUT:
+        return
+    current, by_name = _weight_source(graph_def, node)
+    if current.op != _EXPAND:
+        return
+    source = by_name[current.input[0].split(":")[0]]
+    while source.op in _PASS_THROUGH:
+        source = by_name[source.input[0].split(":")[0]]
+    axis = by_name[current.input[1].split(":")[0]]
+    if source.op != "Const" or axis.op != "Const":
+        return
+    value = np.expand_dims(
+        tf.make_ndarray(source.attr["value"].tensor),
+        int(tf.make_ndarray(axis.attr["value"].tensor)),
+    )
+    dtype = source.attr["dtype"].type
+    current.op = "Const"
+    del current.input[:]
+    current.attr.clear()
+    current.attr["dtype"].type = dtype
+    current.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value))
+
+
+def _weight_const(graph_def, node):
+    """Follow the op's weight input through Identity/ReadVariableOp (and a 1-D conv's
+    ExpandDims, before it is inlined) to the Const node."""
+    current, by_name = _weight_source(graph_def, node)
+    if current.op == _EXPAND:
+        current = by_name[current.input[0].split(":")[0]]
+        while current.op in _PASS_THROUGH:
+            current = by_name[current.input[0].split(":")[0]]
     if current.op != "Const":
         raise GraphError(f"op {node.name!r}: weights come from {current.op}, not a constant")
     return current

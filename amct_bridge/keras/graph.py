@@ -256,7 +256,8 @@ def _conv_params(op: Any, rank: int, graph: Graph, inputs: list[str]) -> dict[st
     elif kind.endswith("Transpose"):
         params.update(filters=op.filters, kernel_layout="HWOI", kernel_shape=_shape(op.kernel))
     else:
-        params.update(filters=op.filters, groups=getattr(op, "groups", 1), kernel_layout="HWIO")
+        layout = "WIO" if getattr(op, "rank", 2) == 1 else "HWIO"  # Conv1D: [k, cin, cout]
+        params.update(filters=op.filters, groups=getattr(op, "groups", 1), kernel_layout=layout)
         params["kernel_shape"] = _shape(op.kernel)
     return params
 

@@ -13,6 +13,12 @@ whether a following BatchNormalization may be folded into it.
 keyed ``<layer>/depthwise`` and ``<layer>/pointwise``. The pointwise part's input is the depthwise
 output (a tensor inside the layer), so the callback computes it alongside the layer.
 
+The 1-D convolutions (``Conv1D``, ``DepthwiseConv1D``, ``SeparableConv1D``) are the same TF ops
+(TF runs them as 2-D convolutions of height 1: an ExpandDims on the input and the kernel), so
+they get the same op types and AMCT's Conv2D rules: their kernels keep their Keras layout
+(``WIO``, ``WCM``), which is the 2-D one with the height axis dropped, so the per-channel
+scales are those of the 2-D conv ``[1, k, cin, cout]``.
+
 Layouts are the names of :mod:`amct_bridge.quant.layouts` (H, W kernel size; I input, O output
 channels; C channels and M depth multiplier of a depthwise kernel, output channel ``c * M + m``).
 
@@ -38,7 +44,8 @@ class QuantPart(CorePart):
         suffix, op_type, weights, channel_wise, foldable: see
             :class:`amct_bridge.calibration.layers.QuantPart`.
         kernel_attr: layer attribute with the weights (None: no weights, e.g. AvgPool).
-        layout: kernel layout ("HWIO", "HWCM", "HWOI", "IO"), None without weights.
+        layout: kernel layout ("HWIO", "HWCM", "HWOI", "IO", 1-D "WIO", "WCM"), None without
+            weights.
         bias_attr: layer attribute with the bias (None: the part has none).
 
     Example:
@@ -63,6 +70,24 @@ _DEPTHWISE = _part("", "DepthwiseConv2dNative", "kernel", "HWCM", True, True)
 _TRANSPOSE = _part("", "Conv2DBackpropInput", "kernel", "HWOI", True, True)
 _DENSE = _part("", "MatMul", "kernel", "IO", False, True)
 _AVGPOOL = _part("", "AvgPool", None, None, False, False, bias_attr=None)
+_CONV_1D = _part("", "Conv2D", "kernel", "WIO", True, True)
+_DEPTHWISE_1D = _part("", "DepthwiseConv2dNative", "kernel", "WCM", True, True)
+
+
+def _separable(depthwise_layout: str, pointwise_layout: str) -> tuple[QuantPart, QuantPart]:
+    return (
+        _part(
+            "depthwise",
+            "DepthwiseConv2dNative",
+            "depthwise_kernel",
+            depthwise_layout,
+            True,
+            False,
+            bias_attr=None,
+        ),
+        _part("pointwise", "Conv2D", "pointwise_kernel", pointwise_layout, True, True),
+    )
+
 
 #: Keras class name -> quantized parts, in execution order.
 QUANTIZABLE: dict[str, tuple[QuantPart, ...]] = {
@@ -70,19 +95,12 @@ QUANTIZABLE: dict[str, tuple[QuantPart, ...]] = {
     "DepthwiseConv2D": (_DEPTHWISE,),
     "Conv2DTranspose": (_TRANSPOSE,),
     "Dense": (_DENSE,),
-    "SeparableConv2D": (
-        _part(
-            "depthwise",
-            "DepthwiseConv2dNative",
-            "depthwise_kernel",
-            "HWCM",
-            True,
-            False,
-            bias_attr=None,
-        ),
-        _part("pointwise", "Conv2D", "pointwise_kernel", "HWIO", True, True),
-    ),
+    "SeparableConv2D": _separable("HWCM", "HWIO"),
     "AveragePooling2D": (_AVGPOOL,),
+    # 1-D convs: TF's 2-D ops of height 1 (see the module docstring)
+    "Conv1D": (_CONV_1D,),
+    "DepthwiseConv1D": (_DEPTHWISE_1D,),
+    "SeparableConv1D": _separable("WCM", "WIO"),
 }
 
 #: Keras classes whose input/output ranges go to the calibration sidecar (no record entry).
@@ -102,11 +120,19 @@ RUNTIME: frozenset[str] = frozenset(
         "GlobalAveragePooling2D",
         "MaxPooling2D",
         "GlobalMaxPooling2D",
+        "AveragePooling1D",
+        "GlobalAveragePooling1D",
+        "MaxPooling1D",
+        "GlobalMaxPooling1D",
     }
 )
 
 #: Keras class names of batch normalization (folded into a preceding foldable part).
 BATCH_NORMS: frozenset[str] = frozenset({"BatchNormalization"})
+
+#: Layers whose weights are input preprocessing constants (mean / variance of
+#: ``Normalization``), which deployment applies on the host: not named as left float.
+PREPROCESSING: frozenset[str] = frozenset({"Normalization"})
 
 
 def class_name(layer) -> str:
@@ -226,6 +252,7 @@ def describe(key: str, layer) -> LayerDesc:
         runtime=kind in RUNTIME,
         name=getattr(layer, "name", key),
         params=params,
+        weighted=bool(getattr(layer, "weights", ())) and kind not in PREPROCESSING,
     )
 
 

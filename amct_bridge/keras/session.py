@@ -299,9 +299,24 @@ def _same_key(a: tuple, b: tuple) -> bool:
 
 
 def _depthwise_output(layer, x):
-    """SeparableConv2D's inner tensor: the depthwise convolution of its input (TF's own op)."""
+    """SeparableConv2D's inner tensor: the depthwise convolution of its input (TF's own op).
+
+    SeparableConv1D: Keras' own 1-D depthwise conv (TF's op on the input and kernel expanded to
+    height 1, with Keras' channels-first handling), which is what the layer computes inside.
+    """
     import tensorflow as tf
 
+    if getattr(layer, "rank", 2) == 1:
+        import keras
+
+        return keras.ops.depthwise_conv(
+            x,
+            tf.cast(layer.depthwise_kernel, x.dtype),
+            strides=layer.strides,
+            padding=layer.padding,
+            dilation_rate=layer.dilation_rate,
+            data_format=layer.data_format,
+        )
     fmt = "NCHW" if layer.data_format == "channels_first" else "NHWC"
     strides = (1, 1, *layer.strides) if fmt == "NCHW" else (1, *layer.strides, 1)
     return tf.nn.depthwise_conv2d(

@@ -12,18 +12,26 @@ MindSpore cell (and subclasses)        kind                   layout  op type   
 =====================================  =====================  ======  ===============  ======
 ``nn.Conv2d`` ``group=1``              ``Conv2D``             OIHW    Conv2D           per ch.
 ``nn.Conv2d`` ``group=in_channels``    ``DepthwiseConv2D``    OIHW    Conv2D           per ch.
+``nn.Conv1d`` ``group=1``              ``Conv1D``             OIHW    Conv2D           per ch.
+``nn.Conv1d`` ``group=in_channels``    ``DepthwiseConv1D``    OIHW    Conv2D           per ch.
 ``nn.Conv2dTranspose`` ``group=1``     ``Conv2DTranspose``    IOHW    Conv2DTranspose  per ch.
 ``nn.Dense``                           ``Dense``              OI      MatMul           tensor
 ``nn.AvgPool2d``                       ``AveragePooling2D``   (none)  AvgPool          (data)
-``nn.BatchNorm2d``                     ``BatchNormalization``
+``nn.BatchNorm2d``, ``BatchNorm1d``    ``BatchNormalization``
 ``nn.MaxPool2d``                       ``MaxPooling2D``       runtime (output range to sidecar)
 ``nn.AdaptiveAvgPool2d``               ``AdaptiveAvgPool2d``  runtime
+``nn.MaxPool1d``, ``nn.AvgPool1d``     ``MaxPooling1D``...    runtime
 =====================================  =====================  ======  ===============  ======
 
 A depthwise kernel is ``(C*m, 1, kH, kW)``: output channel ``c*m + k`` reads input channel ``c``
 (MindSpore's order), so "OIHW" (out axis 0) is right for its per-channel scale_w. Other grouped
 convolutions (``1 < group < in_channels``) are not quantized (AMCT has no such op either); they
-get kind ``GroupedConv2D`` so messages can name them.
+get kind ``GroupedConv2D`` (``GroupedConv1D``) so messages can name them.
+
+``nn.Conv1d`` is MindSpore's own Conv2D of height 1 (its weight is ``(out, in / group, 1, k)``,
+its construct an ExpandDims, the Conv2D primitive and a Squeeze), so it is quantized by AMCT's
+Conv2D rules with that weight as it is: per-channel scale_w on axis 0 as a Conv2d's. Its
+tensors are NCW (channel axis 1).
 
 Activations (``ReLU``, ``ReLU6``, ``LeakyReLU``, ``PReLU``, ``ELU``, ``Sigmoid``, ``Tanh``,
 ``Softmax``, ``HSwish``, ``HSigmoid``, ``GELU``, ``SiLU``) keep their MindSpore class name as
@@ -74,6 +82,8 @@ _DENSE = QuantPart("", "MatMul", True, False, True, "OI")
 PARTS: dict[str, tuple[QuantPart, ...]] = {
     "Conv2D": (_CONV,),
     "DepthwiseConv2D": (_CONV,),
+    "Conv1D": (_CONV,),  # nn.Conv1d: a Conv2D of height 1 (module docstring)
+    "DepthwiseConv1D": (_CONV,),
     "Conv2DTranspose": (QuantPart("", "Conv2DTranspose", True, True, True, "IOHW"),),
     "Dense": (_DENSE,),
     "AveragePooling2D": (QuantPart("", "AvgPool", False, False, False, None),),
@@ -89,6 +99,12 @@ _KINDS: dict[type, str] = {
     nn.MaxPool2d: "MaxPooling2D",
     nn.AdaptiveAvgPool2d: "AdaptiveAvgPool2d",
     nn.AdaptiveMaxPool2d: "AdaptiveMaxPool2d",
+    nn.Conv1d: "Conv1D",
+    nn.BatchNorm1d: "BatchNormalization",  # normalizes axis 1 as BatchNorm2d
+    nn.MaxPool1d: "MaxPooling1D",
+    nn.AvgPool1d: "AveragePooling1D",
+    nn.AdaptiveAvgPool1d: "AdaptiveAvgPool1d",
+    nn.AdaptiveMaxPool1d: "AdaptiveMaxPool1d",
 }
 
 #: Activation classes (their ranges go to the sidecar only).
@@ -123,11 +139,22 @@ RUNTIME: frozenset[str] = frozenset(
         "MaxPooling2D",
         "AdaptiveAvgPool2d",
         "AdaptiveMaxPool2d",
+        "MaxPooling1D",
+        "AveragePooling1D",
+        "AdaptiveAvgPool1d",
+        "AdaptiveMaxPool1d",
     }
 )
 
 #: Kinds a following BatchNorm may be folded into, and the BatchNorm kinds.
-FOLDABLE_KINDS: tuple[str, ...] = ("Conv2D", "DepthwiseConv2D", "Conv2DTranspose", "Dense")
+FOLDABLE_KINDS: tuple[str, ...] = (
+    "Conv2D",
+    "DepthwiseConv2D",
+    "Conv2DTranspose",
+    "Dense",
+    "Conv1D",
+    "DepthwiseConv1D",
+)
 BATCH_NORM_KINDS: tuple[str, ...] = ("BatchNormalization",)
 QUANTIZABLE_KINDS: tuple[str, ...] = tuple(PARTS)
 
@@ -137,7 +164,8 @@ def kind_of(cell) -> str:
 
     A Conv2d's kind depends on ``group``: 1 -> ``Conv2D``, ``in_channels`` -> ``DepthwiseConv2D``
     (checked first: a 1-channel conv with group 1 is a plain conv), anything else
-    ``GroupedConv2D`` (not quantized). Conv2dTranspose with ``group != 1`` likewise.
+    ``GroupedConv2D`` (not quantized); a Conv1d's likewise (``Conv1D``, ``DepthwiseConv1D``,
+    ``GroupedConv1D``). Conv2dTranspose with ``group != 1`` likewise.
 
     Example:
         >>> from mindspore import nn
@@ -150,8 +178,11 @@ def kind_of(cell) -> str:
         if kind is None:
             continue
         group = int(getattr(cell, "group", 1))
-        if kind == "Conv2D" and group != 1:
-            return "DepthwiseConv2D" if group == int(cell.in_channels) else "GroupedConv2D"
+        if kind in ("Conv2D", "Conv1D") and group != 1:
+            rank = kind[-2:]  # "2D" / "1D"
+            if group == int(cell.in_channels):
+                return f"DepthwiseConv{rank}"
+            return f"GroupedConv{rank}"
         if kind == "Conv2DTranspose" and group != 1:
             return "GroupedConv2DTranspose"
         return kind
@@ -212,7 +243,19 @@ def describe(key: str, cell) -> LayerDesc:
         runtime=kind in RUNTIME,
         name=key,
         params=params,
+        weighted=has_weights(cell),
     )
+
+
+def has_weights(cell) -> bool:
+    """True when ``cell`` holds Parameters of its own (a leaf: its children's are its own too).
+
+    Example:
+        >>> from mindspore import nn
+        >>> has_weights(nn.Dense(2, 3)), has_weights(nn.ReLU())
+        (True, False)
+    """
+    return any(True for _ in cell.get_parameters())
 
 
 def leaf_cells(net) -> dict[str, object]:

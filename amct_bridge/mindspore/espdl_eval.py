@@ -2,12 +2,13 @@
 fake-quantized MindSpore network.
 
 The network runs NCHW, the chip NHWC: the inputs are transposed for the chip and every 4-D cell
-output for the per-layer comparison. A Flatten cell's output is left out of that comparison (NCHW
-flattens channel-major, the chip's Flatten pixel-major; the Dense after it is compared, its rows
-being reordered by the export). A cell called at several sites per forward pass is compared per
-site (``relu``, ``relu@1``: its k-th call of a pass is site k, as the graph names them), and a
-functional op (``x + y``, ``ops.relu``) through the input of the cell site that reads its
-output. A chip layer with no float counterpart gets a "not compared" line with the reason.
+output for the per-layer comparison (a 1-D network's NCW maps: NWC). A Flatten cell's output is
+left out of that comparison (NCHW flattens channel-major, the chip's Flatten pixel-major; the
+Dense after it is compared, its rows being reordered by the export). A cell called at several
+sites per forward pass is compared per site (``relu``, ``relu@1``: its k-th call of a pass is
+site k, as the graph names them), and a functional op (``x + y``, ``ops.relu``) through the
+input of the cell site that reads its output. A chip layer with no float counterpart gets a "not
+compared" line with the reason.
 An ``.espdl`` file (ESP-DL v3) goes to :func:`amct_bridge.espdl.v3.evaluation.evaluate_espdl_model`
 with the same NHWC inputs and the same per-site float outputs: the v3 export names its
 tensors after the same cells and call sites.
@@ -32,6 +33,13 @@ from amct_bridge.espdl.v3.evaluation import evaluate_espdl_model, is_espdl_file
 from amct_bridge.mindspore.float_outputs import float_outputs
 from amct_bridge.mindspore.simulation import simulate
 from amct_bridge.records.model import Record
+
+
+def _chip_layout(x: np.ndarray) -> np.ndarray:
+    """NCHW -> NHWC, NCW (an nn.Conv1d network's input) -> NWC: what the chip takes."""
+    if x.ndim == 3:
+        return x.transpose(0, 2, 1)
+    return x.transpose(0, 2, 3, 1) if x.ndim == 4 else x
 
 
 def evaluate_espdl(
@@ -60,7 +68,7 @@ def evaluate_espdl(
         >>> # see the module docstring
     """
     x = np.asarray(x, np.float32)
-    x_chip = x.transpose(0, 2, 3, 1) if x.ndim == 4 else x  # the chip runs NHWC
+    x_chip = _chip_layout(x)  # the chip runs NHWC (NWC)
     v3 = is_espdl_file(export_dir)  # ESP-DL v3: the .espdl file and its simulator
     if v3 and input_exponent is not None:
         raise ExportError(f"{export_dir}: an .espdl file runs at its own input exponent")

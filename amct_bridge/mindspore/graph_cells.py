@@ -29,6 +29,7 @@ from amct_bridge.graph.op_types import ACTIVATION_OP_TYPES, OP_TYPES
 _CELLS: list[tuple[type, str]] = [
     (nn.Conv2dTranspose, "Conv2DTranspose"),
     (nn.Conv2d, "Conv2D"),
+    (nn.Conv1d, "Conv1D"),  # MindSpore's own Conv2D of height 1 (ExpandDims, Conv2D, Squeeze)
     (nn.Dense, "Dense"),
     (nn.BatchNorm2d, "BatchNormalization"),
     (nn.BatchNorm1d, "BatchNormalization"),
@@ -46,6 +47,11 @@ _CELLS: list[tuple[type, str]] = [
     (nn.AvgPool2d, "AveragePooling2D"),
     (nn.AdaptiveAvgPool2d, "AveragePooling2D"),
     (nn.AdaptiveMaxPool2d, "MaxPooling2D"),
+    # 1-D pools: the 2-D primitive on the input expanded to height 1 (their constructs)
+    (nn.MaxPool1d, "MaxPooling1D"),
+    (nn.AvgPool1d, "AveragePooling1D"),
+    (nn.AdaptiveAvgPool1d, "AveragePooling1D"),
+    (nn.AdaptiveMaxPool1d, "MaxPooling1D"),
     (nn.Flatten, "Flatten"),
     (nn.Dropout, "Dropout"),
     (nn.Identity, "Identity"),
@@ -120,6 +126,7 @@ _PLAIN = {"Cast", "Reshape", "Mul", "Muls", "Maximum", "Minimum", "Add", "Sub"}
 #: Primitives a call of each kind must contain (one of them) and the others it may contain.
 CELL_PRIMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "Conv2D": (("Conv2D",), ("BiasAdd", "Pad", "Cast")),
+    "Conv1D": (("Conv2D",), ("BiasAdd", "Pad", "Cast", "ExpandDims", "Squeeze")),
     "Conv2DTranspose": (
         ("Conv2DTranspose", "Conv2DBackpropInput"),
         ("BiasAdd", "Pad", "Cast"),
@@ -136,6 +143,11 @@ CELL_PRIMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "Softmax": (("Softmax",), ()),
     "MaxPooling2D": (("MaxPool", "AdaptiveMaxPool2D", "MaxPoolWithArgmax"), ("Pad",)),
     "AveragePooling2D": (("AvgPool", "AdaptiveAvgPool2D", "ReduceMean"), ("Pad",)),
+    "MaxPooling1D": (("MaxPool", "MaxPoolWithArgmax"), ("Pad", "ExpandDims", "Squeeze")),
+    "AveragePooling1D": (
+        ("AvgPool", "ReduceMean"),
+        ("Pad", "ExpandDims", "Squeeze", "StridedSlice"),
+    ),
     "Flatten": (("Flatten", "Reshape"), ()),
     "Dropout": ((), ("Dropout", "DropoutExt")),
     "Identity": ((), ("Identity",)),
@@ -196,8 +208,9 @@ def cell_kind(cell: Any) -> str | None:
 
 def _conv_params(cell: Any, rank: int) -> dict[str, Any]:
     kernel = tuple(int(d) for d in cell.weight.shape)
+    nchw = -3 if not isinstance(cell, nn.Conv1d) else 1 - rank  # Conv1d: NCW, axis -2
     params = {
-        "channel_axis": -3 if cell.data_format == "NCHW" else -1,
+        "channel_axis": nchw if cell.data_format == "NCHW" else -1,
         "data_format": cell.data_format,
         "in_channels": int(cell.in_channels),
         "filters": int(cell.out_channels),
@@ -225,7 +238,7 @@ def cell_params(cell: Any, kind: str, in_rank: int, prims: list[str]) -> dict[st
         'OI'
     """
     params: dict[str, Any] = {"framework_class": type(cell).__name__}
-    if kind in ("Conv2D", "Conv2DTranspose"):
+    if kind in ("Conv2D", "Conv2DTranspose", "Conv1D"):
         params.update(_conv_params(cell, in_rank))
     elif kind == "Dense":
         params.update(
@@ -261,7 +274,7 @@ def _base_name(cell: Any) -> str:
 
 def cell_op_type(kind: str, params: dict[str, Any]) -> str:
     """TF op type AMCT-TF writes for this kind (depthwise Conv2d: DepthwiseConv2dNative)."""
-    if kind == "Conv2D" and params.get("groups", 1) > 1:
+    if kind in ("Conv2D", "Conv1D") and params.get("groups", 1) > 1:
         if params["groups"] == params.get("in_channels"):
             return "DepthwiseConv2dNative"
     if kind == "ReLU6":

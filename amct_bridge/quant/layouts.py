@@ -1,8 +1,11 @@
 """Kernel layouts: which axis holds output and input channels, per framework layer type.
 
 A table, not branches: ``LAYOUTS[name] = Layout(out_axis, in_axis, per_tensor_only)``.
-``HWCM`` (Keras DepthwiseConv2D, ``(H, W, C, M)``) is the one layout whose output channels span
-two axes: channel ``c * M + m`` (Keras order), i.e. axes 2 and 3 flattened.
+``HWCM`` (Keras DepthwiseConv2D, ``(H, W, C, M)``) and its 1-D twin ``WCM`` (Keras
+DepthwiseConv1D, ``(W, C, M)``) are the layouts whose output channels span two axes: channel
+``c * M + m`` (Keras order), i.e. the last two axes flattened. A 1-D layout is its 2-D twin with
+height 1 (``WIO`` kernel ``[k, cin, cout]`` is HWIO ``[1, k, cin, cout]``), so every per-channel
+result (ARQ scales, BN folding, DMQ factors) is the one AMCT's Conv2D rules give.
 
 =========  ==============================================  ===========  ==========
 layout     used by                                          out axis     in axis
@@ -10,10 +13,11 @@ layout     used by                                          out axis     in axis
 HWIO       Keras Conv2D                                     3            2
 HWCM       Keras DepthwiseConv2D                            (2, 3)       2
 HWOI       Keras Conv2DTranspose                            2            3
-WIO        Keras Conv1D                                     2            1
+WIO        Keras Conv1D, SeparableConv1D pointwise          2            1
+WCM        Keras DepthwiseConv1D (separable: depthwise)     (1, 2)       1
 DHWIO      Keras Conv3D                                     4            3
 IO         Keras Dense (per tensor only)                    1            0
-OIHW       MindSpore Conv2d (also depthwise, group = C)     0            1
+OIHW       MindSpore Conv2d, Conv1d (depthwise: group = C)  0            1
 IOHW       MindSpore Conv2dTranspose                        1            0
 OI         MindSpore Dense (per tensor only)                0            1
 =========  ==============================================  ===========  ==========
@@ -47,6 +51,7 @@ LAYOUTS: dict[str, Layout] = {
     "HWCM": Layout(4, (2, 3), 2),
     "HWOI": Layout(4, (2,), 3),
     "WIO": Layout(3, (2,), 1),
+    "WCM": Layout(3, (1, 2), 1),
     "DHWIO": Layout(5, (4,), 3),
     "IO": Layout(2, (1,), 0, per_tensor_only=True),
     "OIHW": Layout(4, (0,), 1),

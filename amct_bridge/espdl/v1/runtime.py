@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 from amct_bridge.espdl.exponents import ExponentFinder
 from amct_bridge.espdl.source import (
+    AVERAGE_KINDS,
     ESPDL_CLASS,
     PASS_THROUGH,
     WEIGHT_OPS,
@@ -186,14 +187,20 @@ def _tensor_exponent(finder: ExponentFinder, name: str) -> int | None:
     return None
 
 
-def _model_input_exponent(finder: ExponentFinder, name: str) -> int | None:
+def _model_input_exponent(
+    finder: ExponentFinder, name: str, seen: frozenset = frozenset()
+) -> int | None:
     """A model input's exponent: the input exponent of the first conv/dense reading it (what
-    the export tells the user to quantize the input with)."""
+    the export tells the user to quantize the input with), also through a layer that only
+    reshapes it (a 1-D model's Reshape to height 1, :mod:`amct_bridge.espdl.v1.height1`)."""
     for user in finder.consumers.get(name, []):
         if user.op in WEIGHT_OPS and user.inputs == [name]:
             found = finder.range_exponent(user.name, "input") or finder.record_exponent(user.name)
             if found is not None:
                 return found[0]
+    for user in finder.consumers.get(name, []):
+        if user.attrs.get("lifts") == name and user.name not in seen:
+            return _model_input_exponent(finder, user.name, seen | {name})
     return None
 
 
@@ -229,7 +236,7 @@ def _exponent(
     if kind == "Add":
         return _add_exponent(finder, layer, ins, act)
     known = [e for e in ins if e is not None]
-    if kind in ("AveragePooling2D", "GlobalAveragePooling2D"):
+    if kind in AVERAGE_KINDS:
         found = finder.range_exponent(layer.name, "output")
         if finder.is_zero_range(found) and known:
             return finder.zero_runtime(layer.name, found, known[0], "its input's exponent")

@@ -168,6 +168,21 @@ def _conv_op(layer, x, kernels, mid):
     return layer.convolution_op(x, kernels["kernel"])
 
 
+def _conv1d_op(layer, x, kernels, mid):
+    # Conv1D(padding="causal") pads in call(), not in convolution_op (which cannot take it)
+    if layer.padding == "causal":
+        x = ops.pad(x, layer._compute_causal_padding())
+        return ops.conv(
+            x,
+            kernels["kernel"],
+            strides=list(layer.strides),
+            padding="valid",
+            dilation_rate=layer.dilation_rate,
+            data_format=layer.data_format,
+        )
+    return layer.convolution_op(x, kernels["kernel"])
+
+
 def _depthwise_op(layer, x, kernels, mid):
     return ops.depthwise_conv(
         x,
@@ -238,6 +253,10 @@ LAYER_OPS: dict[str, Callable | None] = {
     "Conv2DTranspose": _transpose_op,
     "SeparableConv2D": _separable_op,
     "AveragePooling2D": None,
+    # 1-D convs: the same ops on rank-3 inputs (keras.ops picks the 1-D form)
+    "Conv1D": _conv1d_op,
+    "DepthwiseConv1D": _depthwise_op,
+    "SeparableConv1D": _separable_op,
 }
 
 

@@ -11,7 +11,8 @@ Workflow (AMCT's create_quant_retrain_model / save_quant_retrain_model, in Keras
     export_espdl(deployable, "record.txt", "out")    # ESP-DL v1 (amct_bridge.keras.export_espdl)
 
 In the forward pass every quantizable layer (Conv2D, DepthwiseConv2D, Conv2DTranspose, Dense,
-SeparableConv2D, AveragePooling2D) sees
+SeparableConv2D, AveragePooling2D, and the 1-D convs Conv1D, DepthwiseConv1D, SeparableConv1D)
+sees
 
 * its input fake-quantized with the activation range [lo, hi] (asymmetric AMCT factors unless
   ``activation_offset=False``): ``activation_range="ema"`` tracks each training batch's min/max with
@@ -83,6 +84,17 @@ __all__ = [
 ]
 
 
+def _warn_float_layers(model: keras.Model, quantizable: set[str]) -> None:
+    """As calibration does: name the layers with weights that train float (no QAT wrapper,
+    not a BatchNormalization folded into one), e.g. a Conv3D (issue 33)."""
+    from amct_bridge.calibration.plan import unquantized_layers, warn_unquantized
+    from amct_bridge.keras.layers import QUANTIZABLE
+    from amct_bridge.keras.plan import describe_model
+
+    desc = describe_model(model)
+    warn_unquantized(unquantized_layers(desc, quantizable), tuple(QUANTIZABLE))
+
+
 def quantize_aware(
     model: keras.Model,
     dst_type: str = "INT8",
@@ -132,6 +144,7 @@ def quantize_aware(
     chosen = {k for k in layers if k not in set(skip_layers)}
     if not chosen:
         raise QuantError(f"model {model.name!r} has no quantizable layer to train")
+    _warn_float_layers(model, set(layers))
     from amct_bridge.errors import GraphError
     from amct_bridge.keras.graph import extract_graph
 

@@ -50,6 +50,8 @@ __all__ = [
 OUT_AXIS: dict[str, int | None] = {
     "Conv2D": 0,
     "DepthwiseConv2D": 0,  # (C*m, 1, kH, kW)
+    "Conv1D": 0,  # nn.Conv1d: (out, in, 1, k), a Conv2D of height 1
+    "DepthwiseConv1D": 0,
     "Conv2DTranspose": 1,  # (in, out, kH, kW)
     "Dense": None,
     "AveragePooling2D": None,
@@ -309,8 +311,8 @@ class QATQuant(_Sites, nn.Cell):
     recomputed every step), then computes the cell's op on them (docs/qat.md, MindSpore).
 
     Args:
-        cell: ``nn.Conv2d`` (group 1 or depthwise), ``nn.Dense``, ``nn.Conv2dTranspose`` or
-            ``nn.AvgPool2d`` (input only).
+        cell: ``nn.Conv2d`` / ``nn.Conv1d`` (group 1 or depthwise), ``nn.Dense``,
+            ``nn.Conv2dTranspose`` or ``nn.AvgPool2d`` (input only).
         key: its ``cells_and_names()`` name (record key, parameter names).
         kind: its kind (:func:`amct_bridge.mindspore.cells.kind_of`).
         bits: 8 or 4.
@@ -371,6 +373,8 @@ class QATQuant(_Sites, nn.Cell):
         # as nn.Conv2dTranspose.construct: zeros after the bias, bottom rows and right columns
         self.pad_output = ops.Pad(((0, 0), (0, 0), (0, pads[0]), (0, pads[1])))
         self.is_dense = kind == "Dense"
+        # nn.Conv1d runs its Conv2D primitive on the input expanded to height 1 (its construct)
+        self.is_1d = kind in ("Conv1D", "DepthwiseConv1D")
         self.world = 1  # set_ranks(): a data-parallel run starts learned ranges from all ranks
 
     def set_ranks(self, rank: int, world: int) -> None:
@@ -428,10 +432,12 @@ class QATQuant(_Sites, nn.Cell):
             return self._dense(xq, w)
         if self.is_transpose:
             return self._transpose(xq, w)
+        if self.is_1d:
+            xq = self.cell.expand_dims(xq, 2)
         y = self.cell.conv2d(xq, w)
         if self.cell.has_bias:
             y = self.cell.bias_add(y, self.cell.bias)
-        return y
+        return self.cell.squeeze(y) if self.is_1d else y
 
     def _batch_range(self, x):
         """``x``'s min / max (over every rank's batch for a learned range of a data-parallel
