@@ -44,8 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="amct-bridge",
         description="Calibrate Keras models and MindSpore networks into Huawei AMCT record "
-        "files, check and convert records, find pruning groups, and export ESP-DL v1 "
-        "coefficients (C++ files, chip simulation).",
+        "files, check and convert records, find pruning groups, and export for ESP-DL: "
+        "ESP-DL v1 (config.json + coefficient .npy set, C++ files) or ESP-DL v3 (one .espdl "
+        "file, --format espdl), each with its bit-exact chip simulator (espdl-eval).",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)

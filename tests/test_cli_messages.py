@@ -95,13 +95,14 @@ def test_keras_path_that_is_not_an_archive_is_not_file_not_found(
 
 
 def test_writer_and_inspect_use_the_same_flavor_words(files, tmp_path, capsys):
-    """calibrate --flavor inner writes only convert_model's fields; both say so alike."""
+    """calibrate --flavor inner writes only convert_model's fields; both say so alike, leading
+    with the flavor it was written as (issue 33 §8; the sidecar names it for inspect)."""
     out = tmp_path / "r.txt"
     assert calibrate(files, files / "x.npy", out, "--flavor", "inner") == 0
     wrote = capsys.readouterr().out
     assert main(["inspect", str(out)]) == 0
     inspected = capsys.readouterr().out.splitlines()[0]
-    phrase = "a 'tf' record (also valid as 'inner')"
+    phrase = "an 'inner' record (also valid as 'tf')"
     assert f"wrote {out}: {phrase}, 3 layers" in wrote
     assert inspected == f"{out}: {phrase}, 3 layers"
     assert "('inner'" not in wrote

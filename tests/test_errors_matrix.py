@@ -271,11 +271,15 @@ CASES = {
         "'conv2d_7', 'dense'",
         "err",
     ),
-    "channel-mismatch": (
+    "channel-mismatch": (  # the sidecar beside the record describes the model (issue 33 §9)
         _export("rec.txt", model="m6.keras"),
         2,
-        "layer 'c1': record has 4 scale_w values but the layer has 6 output channels: was the "
-        "record made for this model?",
+        "{d}/rec.txt.calib.json: calibration sidecar: written for another model: layer 'c1' "
+        "(Conv2D): kernel (3, 3, 3, 6) here, 6 output channels and 162 weights; (3, 3, 3, 4) "
+        "HWIO when calibrated, 4 output channels and 108 weights; layer 'fc' (Dense): kernel "
+        "(6, 3) here, 3 output channels and 18 weights; (4, 3) IO when calibrated, 3 output "
+        "channels and 12 weights; calibrate this model (its record and sidecar), or pass the "
+        "sidecar its calibration wrote (<record>.calib.json, or --stats / stats=)",
         "err",
     ),
     "espdl-cannot-run": (

@@ -71,6 +71,7 @@ Gather = Callable[[np.ndarray], np.ndarray]
 
 _MESSAGE_BYTES = 480  # of each rank's error message carried by agree()
 _SUMMARY = 6  # per observer: count, batches, min, max, ema_min, ema_max
+_NOTHING_WRITTEN = "; no record written"
 
 
 def agree(gather: Gather, error: BaseException | None, what: str, layout: str = "") -> None:
@@ -101,7 +102,10 @@ def agree(gather: Gather, error: BaseException | None, what: str, layout: str = 
     world = rows.shape[0]
     if failed:
         texts = {
-            r: bytes(rows[r, 3 : 3 + rows[r, 2]].astype(np.uint8)).decode("utf-8", "replace")
+            # a rank's own error already ends "no record written": said once, at the end
+            r: _without_tail(
+                bytes(rows[r, 3 : 3 + rows[r, 2]].astype(np.uint8)).decode("utf-8", "replace")
+            )
             for r in failed
         }
         if len(failed) == world and len(set(texts.values())) == 1:
@@ -111,7 +115,8 @@ def agree(gather: Gather, error: BaseException | None, what: str, layout: str = 
         else:
             who = f"ranks {', '.join(map(str, failed))} of {world}"
             said = "; ".join(f"rank {r}: {t}" for r, t in texts.items())
-        message = f"{who} failed in {what}: {said}; no record written"
+        tail = "" if "no record written" in said else _NOTHING_WRITTEN  # "(empty dataset?)"
+        message = f"{who} failed in {what}: {said}{tail}"
         if error is not None:
             raise CalibrationError(message) from error
         raise CalibrationError(message)
@@ -121,6 +126,11 @@ def agree(gather: Gather, error: BaseException | None, what: str, layout: str = 
             "settings on some rank); every rank must run the same network with the same "
             "QuantCalibration settings; no record written"
         )
+
+
+def _without_tail(text: str) -> str:
+    """``text`` without a trailing "; no record written" (the merged message adds it once)."""
+    return text[: -len(_NOTHING_WRITTEN)] if text.endswith(_NOTHING_WRITTEN) else text
 
 
 def check_shards(total: int, world: int, where: str = "the dataset") -> None:

@@ -1,10 +1,11 @@
 """QAT record + sidecar from trained ranges, written as one set (framework-free; docs/qat.md).
 
 Both adapters' ``save_qat_record`` collect, per quantized part, its input clip range and kernel
-(record entries via :func:`amct_bridge.quant.qat.layer_factors`) and, per observed cell, an
-output range; this module turns them into the record and the calibration sidecar
-(``<record>.calib.json``) the ESP-DL exporter reads, validates both in memory and writes them
-together (temp files, then renamed), so a failure leaves the previous files.
+(record entries via :func:`layer_factors`, from the numpy math of :mod:`amct_bridge.quant.qat`
+and :mod:`amct_bridge.quant.arq`) and, per observed cell, an output range; this module turns
+them into the record and the calibration sidecar (``<record>.calib.json``) the ESP-DL exporter
+reads, validates both in memory and writes them together (temp files, then renamed), so a
+failure leaves the previous files.
 
 Sidecar rules (the calibration callback's format, ``algorithm: "qat-ema"`` / ``"qat-learned"``):
 
@@ -26,6 +27,10 @@ Example:
     True
     >>> union_range([(-1.0, 2.0, 3), (0.0, 5.0, 3), (-9.0, 9.0, 0)])
     (-1.0, 5.0, 3.0)
+    >>> import numpy as np
+    >>> f = layer_factors("fc", -1.0, 1.0, 3, 4, np.float32([[1.0, -0.5]]), "OI")
+    >>> f.dst_type, f.offset_d, f.scale_w
+    ('INT4', -1, [0.1428571492433548])
 """
 
 from __future__ import annotations
@@ -33,18 +38,23 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
+from numpy.typing import ArrayLike
+
 from amct_bridge.calibration.records import Built, _warn_collapsed, write_outputs
 from amct_bridge.errors import QuantError, ValidationError
 from amct_bridge.graph.ir import Graph
-from amct_bridge.quant.factors import FLT_EPSILON, raw_activation_scale
+from amct_bridge.quant.arq import arq_scales
+from amct_bridge.quant.factors import FLT_EPSILON, activation_factors, raw_activation_scale
+from amct_bridge.quant.qat import DST_TYPES
 from amct_bridge.records import dumps, validate
 from amct_bridge.records.calibration import CalibrationStats, TensorRange
-from amct_bridge.records.model import Record
+from amct_bridge.records.model import LayerFactors, Record
 
 __all__ = [
     "algorithm_name",
     "call_sites",
     "clipped",
+    "layer_factors",
     "shared_layers",
     "site_names",
     "tensor_range",
@@ -132,6 +142,55 @@ def clipped(observed: TensorRange | None, clip: TensorRange | None) -> TensorRan
     if observed is None:
         return clip
     return TensorRange(clip.min, clip.max, observed.min, observed.max)
+
+
+def layer_factors(
+    key: str,
+    lo: float,
+    hi: float,
+    seen: float,
+    bits: int,
+    kernel: ArrayLike | None = None,
+    layout: str | None = None,
+    *,
+    channel_wise: bool = True,
+    symmetric: bool = False,
+    skip_fusion: bool | None = None,
+    part: str = "input",
+) -> LayerFactors:
+    """The QAT record entry of one quantized part (AMCT's inner flavor with ``dst_type``).
+
+    Args:
+        key: record key (for messages).
+        lo, hi: the part's trained input clip range; ``seen``: training batches it saw.
+        bits: 8 or 4 (``dst_type`` INT8 / INT4).
+        kernel, layout: the (trained, BN-folded) kernel and its layout; None for pooling.
+        channel_wise: per-output-channel scale_w (ignored for Dense / MatMul layouts).
+        symmetric: ``activation_offset = false``.
+        skip_fusion: written as is (True when a BatchNorm follows that was not folded).
+        part: name of the tracked tensor (messages).
+
+    Raises:
+        QuantError: the range was never observed (``seen <= 0``) or is not finite.
+
+    Example:
+        >>> layer_factors("pool", 0.0, 2.0, 1, 8).offset_d
+        -128
+    """
+    if seen <= 0:
+        raise QuantError(
+            f"layer {key!r}: its {part} range was never observed; train at least one step first"
+        )
+    dst = next(name for name, b in DST_TYPES.items() if b == bits)
+    scale_d, offset_d = activation_factors(lo, hi, bits, symmetric, name=f"{key} {part}")
+    f = LayerFactors(scale_d=scale_d, offset_d=offset_d, dst_type=dst)
+    if kernel is not None:
+        scale = arq_scales(kernel, layout, channel_wise, num_bits=bits, name=key)
+        f.scale_w = [float(s) for s in scale]
+        f.offset_w = [0] * len(f.scale_w)
+        if skip_fusion:
+            f.skip_fusion = True
+    return f
 
 
 def algorithm_name(modes: set[str] | list[str]) -> str:

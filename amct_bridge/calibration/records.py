@@ -27,6 +27,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from amct_bridge.calibration import weights as cw
 from amct_bridge.calibration.plan import Plan, Target
@@ -40,7 +41,13 @@ from amct_bridge.quant.factors import (
 )
 from amct_bridge.records import LayerFactors, Record, convert, dumps
 from amct_bridge.records.atomic import atomic_write_files
-from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange, sidecar_path
+from amct_bridge.records.calibration import (
+    CalibrationStats,
+    LayerShape,
+    LayerStats,
+    TensorRange,
+    sidecar_path,
+)
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +91,44 @@ def build_record(session) -> tuple[Record, CalibrationStats, list[FoldedPart]]:
         if fold is not None:
             folds.append(fold)
     stats = _sidecar(session, ranges)
-    stats.warnings = _warn_collapsed(collapsed)  # the full list stays in the sidecar
+    # the full lists stay in the sidecar: layers left float, then collapsed scales
+    stats.warnings = list(session.plan.warnings) + _warn_collapsed(collapsed)
+    stats.model = model_shapes(session, source)
     return record, stats, folds
+
+
+def model_shapes(session: Any, source: Any = None) -> dict[str, LayerShape]:
+    """The sidecar's ``model``: every layer the calibration planned (quantized, skipped,
+    activations, runtime layers, folded BatchNorms, layers with weights left float) by key with
+    its kind, and every part with weights (quantized or skipped) by record key with its
+    kernel's shape and layout, as the calibration read them. The ESP-DL export compares them
+    with the model it exports (:func:`amct_bridge.espdl.checks.check_sidecar_model`).
+
+    Args:
+        session: a :class:`~amct_bridge.calibration.session.CalibrationSession` with its plan.
+        source: its ``weight_source()`` (read from the session when None and needed).
+
+    Example:
+        >>> # see tests/calibration/test_core.py::test_the_sidecar_describes_the_model
+    """
+    plan = session.plan
+    shapes: dict[str, LayerShape] = {}
+    for target in plan.targets:
+        kind = target.desc.kind if target.desc is not None else target.kind
+        shapes.setdefault(target.layer_key, LayerShape(kind))
+        if target.bn_key is not None:
+            bn = target.bn_desc.kind if target.bn_desc is not None else "BatchNormalization"
+            shapes.setdefault(target.bn_key, LayerShape(bn))
+    for layer in getattr(plan, "unquantized", ()):  # weights, no record entry
+        shapes.setdefault(layer.key, LayerShape(layer.kind))
+    weighted = [t for t in plan.targets if t.part is not None and t.part.has_weights]
+    if weighted and source is None:
+        source = session.weight_source()
+    for target in weighted:
+        own = source.part_weights(target.desc, target.part)
+        kernel = tuple(int(d) for d in own.kernel.shape)
+        shapes[target.key] = LayerShape(target.kind, kernel, str(own.layout))
+    return shapes
 
 
 def finish_record(record: Record, flavor: str) -> tuple[Record, str]:
@@ -147,6 +190,7 @@ def write_outputs(built: Built, record_path: str | os.PathLike) -> None:
         >>> # see build_record
     """
     built.stats.record_keys = list(built.record.layers)
+    built.stats.flavor = built.record.flavor  # inspect / validate lead with it
     atomic_write_files(
         {
             Path(record_path): built.record_text.encode(),

@@ -21,7 +21,8 @@ def register(subparsers) -> None:
         "(prune records, tensor_balance_factor, cluster, dst_type, shift_bit for tf; also "
         "act_type/wts_type for mindspore) are dropped and each is reported. The calibration "
         "sidecar IN.calib.json, if any, is copied to OUT.calib.json (the layer keys are the "
-        "same), so an ESP-DL export of OUT finds its ranges.",
+        "same; the flavor it names becomes the target's), so an ESP-DL export of OUT finds "
+        "its ranges.",
     )
     parser.add_argument("input", help="record file to read")
     parser.add_argument("--to", required=True, choices=sorted(FLAVORS), help="target flavor")
@@ -38,8 +39,11 @@ def run(args: argparse.Namespace) -> int:
     files = {args.output: record_bytes(converted, binary=args.binary)}
     sidecar, out_sidecar = sidecar_path(args.input), sidecar_path(args.output)
     if sidecar.is_file() and sidecar.resolve() != out_sidecar.resolve():
-        load_stats(sidecar)  # a damaged sidecar: its own message, nothing written
+        stats = load_stats(sidecar)  # a damaged sidecar: its own message, nothing written
         files[out_sidecar] = sidecar.read_bytes()  # same layer keys: the ranges still apply
+        if stats.flavor is not None:  # it names the flavor written: now the converted one
+            stats.flavor = args.to
+            files[out_sidecar] = stats.to_json().encode()
     atomic_write_files(files)  # the record and its sidecar: all old or all new
     for line in dropped:
         print(f"dropped: {line}")

@@ -42,11 +42,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """
     parser = subparsers.add_parser(
         "espdl-eval",
-        help="accuracy of the simulated ESP-DL v1 chip vs float and fake-quant, per-layer error",
+        help="accuracy of the simulated ESP-DL chip (v1 or v3) vs float and fake-quant, "
+        "per-layer error",
         description="Run a labelled dataset through the float Keras model (or MindSpore "
-        "network), the fake-quantized "
-        "model (with --record) and the bit-exact ESP-DL v1 chip simulator on an export "
-        "directory; print the accuracies and each chip layer's error against the float model.",
+        "network), the fake-quantized model (with --record) and the bit-exact ESP-DL chip "
+        "simulator: ESP-DL v1 on an export directory, ESP-DL v3 on an .espdl file (--format "
+        "espdl); print the accuracies and each chip layer's error against the float model. A "
+        "model that is not a classifier for the labels (e.g. an autoencoder) gets the output's "
+        "SNR and MSE instead of accuracies.",
     )
     parser.add_argument("--export", required=True, help="export directory (export-espdl --out)")
     parser.add_argument("--model", help="the Keras model file that was exported")
@@ -55,7 +58,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--data", required=True, help=".npz with x and y, or x.npy (labels: --labels)"
     )
-    parser.add_argument("--labels", help="y.npy (class indices or one-hot) when --data is x.npy")
+    parser.add_argument(
+        "--labels",
+        help="y.npy (class indices or one-hot) when --data is x.npy; labels the model output "
+        "is not a class vector for (an autoencoder's 0/1 anomaly labels) give its SNR and MSE "
+        "instead of accuracies",
+    )
     parser.add_argument(
         "--target",
         choices=("esp32", "esp32s2", "esp32c3", "esp32s3", "esp32p4", "c"),
@@ -76,7 +84,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def load_dataset(data: str, labels: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(x, class indices) from an .npz (arrays ``x`` and ``y``) or x.npy + y.npy.
+    """(x, labels) from an .npz (arrays ``x`` and ``y``) or x.npy + y.npy; labels as given
+    (class indices, one-hot rows, or labels that are not classes: no accuracy then).
 
     Example:
         >>> load_dataset("/nonexistent.npz")  # doctest: +ELLIPSIS
@@ -100,13 +109,19 @@ def load_dataset(data: str, labels: str | None = None) -> tuple[np.ndarray, np.n
         x, y = archive["x"], archive["y"]
     else:
         x, y = load_npy(data, "inputs"), load_npy(labels, "labels")
+    from amct_bridge.report.metrics import class_indices
+
     y = np.asarray(y)
-    if y.ndim == 2 and y.shape[1] > 1:
-        y = y.argmax(axis=1)  # one-hot
-    y = y.reshape(-1)
-    if len(y) != len(x):
-        raise AmctBridgeError(f"{data}: {len(x)} inputs but {len(y)} labels")
-    return np.asarray(x), y.astype(np.int64)
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y.reshape(-1)
+    if y.ndim == 0 or len(y) != len(x):
+        raise AmctBridgeError(f"{data}: {len(x)} inputs but {y.size} labels")
+    indices, one_hot, _ = class_indices(y)
+    if one_hot is not None:
+        y = indices  # one-hot rows: their class indices
+    # other labels are kept as given: labels that are not classes (floats, targets) give no
+    # accuracy, the evaluation says why (amct_bridge.report.metrics.classification_problem)
+    return np.asarray(x), y
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,5 +1,6 @@
 """``amct-bridge export-espdl``: record + Keras model or MindSpore network -> ESP-DL v1
-config.json + npy set.
+config.json + npy set (``--format v1``, the default) or one ESP-DL v3 ``.espdl`` file
+(``--format espdl``).
 
 Example:
     amct-bridge export-espdl --record record.txt --model model.keras --out model_espdl \\
@@ -36,10 +37,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """
     parser = subparsers.add_parser(
         "export-espdl",
-        help="export an ESP-DL v1 config.json + coefficient .npy set",
-        description="Write what ESP-DL v1.1's convert.py reads: one config.json entry per "
-        "Conv2D/DepthwiseConv2D/Dense (BatchNorm folded, ReLU/LeakyReLU/PReLU fused), exponents "
-        "from the calibration sidecar (<record>.calib.json) and the record.",
+        help="export for ESP-DL: a v1 config.json + coefficient .npy set, or a v3 .espdl file",
+        description="Export a calibrated model for ESP-DL, exponents from the calibration "
+        "sidecar (<record>.calib.json) and the record. --format v1 (default): what ESP-DL "
+        "v1.1's convert.py reads, one config.json entry per Conv2D/DepthwiseConv2D/Dense "
+        "(BatchNorm folded, ReLU/LeakyReLU/PReLU fused) plus coefficient .npy files (and, with "
+        "--cpp, the C++ files). --format espdl: one ESP-DL v3 .espdl file (the v3 runtime's "
+        "operators, e.g. softmax, sigmoid, ReLU6 and unfolded BatchNorm run on the chip).",
     )
     parser.add_argument("--record", help="AMCT record file (its sidecar is read if present)")
     parser.add_argument("--model", help="Keras model file (.keras / .h5)")
@@ -94,17 +98,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--data",
         metavar="X.npy",
-        help="calibration inputs (.npy, or .npz with x; as the model takes them: NHWC for "
-        "Keras, NCHW for --mindspore): the exponents are searched on them, the chip "
-        "simulator as judge (at most 512 samples)",
+        help="--format v1 only (for now): calibration inputs (.npy, or .npz with x; as the "
+        "model takes them: NHWC for Keras, NCHW for --mindspore): the exponents are searched "
+        "on them, the chip simulator as judge, on the first min(512, max(32, 2**21 // values "
+        "per sample)) samples (at most 512 and about 2**21 input values: a 96x96x3 input "
+        "uses the first 75)",
     )
     parser.add_argument(
         "--exponents",
         choices=("max", "search"),
         default=None,
-        help="max: each exponent covers its calibrated range (the range rule); search: the "
-        "exponents and bias corrections with the smallest chip output error on --data "
-        "(default: search with --data, else max)",
+        help="--format v1 only (for now). max: each exponent covers its calibrated range (the "
+        "range rule); search: the exponents and bias corrections with the smallest chip "
+        "output error on --data (default: search with --data, else max)",
     )
     parser.add_argument(
         "--skip-unsupported", action="store_true", help="leave out layers ESP-DL v1 cannot take"

@@ -6,7 +6,12 @@ import argparse
 
 from amct_bridge.records import load
 from amct_bridge.records.flavors import FLAVORS
-from amct_bridge.records.summary import flavor_phrase, layer_table, prune_summary
+from amct_bridge.records.summary import (
+    flavor_phrase,
+    layer_table,
+    prune_summary,
+    written_flavor,
+)
 
 
 def register(subparsers) -> None:
@@ -31,7 +36,8 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     """Print the table."""
     record = load(args.file, args.flavor, on_duplicate="keep_last" if args.keep_last else "error")
-    print(f"{args.file}: {flavor_phrase(record)}, {len(record.layers)} layers")
+    written = args.flavor or written_flavor(args.file)  # the sidecar says how it was written
+    print(f"{args.file}: {flavor_phrase(record, written)}, {len(record.layers)} layers")
     if record.layers:
         print(layer_table(record))
     if record.prune_records:

@@ -60,7 +60,12 @@ def register(subparsers) -> None:
         help="inputs: .npy array or .npz (one per input; --mindspore: the inputs in file "
         "order, then optionally the labels, e.g. an .npz with x and y)",
     )
-    p.add_argument("--labels", help=".npy class labels (index or one-hot): accuracy columns")
+    p.add_argument(
+        "--labels",
+        help=".npy class labels (index or one-hot): accuracy columns; labels the model output "
+        "is not a class vector for (e.g. 0/1 anomaly labels of an autoencoder) give the output's "
+        "SNR and MSE instead",
+    )
     p.add_argument("--html", help="write a self-contained HTML report with plots here")
     p.add_argument("--json", help="write the table as JSON here")
     p.add_argument("--top-k", type=int, default=3, help="sensitive layers to list (default 3)")

@@ -6,6 +6,7 @@ import argparse
 
 from amct_bridge.records import load, validate
 from amct_bridge.records.flavors import FLAVORS, a_record
+from amct_bridge.records.summary import written_flavor
 
 
 def register(subparsers) -> None:
@@ -25,7 +26,8 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--flavor",
         choices=sorted(FLAVORS),
-        help="check as this flavor (default: detected from the content: the "
+        help="check as this flavor (default: the flavor it was written as, which its "
+        "calibration sidecar FILE.calib.json names; else detected from the content: the "
         "narrowest of inner > tf > mindspore that holds every field)",
     )
     parser.add_argument(
@@ -41,11 +43,12 @@ def run(args: argparse.Namespace) -> int:
     # Parse with the widest schema so that fields a flavor lacks are listed as problems
     # (AMCT would stop at the first one with a parse error).
     record = load(args.file, on_duplicate="keep_last" if args.keep_last else "error")
-    problems = [str(p) for p in validate(record, args.flavor)]
+    # the flavor it was written as (its sidecar says), else the one its text shows
+    flavor = args.flavor or written_flavor(args.file) or record.flavor
+    problems = [str(p) for p in validate(record, flavor)]
     problems += _sidecar_problems(args.file, record)
     for problem in problems:
         print(problem)
-    flavor = args.flavor or record.flavor
     if problems:
         print(f"{args.file}: {len(problems)} problem(s) as {a_record(flavor)}")
         return 1

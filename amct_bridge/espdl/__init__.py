@@ -177,7 +177,12 @@ def export(
         from amct_bridge.espdl.v1.search import search_tuning
 
         tuning = search_tuning(
-            layers, calibration.x, calibration.floats, output=calibration.output, **options
+            layers,
+            calibration.x,
+            calibration.floats,
+            output=calibration.output,
+            given=calibration.given,
+            **options,
         )
     return export_layers(
         layers,

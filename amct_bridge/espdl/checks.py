@@ -155,6 +155,84 @@ def check_sidecar_keys(stats: CalibrationStats | None, layers: list[SourceLayer]
     )
 
 
+def check_sidecar_model(stats: CalibrationStats | None, layers: list[SourceLayer]) -> None:
+    """Refuse a calibration sidecar written for another model, by layer name: the sidecar's
+    ``model`` (written by the calibration since issue 33) lists the calibrated model's layers
+    and each weighted part's kernel shape. A weighted layer here that the calibrated model did
+    not have, one of the calibrated model's weighted layers that this model lacks, and a kernel
+    with other output channels or another size are each named, with how they differ. Kernels
+    are compared by output channels and size, which do not depend on the framework's layout
+    (the export's are HWIO; MindSpore calibrates OIHW). A sidecar without ``model`` (written
+    before) is not checked here: its names are only compared (a warning, as before).
+
+    Example:
+        >>> from amct_bridge.records.calibration import CalibrationStats, LayerShape
+        >>> stats = CalibrationStats(model={"fc": LayerShape("Dense", (4, 2), "IO")})
+        >>> fc = SourceLayer("fc", "dense", ["in"], "Dense", {"kernel": np.zeros((4, 3))})
+        >>> try:
+        ...     check_sidecar_model(stats, [SourceLayer("in", "input"), fc])
+        ... except ExportError as err:
+        ...     print(err)  # doctest: +ELLIPSIS
+        calibration sidecar: written for another model: layer 'fc' (Dense): kernel (4, 3) here,
+        3 output channels and 12 weights; (4, 2) IO when calibrated, 2 output channels and 8
+        weights; calibrate this model ...
+    """
+    if stats is None or stats.model is None:
+        return
+    from amct_bridge.quant.layouts import LAYOUTS
+
+    model = stats.model
+    problems, matched = [], set()
+    for layer in layers:
+        kernel = layer.weights.get("kernel")
+        if layer.op not in ("conv2d", "depthwise_conv2d", "dense") or kernel is None:
+            continue
+        names = [layer.name, str(layer.attrs.get("record_key", "")), layer.name.split("@")[0]]
+        key = next((n for n in names if n in model), None)
+        if key is None:
+            problems.append(
+                f"layer {layer.describe()} (kernel {tuple(kernel.shape)}) is not in the "
+                "calibrated model"
+            )
+            continue
+        matched.add(key)
+        shape = model[key]
+        if shape.kernel is None:
+            continue  # the calibration saw it without weights of its own (not quantizable)
+        spec = LAYOUTS.get(str(shape.layout).upper())  # unknown: the sizes alone
+        size = math.prod(shape.kernel)
+        out = None
+        if spec is not None and spec.ndim == len(shape.kernel):
+            out = math.prod(shape.kernel[a] for a in spec.out_axis)
+        here_out = layer.out_channels
+        if size != kernel.size or (out is not None and here_out is not None and out != here_out):
+            problems.append(
+                f"layer {layer.describe()}: kernel {tuple(kernel.shape)} here, {here_out} output "
+                f"channels and {kernel.size} weights; {shape.kernel} {shape.layout} when "
+                f"calibrated, {out if out is not None else '?'} output channels and {size} weights"
+            )
+    here = {layer.name for layer in layers} | {layer.name.split("@")[0] for layer in layers}
+    here |= {str(layer.attrs.get("record_key")) for layer in layers if "record_key" in layer.attrs}
+    for key, shape in model.items():
+        if shape.kernel is None or key in matched or key in here:
+            continue
+        problems.append(
+            f"layer {key!r} ({shape.kind}, kernel {shape.kernel} {shape.layout}) of the "
+            "calibrated model is not in this model"
+        )
+    if not problems:
+        return
+    where = f"{stats.source}: " if stats.source else ""
+    shown = "; ".join(problems[:8]) + (
+        f"; and {len(problems) - 8} more" if len(problems) > 8 else ""
+    )
+    raise ExportError(
+        f"{where}calibration sidecar: written for another model: {shown}; calibrate this model "
+        "(its record and sidecar), or pass the sidecar its calibration wrote (<record>.calib.json, "
+        "or --stats / stats=)"
+    )
+
+
 def record_coverage(
     heads: list[str], record: Record | None, stats: CalibrationStats | None
 ) -> list[str]:

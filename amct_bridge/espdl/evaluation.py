@@ -47,8 +47,8 @@ class LayerError:
 
     name: str
     source: str  # the framework's layer (Keras layer, MindSpore cell) that computes it
-    kind: str
-    exponent: int
+    kind: str  # the op computing it (ESP-DL v1 class, ESP-DL v3 operator)
+    exponent: int | None  # None: a float tensor (ESP-DL v3 float32), which has no exponent
     snr_db: float
     max_abs: float
     saturated: float
@@ -64,13 +64,20 @@ class Evaluation:
     scored when it is not plainly the model's output (the logits of a head whose softmax is
     left to the host, a chip output followed by float layers on the host).
 
+    A model whose output is not a class vector for the labels (an autoencoder scored with 0/1
+    anomaly labels) gets no accuracy at all: ``no_accuracy`` says why
+    (:func:`amct_bridge.report.metrics.classification_problem`), and the regression figures
+    (``*_snr`` in dB and ``*_mse``, the fake-quantized and the chip's model output against the
+    float model's) are what :func:`format_evaluation` prints instead. They are computed for
+    every model (None where the output is not there or does not fit).
+
     Example:
         >>> Evaluation(10, 0.9, None, 0.8, "esp32").chip_acc
         0.8
     """
 
     samples: int
-    float_acc: float
+    float_acc: float | None
     fake_quant_acc: float | None
     chip_acc: float | None
     target: str
@@ -83,6 +90,83 @@ class Evaluation:
     #: a same-padded AvgPool2D's error split into border and inner positions (the chip divides
     #: by the full window at the border, the framework by the real cells)
     border: list[str] = field(default_factory=list)
+    #: why no accuracy is given ("": the output is a class vector for the labels)
+    no_accuracy: str = ""
+    fake_quant_snr: float | None = None  # dB, model output against the float model's
+    fake_quant_mse: float | None = None
+    chip_snr: float | None = None
+    chip_mse: float | None = None
+
+
+def score_outputs(
+    y: np.ndarray,
+    float_scores: np.ndarray,
+    fake_quant_scores: np.ndarray | None,
+    chip_scores: np.ndarray | None,
+    output: str | None = None,
+) -> dict[str, Any]:
+    """The :class:`Evaluation` fields of the model output: the accuracies when the float
+    output is a class vector for ``y`` (class indices or one-hot), else ``no_accuracy`` (why);
+    and, always, the regression figures of the fake-quantized and the chip's output against
+    the float output (a chip output in NHWC against an NCHW float output is transposed).
+
+    Example:
+        >>> ref = np.float32([[0.1, 0.9], [0.8, 0.2]])
+        >>> got = score_outputs(np.array([1, 1]), ref, None, ref)
+        >>> got["float_acc"], got["chip_acc"], got["chip_snr"], got["no_accuracy"]
+        (0.5, 0.5, inf, '')
+    """
+    from amct_bridge.report.metrics import class_indices, classification_problem, mse
+
+    problem = classification_problem(float_scores, y)
+    labels = None if problem else class_indices(y)[0]
+    named = f" {output!r}" if output else ""
+
+    def acc(scores: np.ndarray | None) -> float | None:
+        return None if scores is None or labels is None else accuracy(scores, labels)
+
+    fields: dict[str, Any] = {
+        "float_acc": acc(float_scores),
+        "fake_quant_acc": acc(fake_quant_scores),
+        "chip_acc": acc(chip_scores),
+        "no_accuracy": (
+            f"the model output{named} is not a class vector for these labels: {problem}"
+            if problem
+            else ""
+        ),
+    }
+    ref = np.asarray(float_scores, np.float64)
+    for name, got in (("fake_quant", fake_quant_scores), ("chip", chip_scores)):
+        fitted = as_reference(ref, got)
+        fields[f"{name}_snr"] = None if fitted is None else snr_db(ref, fitted)
+        fields[f"{name}_mse"] = None if fitted is None else mse(ref, fitted)
+    return fields
+
+
+def as_reference(ref: np.ndarray, got: np.ndarray | None) -> np.ndarray | None:
+    """``got`` in ``ref``'s shape, or None when it does not fit: a map is transposed between
+    NHWC (the chip) and NCHW (MindSpore), a vector of values reshaped (``(N, 1, 1, C)``).
+
+    Example:
+        >>> as_reference(np.zeros((2, 3, 4, 5)), np.zeros((2, 4, 5, 3))).shape
+        (2, 3, 4, 5)
+        >>> as_reference(np.zeros((2, 6)), np.zeros((2, 2, 3))) is None
+        True
+    """
+    if got is None:
+        return None
+    got = np.asarray(got, np.float64)
+    if got.shape == ref.shape:
+        return got
+    if ref.ndim == 4 and got.ndim == 4:  # NHWC against NCHW, or NCHW against NHWC
+        for axes in ((0, 3, 1, 2), (0, 2, 3, 1)):
+            if got.transpose(axes).shape == ref.shape:
+                return got.transpose(axes)
+
+    def vector(a: np.ndarray) -> bool:  # (N, C), (N, 1, 1, C)...: one axis of values
+        return sum(d > 1 for d in a.shape[1:]) <= 1
+
+    return got.reshape(ref.shape) if got.size == ref.size and vector(ref) and vector(got) else None
 
 
 def snr_db(ref: np.ndarray, got: np.ndarray) -> float:
@@ -163,7 +247,9 @@ def evaluate_export(
 
     Args:
         export: an export directory, :class:`~amct_bridge.espdl.ExportResult` or network.
-        x, y: the inputs (float, NHWC) and class indices.
+        x, y: the inputs (float, NHWC) and the labels: class indices or one-hot rows; labels
+            the model output is not a class vector for give no accuracy, the regression
+            figures instead (:func:`score_outputs`).
         float_scores, fake_quant_scores: the float and fake-quantized models' first output.
         floats: the float outputs (NHWC) by framework layer name, or a function of the names
             wanted (:func:`source_names`) giving them; a layer without one gets a "not
@@ -200,17 +286,19 @@ def evaluate_export(
     scores, note = _chip_scores(net, output, chip, host_rest)
     refs = floats(source_names(net)) if callable(floats) else (floats or {})
     not_compared: list[str] = []
+    fields = score_outputs(y, float_scores, fake_quant_scores, scores, output)
     ev = Evaluation(
         len(y),
-        accuracy(float_scores, y),
-        None if fake_quant_scores is None else accuracy(fake_quant_scores, y),
-        None if scores is None else accuracy(scores, y),
+        fields.pop("float_acc"),
+        fields.pop("fake_quant_acc"),
+        fields.pop("chip_acc"),
         simulated,
         _layer_errors(net, chip, refs, net.bits, not_compared, missing_reasons),
         warnings,
         source_label,
         not_compared,
         note,
+        **fields,
     )
     ev.border = _border_errors(net, chip, refs, tuple(x.shape[1:3]))
     return ev
@@ -396,31 +484,48 @@ def format_evaluation(ev: Evaluation) -> str:
         fake-quant accuracy: n/a (no --record)
         chip accuracy:       0.8000 (esp32, bit-exact simulator)
     """
-    fq = "n/a (no --record)" if ev.fake_quant_acc is None else f"{ev.fake_quant_acc:.4f}"
-    if ev.fake_quant_acc is not None:  # issue 23 §5: it is not a prediction of the chip
-        fq += "  (AMCT's scales, not the chip's power-of-two exponents: no chip prediction)"
-    if ev.chip_acc is None:
-        chip = f"n/a ({ev.chip_note})"
+    scales = "  (AMCT's scales, not the chip's power-of-two exponents: no chip prediction)"
+    chip_note = f"; {ev.chip_note}" if ev.chip_note else ""
+    if ev.no_accuracy:  # not a classifier for these labels: regression figures instead
+        lines = [
+            f"samples: {ev.samples}",
+            f"accuracy: n/a ({ev.no_accuracy}); the model output's SNR and MSE against the "
+            "float model's instead:",
+            f"fake-quant output:   {_figures(ev.fake_quant_snr, ev.fake_quant_mse, 'no --record')}"
+            + (scales if ev.fake_quant_snr is not None else ""),
+            "chip output:         "
+            + _figures(ev.chip_snr, ev.chip_mse, ev.chip_note or "no chip output fits it")
+            + (
+                f" ({ev.target}, bit-exact simulator{chip_note})" if ev.chip_snr is not None else ""
+            ),
+        ]
     else:
-        note = f"; {ev.chip_note}" if ev.chip_note else ""
-        chip = f"{ev.chip_acc:.4f} ({ev.target}, bit-exact simulator{note})"
-    lines = [
-        f"samples: {ev.samples}",
-        f"float accuracy:      {ev.float_acc:.4f}",
-        f"fake-quant accuracy: {fq}",
-        f"chip accuracy:       {chip}",
-    ]
+        fq = "n/a (no --record)" if ev.fake_quant_acc is None else f"{ev.fake_quant_acc:.4f}"
+        if ev.fake_quant_acc is not None:  # issue 23 §5: it is not a prediction of the chip
+            fq += scales
+        if ev.chip_acc is None:
+            chip = f"n/a ({ev.chip_note})"
+        else:
+            chip = f"{ev.chip_acc:.4f} ({ev.target}, bit-exact simulator{chip_note})"
+        lines = [
+            f"samples: {ev.samples}",
+            f"float accuracy:      {ev.float_acc:.4f}",
+            f"fake-quant accuracy: {fq}",
+            f"chip accuracy:       {chip}",
+        ]
     if ev.layers:
         width = max(len("layer"), *(len(e.name) for e in ev.layers))
+        kinds = max(19, *(len(e.kind) for e in ev.layers))
         lines += ["", "per-layer error of the chip against the float model:"]
         lines.append(
-            f"{'layer':<{width}}  {'class':<19} {'exp':>4} {'SNR dB':>7} {'max abs':>10} "
+            f"{'layer':<{width}}  {'class':<{kinds}} {'exp':>4} {'SNR dB':>7} {'max abs':>10} "
             f"{'sat %':>6}  {ev.source_label}"
         )
         for e in ev.layers:
             mark = "  (approximate arithmetic)" if e.approximate else ""
+            exp = "-" if e.exponent is None else e.exponent  # a float tensor has none
             lines.append(
-                f"{e.name:<{width}}  {e.kind:<19} {e.exponent:>4} {e.snr_db:>7.1f} "
+                f"{e.name:<{width}}  {e.kind:<{kinds}} {exp:>4} {e.snr_db:>7.1f} "
                 f"{e.max_abs:>10.4g} {100 * e.saturated:>6.2f}  {e.source}{mark}"
             )
         worst = min(ev.layers, key=lambda e: e.snr_db)
@@ -428,3 +533,10 @@ def format_evaluation(ev: Evaluation) -> str:
     lines += [f"not compared: {line}" for line in ev.not_compared]
     lines += [f"border of a same-padded average pool: {line}" for line in ev.border]
     return "\n".join(lines)
+
+
+def _figures(snr: float | None, error: float | None, missing: str) -> str:
+    """``SNR 30.1 dB, MSE 1.2e-04``, or ``n/a (why)``."""
+    if snr is None or error is None:
+        return f"n/a ({missing})"
+    return f"SNR {snr:.1f} dB, MSE {error:.4g}"

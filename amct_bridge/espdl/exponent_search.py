@@ -47,7 +47,9 @@ class CalibrationData:
     ``x``: float inputs, NHWC (the chip's layout); ``floats``: the float outputs (NHWC) by
     framework layer name, or a function of the names wanted giving them (as
     :func:`amct_bridge.espdl.evaluation.evaluate_export` takes them); ``output``: the
-    framework layer of the model's first output (None: the chip's first output).
+    framework layer of the model's first output (None: the chip's first output); ``given``:
+    how many samples the user gave (the adapters pass ``x`` already cut to
+    :func:`~amct_bridge.espdl.v1.search.search_samples`), said in the search's note.
 
     Example:
         >>> CalibrationData(np.zeros((2, 4)), {"fc": np.zeros((2, 3))}, "fc").output
@@ -57,6 +59,7 @@ class CalibrationData:
     x: np.ndarray
     floats: dict[str, np.ndarray] | Callable[[list[str]], dict[str, np.ndarray]]
     output: str | None = None
+    given: int | None = None
 
 
 @dataclass

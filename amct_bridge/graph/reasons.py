@@ -27,6 +27,7 @@ class Reason(str, Enum):
     UNKNOWN_OP = "UNKNOWN_OP"
     CHANNEL_MIXING = "CHANNEL_MIXING"
     GROUPED_CONV = "GROUPED_CONV"
+    DEPTHWISE_CONV = "DEPTHWISE_CONV"
     MAPPING_MISMATCH = "MAPPING_MISMATCH"
     CONSTANT_OPERAND = "CONSTANT_OPERAND"
     UNSUPPORTED_LAYOUT = "UNSUPPORTED_LAYOUT"
@@ -56,6 +57,10 @@ _EXPLAIN = {
     Reason.UNKNOWN_OP: "an op or custom layer whose channel behaviour is unknown (never guessed)",
     Reason.CHANNEL_MIXING: "a reshape/transpose/softmax/normalization/matmul mixes channels",
     Reason.GROUPED_CONV: "a grouped convolution (1 < groups < channels) would need equal pruning",
+    Reason.DEPTHWISE_CONV: (
+        "a depthwise convolution (DepthwiseConv2D, or groups == input channels): each output "
+        "reads one input channel, there is no run of 4 input channels to keep 2 of"
+    ),
     Reason.MAPPING_MISMATCH: "channel index mappings that cannot be aligned (multiplier/tiling)",
     Reason.CONSTANT_OPERAND: "a raw op with a per-channel constant operand",
     Reason.UNSUPPORTED_LAYOUT: (

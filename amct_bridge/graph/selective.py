@@ -25,6 +25,7 @@ from amct_bridge.errors import GraphError
 from amct_bridge.graph.groups import Refusal
 from amct_bridge.graph.ir import Graph, Node
 from amct_bridge.graph.reasons import Reason
+from amct_bridge.graph.rules import DEPTHWISE_KINDS
 from amct_bridge.records.model import Attr, PruneNode, PruneRecord
 
 #: Layer kinds that can take a 2:4 mask, with the kernel layout they use.
@@ -87,9 +88,12 @@ def selective_candidates(graph: Graph) -> tuple[list[Node], list[Refusal]]:
 
 
 def _refusal_reason(node: Node) -> Reason | None:
+    groups = node.params.get("groups", 1)
+    if node.kind in DEPTHWISE_KINDS or (groups != 1 and groups == node.params.get("in_channels")):
+        return Reason.DEPTHWISE_CONV  # a conv with groups == Cin is a depthwise conv
     if node.kind not in ELIGIBLE_KINDS:
         return Reason.NOT_ELIGIBLE
-    if node.params.get("groups", 1) != 1:
+    if groups != 1:
         return Reason.GROUPED_CONV
     if node.shared:
         return Reason.SHARED_LAYER

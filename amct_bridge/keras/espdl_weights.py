@@ -9,6 +9,12 @@ layer's own activation, LeakyReLU slope, PReLU alpha. A SeparableConv2D becomes 
 layers, ``<name>/depthwise`` and ``<name>/pointwise`` (the record's keys). The model is never
 modified.
 
+1-D layers (Conv1D, DepthwiseConv1D, SeparableConv1D, the 1-D pools, ZeroPadding1D) become the
+2-D layer of height 1 they are (the calibration quantizes them so, by AMCT's Conv2D rules):
+kernel ``[1, k, cin, cout]``, strides / pool sizes ``(1, s)``, ``attrs["rank"] = 1``, which
+tells the exporters that the framework's tensors are ``(N, W, C)`` (v3 writes the native 1-D
+ops, v1 runs them at height 1; :mod:`amct_bridge.espdl.source`).
+
 Example:
     >>> import keras
     >>> x = keras.Input((8, 8, 3), name="img")
@@ -20,6 +26,7 @@ Example:
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +67,16 @@ RUNTIME_KINDS: dict[str, bool] = {
     "AveragePooling2D": False,
     "GlobalAveragePooling2D": False,
     "Add": False,
+    # 1-D layers: the 2-D layer of height 1 (attrs["rank"] = 1, see the module docstring)
+    "MaxPooling1D": True,
+    "GlobalMaxPooling1D": True,
+    "ZeroPadding1D": True,
+    "AveragePooling1D": False,
+    "GlobalAveragePooling1D": False,
 }
+
+#: 1-D convolutions -> the ESP-DL op of their 2-D twin (height 1).
+CONV_1D: dict[str, str] = {"Conv1D": "conv2d", "DepthwiseConv1D": "depthwise_conv2d"}
 
 #: What to do instead, for layers users often have.
 HINTS: dict[str, str] = {
@@ -68,7 +84,6 @@ HINTS: dict[str, str] = {
     "Multiply": "ESP-DL v1's Mul2D arithmetic is not fixed by any source; compute it on the host",
     "QATQuant": "export strip_qat(qat_model) with the QAT record and sidecar, see docs/qat.md",
     "QATObserve": "export strip_qat(qat_model) with the QAT record and sidecar, see docs/qat.md",
-    "Conv1D": "use Conv2D on an (1, W, C) input",
     "UpSampling2D": "ESP-DL v1 has no resize layer",
     "Softmax": "apply softmax on the host to the int outputs (it keeps the arg max)",
     "Rescaling": "with --skip-unsupported, scale the input on the host and quantize it with "
@@ -222,12 +237,16 @@ def _runtime_attrs(layer: Any, node: Node) -> dict:
 
 def _separable(layer: Any, node: Node, inputs: list[str], runtime: str) -> list[SourceLayer]:
     """A SeparableConv2D as ESP-DL runs it: a depthwise conv ``<name>/depthwise`` (no bias) and
-    a 1x1 conv ``<name>/pointwise`` (bias, activation), the record's two keys."""
+    a 1x1 conv ``<name>/pointwise`` (bias, activation), the record's two keys. A
+    SeparableConv1D: the same at height 1 (``attrs["rank"] = 1``)."""
     op, weights, attrs = _conv_like(layer, node, "conv2d", runtime)
     if op == "unsupported":
         return [SourceLayer(node.name, op, inputs, node.kind, {}, attrs)]
+    one_d = class_name(layer) == "SeparableConv1D"
+    if one_d:
+        attrs = {**attrs, "rank": 1, "strides": (1, *(int(v) for v in attrs["strides"]))}
     dw_name, pw_name = f"{node.name}/depthwise", f"{node.name}/pointwise"
-    dw_attrs = {"activation": None, "part_of": node.name}
+    dw_attrs = {"activation": None, "part_of": node.name, **({"rank": 1} if one_d else {})}
     if node.shared:
         dw_attrs.update(call_of=node.layer, record_key=f"{node.layer}/depthwise")
     for key in ("strides", "padding", "depth_multiplier"):
@@ -237,20 +256,49 @@ def _separable(layer: Any, node: Node, inputs: list[str], runtime: str) -> list[
     if node.shared:
         pw_attrs["record_key"] = f"{node.layer}/pointwise"
     pw_attrs.pop("depth_multiplier", None)
-    pw_weights = {"kernel": _to_numpy(layer.pointwise_kernel)}
+    pw_kernel, dw_kernel = _to_numpy(layer.pointwise_kernel), _to_numpy(layer.depthwise_kernel)
+    if one_d:  # [k, C, M] / [1, C*M, F] -> height 1
+        pw_kernel, dw_kernel = pw_kernel[None], dw_kernel[None]
+    pw_weights = {"kernel": pw_kernel}
     if "bias" in weights:
         pw_weights["bias"] = weights["bias"]
     return [
         SourceLayer(
-            dw_name,
-            "depthwise_conv2d",
-            inputs,
-            node.kind,
-            {"kernel": _to_numpy(layer.depthwise_kernel)},
-            dw_attrs,
+            dw_name, "depthwise_conv2d", inputs, node.kind, {"kernel": dw_kernel}, dw_attrs
         ),
         SourceLayer(pw_name, "conv2d", [dw_name], node.kind, pw_weights, pw_attrs),
     ]
+
+
+def _height_1(op: str, weights: dict, attrs: dict, node: Node) -> tuple[str, dict, dict]:
+    """A 1-D conv's ``(op, weights, attrs)`` as the 2-D conv of height 1 it is: kernel
+    ``[k, cin, cout]`` -> ``[1, k, cin, cout]``, strides ``(1, s)``, ``attrs["rank"] = 1``; a
+    causal Conv1D pads ``(k - 1)`` zeros on the left (explicit ``pads``, padding "valid")."""
+    if op == "unsupported":
+        return op, weights, attrs
+    weights = dict(weights)
+    for key in ("kernel", "pointwise_kernel", "depthwise_kernel"):
+        if key in weights:
+            weights[key] = weights[key][None]
+    attrs = {**attrs, "rank": 1}
+    if "strides" in attrs:
+        attrs["strides"] = (1, *(int(s) for s in attrs["strides"]))
+    if str(attrs.get("padding", "valid")).lower() == "causal":
+        k = int(weights["kernel"].shape[1])
+        attrs.update(padding="valid", pads=[0, 0, k - 1, 0])  # dilation 1 (else refused)
+    return op, weights, attrs
+
+
+def _runtime_1d(kind: str, attrs: dict) -> dict:
+    """A 1-D pool / padding's attrs as its 2-D twin's (height 1), ``rank`` 1."""
+    attrs = {**attrs, "rank": 1}
+    for key in ("pool_size", "strides"):
+        if key in attrs:
+            attrs[key] = (1, *(int(v) for v in attrs[key]))
+    if kind == "ZeroPadding1D" and "padding" in attrs:  # the str of Keras' (left, right)
+        left, right = (int(v) for v in re.findall(r"-?\d+", str(attrs["padding"])))
+        attrs["padding"] = ((0, 0), (left, right))
+    return attrs
 
 
 def _translate(layer: Any, node: Node, runtime: str) -> tuple[str, dict, dict]:
@@ -263,6 +311,8 @@ def _translate(layer: Any, node: Node, runtime: str) -> tuple[str, dict, dict]:
         return _conv_like(layer, node, "depthwise_conv2d", runtime)
     if kind == "Dense":
         return _conv_like(layer, node, "dense", runtime)
+    if kind in CONV_1D:
+        return _height_1(*_conv_like(layer, node, CONV_1D[kind], runtime), node)
     if kind == "BatchNormalization":
         return _batch_norm(layer, node)
     if kind == "ReLU":
@@ -276,7 +326,8 @@ def _translate(layer: Any, node: Node, runtime: str) -> tuple[str, dict, dict]:
         op, attrs = _activation(node, runtime)
         return op, {}, attrs
     if kind in RUNTIME_KINDS:
-        return "runtime", {}, {"keeps_exponent": RUNTIME_KINDS[kind], **_runtime_attrs(layer, node)}
+        attrs = {"keeps_exponent": RUNTIME_KINDS[kind], **_runtime_attrs(layer, node)}
+        return "runtime", {}, _runtime_1d(kind, attrs) if kind.endswith("1D") else attrs
     if kind == "LayerNormalization":  # v1 refuses it; the v3 export reads these
         return "unsupported", *_layer_norm(layer, runtime)
     reason = no_equivalent(f"Keras {kind}", runtime)
@@ -329,7 +380,7 @@ def source_layers(model: keras.Model, *, format: str = "v1") -> list[SourceLayer
         inputs = [_input_name(graph, t) for t in node.inputs]
         inputs = [alias.get(name, name) for name in inputs]
         output = any(graph.is_output(t) for t in node.outputs)
-        if layer is not None and class_name(layer) == "SeparableConv2D":
+        if layer is not None and class_name(layer) in ("SeparableConv2D", "SeparableConv1D"):
             parts = _separable(layer, node, inputs, runtime)
             alias[node.name] = parts[-1].name
             if output:
@@ -423,7 +474,7 @@ def export_espdl(
         # search and bias correction compare) its logits, not the probabilities
         output, heads = chip_reference(layers, model.outputs[0]._keras_history.operation.name)
         floats = lambda names: float_outputs(model, x, names, 64, linear=heads)  # noqa: E731
-        options["calibration"] = CalibrationData(x, floats, output)
+        options["calibration"] = CalibrationData(x, floats, output, len(calibration_data))
     return export(record, layers, out_dir, exponents=rule, **options)
 
 

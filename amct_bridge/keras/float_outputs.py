@@ -26,7 +26,9 @@ def float_outputs(
     linear: frozenset[str] | set[str] = frozenset(),
 ) -> dict[str, np.ndarray]:
     """Float outputs of the record keys ``names`` (nested ``outer/inner``, ``sep/...`` parts);
-    why a name has none goes to ``reasons`` (if given). Top-level layers in ``linear`` give
+    why a name has none goes to ``reasons`` (if given); when no name is a layer of the model
+    (an ``.espdl`` file another tool made, with its own tensor names) the result is empty.
+    Top-level layers in ``linear`` give
     their output before their own ``activation`` (a classifier head whose softmax is left to
     the host: the chip computes its logits).
 
@@ -49,8 +51,8 @@ def float_outputs(
         try:
             layer = model.get_layer(head)
         except ValueError:
-            for key in keys:
-                reasons[key] = f"no layer {head!r} in the Keras model"
+            for key in keys:  # "/Relu_output_0" (another tool's tensor): no head, the name
+                reasons[key] = f"no layer {head or key!r} in the Keras model"
             continue
         if isinstance(layer, keras.Model) and any("/" in k for k in keys):
             tensors[head + "/<input>"] = _outer_input(layer)
@@ -66,6 +68,8 @@ def float_outputs(
             elif key == f"{head}/depthwise":
                 tensors[head + "/<input>"] = layer.input
                 wanted.setdefault(head, []).append(key)
+    if not tensors:  # no name is a layer here (a file another tool made): nothing to run
+        return {}
     inputs = model.inputs[0] if len(model.inputs) == 1 else model.inputs  # as the model is called
     probe = keras.Model(inputs, list(tensors.values()))
     found = dict(zip(tensors, forward_batches(probe, [x], batch), strict=True))

@@ -16,7 +16,11 @@ for a Keras twin):
   ``nn.LeakyReLU`` (``alpha``), ``nn.PReLU`` (``w``); pools with ``kernel_size`` / ``stride``
   / ``pad_mode``; ``AdaptiveAvg/MaxPool2d(1)`` and ``ops.mean`` over H, W are global pools;
   functional ``x + y`` and ``ops.concat`` (channel axis 1 -> the chip's last axis);
-- the model input's shape as the chip's ``(H, W, C)``.
+- the model input's shape as the chip's ``(H, W, C)``;
+- ``nn.Conv1d`` (weight ``(O, I, 1, k)``, MindSpore's own Conv2D of height 1) as that conv
+  (HWIO ``(1, k, I, O)``, ``attrs["rank"] = 1``: :mod:`amct_bridge.espdl.source`) on NCW
+  tensors, which the chip holds NWC (``(W, C)`` input; a Flatten of an NCW map before a Dense
+  reorders its rows as for NCHW).
 
 Anything else becomes an ``unsupported`` layer with the reason (the exporter refuses it, or
 leaves it out with ``skip_unsupported``). The network is not modified.
@@ -31,6 +35,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 import os
@@ -55,10 +60,14 @@ from amct_bridge.records.model import Record
 #: Coefficient-free graph kinds the ESP-DL v1 runtime has -> whether the output exponent is
 #: the input's (as :data:`amct_bridge.keras.espdl_weights.RUNTIME_KINDS`).
 _KEEPING = ("MaxPooling2D", "GlobalMaxPooling2D", "Flatten", "Concatenate", "Maximum", "Minimum")
+_AVERAGING = ("AveragePooling2D", "GlobalAveragePooling2D", "Add", "Subtract")
+#: 1-D pools (nn.MaxPool1d & co.): the 2-D ones at height 1 (``attrs["rank"] = 1``).
+_POOLS_1D = ("MaxPooling1D", "GlobalMaxPooling1D", "AveragePooling1D", "GlobalAveragePooling1D")
 RUNTIME_KINDS: dict[str, bool] = {
     **dict.fromkeys((*_KEEPING, "Dropout", "Identity"), True),
-    **dict.fromkeys(("AveragePooling2D", "GlobalAveragePooling2D", "Add", "Subtract"), False),
+    **dict.fromkeys(_AVERAGING, False),
     "Multiply": False,
+    **{kind: "Max" in kind for kind in _POOLS_1D},
 }
 _ELEMENTWISE = ("Add", "Subtract", "Multiply", "Maximum", "Minimum")
 _PASS = ("Dropout", "Identity")
@@ -137,6 +146,9 @@ def _conv(cell: Any, node: Node, graph: Graph, runtime: str) -> Translated:
         why = HINTS["Conv2DTranspose"] if runtime == V1 else _V3_TRANSPOSE
         return _unsupported(f"nn.Conv2dTranspose: {why}")
     in_shape = graph.tensors[node.inputs[0]].shape
+    one_d = isinstance(cell, nn.Conv1d)
+    if one_d:  # NCW: the height-1 NCHW map nn.Conv1d's own Conv2D primitive reads
+        in_shape = (in_shape[0], in_shape[1], 1, in_shape[2])
     problems = []
     if cell.data_format != "NCHW":
         problems.append(f"data_format {cell.data_format}")
@@ -153,6 +165,8 @@ def _conv(cell: Any, node: Node, graph: Graph, runtime: str) -> Translated:
     if problems:
         return _unsupported(f"{', '.join(problems)}: not supported by the {runtime} exporter")
     attrs: dict = {"activation": None, "strides": strides, **padding}
+    if one_d:
+        attrs["rank"] = 1
     if group == 1:
         op, hwio = "conv2d", kernel.transpose(2, 3, 1, 0)  # OIHW -> HWIO (HWCN)
     else:  # (C*m, 1, kH, kW): output c*m + k reads input c -> (kH, kW, C, m), as Keras
@@ -211,8 +225,8 @@ def _dense(cell: Any, node: Node, graph: Graph, runtime: str) -> Translated:
         return _unsupported(f"{_shared(node, graph)}: not supported by the {runtime} exporter")
     kernel = kernel_of(cell, node.layer).T  # (out, in) -> (in, out)
     shape = _flatten_input(graph, node.inputs[0])
-    if shape is not None and len(shape) == 4 and shape[2] * shape[3] > 1:
-        c, hw = shape[1], shape[2] * shape[3]  # rows c*HW + s (NCHW) -> s*C + c (NHWC)
+    if shape is not None and len(shape) in (3, 4) and int(np.prod(shape[2:])) > 1:
+        c, hw = shape[1], int(np.prod(shape[2:]))  # rows c*HW + s (NCHW) -> s*C + c (NHWC)
         kernel = kernel.reshape(c, hw, -1).transpose(1, 0, 2).reshape(c * hw, -1)
     weights = {"kernel": np.ascontiguousarray(kernel)}
     bias = bias_of(cell)
@@ -229,6 +243,8 @@ def _batch_norm(cell: Any, node: Node) -> Translated:
 
 def _pool(cell: Any, node: Node, graph: Graph) -> Translated:
     kind = node.kind
+    if kind in ("MaxPooling1D", "AveragePooling1D"):
+        return _pool_1d(cell, node, graph)
     if isinstance(cell, (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)):
         out = getattr(cell, "output_size", None)
         if out is None:
@@ -248,6 +264,25 @@ def _pool(cell: Any, node: Node, graph: Graph) -> Translated:
     return "runtime", {}, {**attrs, **padding}
 
 
+def _pool_1d(cell: Any, node: Node, graph: Graph) -> Translated:
+    """nn.MaxPool1d / nn.AvgPool1d (and their adaptive forms with output size 1, global
+    pools) as the 2-D pools of height 1 they run (``attrs["rank"] = 1``)."""
+    kind = node.kind
+    if isinstance(cell, (nn.AdaptiveAvgPool1d, nn.AdaptiveMaxPool1d)):
+        if int(np.ravel(cell.output_size)[0]) != 1:
+            why = f"{type(cell).__name__} output_size {cell.output_size}: only 1 (global pool)"
+            return _unsupported(why)
+        kind = f"Global{kind}"
+        return "runtime", {}, {"keeps_exponent": RUNTIME_KINDS[kind], "kind": kind, "rank": 1}
+    if getattr(cell, "use_pad", False) or str(cell.pad_mode).lower() == "pad":
+        return _unsupported("pooling with pad_mode='pad': use pad_mode='same' or 'valid'")
+    pool, strides = _pair(cell.kernel_size), _pair(cell.stride)
+    width = graph.tensors[node.inputs[0]].shape[-1]
+    padding = _padding(cell, (1, width), pool, strides)
+    attrs = {"keeps_exponent": RUNTIME_KINDS[kind], "pool_size": pool, "strides": strides}
+    return "runtime", {}, {**attrs, **padding, "kind": kind, "rank": 1}
+
+
 def _is_flatten(graph: Graph, node: Node) -> bool:
     """``nn.Flatten`` / ``ops.flatten``, or a Reshape to ``(N, everything else)``."""
     if node.kind == "Flatten":
@@ -260,15 +295,15 @@ def _is_flatten(graph: Graph, node: Node) -> bool:
 
 def _flatten(node: Node, graph: Graph) -> Translated:
     shape = graph.tensors[node.inputs[0]].shape
-    if len(shape) == 4 and shape[2] * shape[3] > 1:
+    if len(shape) == 3 and shape[2] > 1 or len(shape) == 4 and shape[2] * shape[3] > 1:
         readers = _readers(graph, node)
         if not readers or any(r.kind != "Dense" for r in readers):
             return _unsupported(
-                "Flatten of an NCHW map with H*W > 1 read by something other than nn.Dense: "
-                "the chip flattens NHWC (s*C + c), MindSpore channel-major (c*HW + s); only a "
-                "following Dense's rows can be reordered"
+                "Flatten of an NCHW map with H*W > 1 (NCW: W > 1) read by something other than "
+                "nn.Dense: the chip flattens NHWC (s*C + c), MindSpore channel-major (c*HW + s); "
+                "only a following Dense's rows can be reordered"
             )
-    elif len(shape) not in (2, 4):
+    elif len(shape) not in (2, 3, 4):
         return _unsupported(f"Flatten of a rank-{len(shape)} tensor")
     return "runtime", {}, {"keeps_exponent": True, "kind": "Flatten"}
 
@@ -308,6 +343,11 @@ def _functional(node: Node, graph: Graph, runtime: str) -> Translated:
             return _unsupported(f"concat on axis {axis} of a rank-{rank} tensor (batch axis)")
         return "runtime", {}, {"keeps_exponent": True, "axis": nhwc}
     if kind == "GlobalAveragePooling2D" or kind == "GlobalMaxPooling2D":
+        if len(shapes[0]) == 3:  # ops.mean(x, 2) of an NCW map: the 1-D global pool
+            out = graph.tensors[node.outputs[0]].shape
+            kind = kind.replace("2D", "1D")
+            attrs = {"keepdims": len(out) == 3, "kind": kind, "rank": 1}
+            return "runtime", {}, {"keeps_exponent": RUNTIME_KINDS[kind], **attrs}
         return "runtime", {}, {"keeps_exponent": RUNTIME_KINDS[kind]}
     if _is_flatten(graph, node):
         return _flatten(node, graph)
@@ -351,7 +391,7 @@ def _translate(cell: Any, node: Node, graph: Graph, runtime: str) -> Translated:
     kind = node.kind
     if isinstance(cell, nn.PReLU):  # not in the graph's cell table: an opaque leaf call
         return "prelu", {"alpha": np.asarray(cell.w.asnumpy(), np.float32)}, {}
-    if kind in ("Conv2D", "Conv2DTranspose"):
+    if kind in ("Conv2D", "Conv2DTranspose", "Conv1D"):
         return _conv(cell, node, graph, runtime)
     if kind == "Dense":
         return _dense(cell, node, graph, runtime)
@@ -361,8 +401,8 @@ def _translate(cell: Any, node: Node, graph: Graph, runtime: str) -> Translated:
         return ("relu6" if node.params.get("max_value") is not None else "relu"), {}, {}
     if kind == "LeakyReLU":
         return "leaky_relu", {}, {"alpha": float(cell.alpha)}
-    if kind in ("MaxPooling2D", "AveragePooling2D") or isinstance(
-        cell, (nn.MaxPool2d, nn.AvgPool2d)
+    if kind in ("MaxPooling2D", "AveragePooling2D", "MaxPooling1D", "AveragePooling1D") or (
+        isinstance(cell, (nn.MaxPool2d, nn.AvgPool2d))
     ):
         return _pool(cell, node, graph)  # pad_mode="pad" runs a 3-D primitive: kind unknown
     if kind == "Flatten":
@@ -392,7 +432,9 @@ def _input_name(graph: Graph, tid: str) -> str:
 
 
 def _chip_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """An NCHW input's shape without the batch axis, as the chip's HWC."""
+    """An NCHW (NCW) input's shape without the batch axis, as the chip's HWC (WC)."""
+    if len(shape) == 3:
+        return shape[2], shape[1]
     return (shape[2], shape[3], shape[1]) if len(shape) == 4 else tuple(shape[1:])
 
 
@@ -460,7 +502,8 @@ def _call_sites(stats: CalibrationStats | None, layers: list[SourceLayer]) -> An
     }
     if not extra:
         return stats
-    return CalibrationStats(stats.algorithm, stats.batches, {**stats.layers, **extra})
+    # replace keeps the rest (model, record_keys, flavor, source): the export checks them
+    return dataclasses.replace(stats, layers={**stats.layers, **extra})
 
 
 def export_espdl(
@@ -531,6 +574,8 @@ def export_espdl(
             test_input = np.asarray(test_input)
             if test_input.ndim == 4:  # NCHW -> the chip's NHWC
                 test_input = test_input.transpose(0, 2, 3, 1)
+            elif test_input.ndim == 3:  # NCW -> NWC
+                test_input = test_input.transpose(0, 2, 1)
         return export_layers_v3(
             layers, out_dir, record=record, stats=stats, test_input=test_input, **options
         )
@@ -546,7 +591,9 @@ def export_espdl(
         output, linear = chip_reference(layers, _output_cell(layers))
         floats = float_outputs(net, x, 64, linear=linear).floats  # NHWC, by cell call site
         x_chip = x.transpose(0, 2, 3, 1) if x.ndim == 4 else x  # the chip runs NHWC
-        options["calibration"] = CalibrationData(x_chip, floats, output)
+        if x.ndim == 3:  # NCW -> NWC
+            x_chip = x.transpose(0, 2, 1)
+        options["calibration"] = CalibrationData(x_chip, floats, output, len(calibration_data))
     return export(record, layers, out_dir, stats=stats, exponents=rule, **options)
 
 

@@ -98,9 +98,13 @@ def float_outputs(
             name = key if site == 0 else f"{key}@{site}"
             inputs = np.concatenate(ins[key][site::calls])
             site_inputs[name] = _nhwc(inputs)
-            if isinstance(cells[key], nn.Flatten) and inputs.ndim == 4 and inputs[0, 0].size > 1:
-                # NCHW flattens channel-major, the chip pixel-major (the Dense after it, its
-                # rows reordered by the export, is compared)
+            if (
+                isinstance(cells[key], nn.Flatten)
+                and inputs.ndim in (3, 4)
+                and inputs[0, 0].size > 1
+            ):
+                # NCHW (NCW) flattens channel-major, the chip pixel-major (the Dense after it,
+                # its rows reordered by the export, is compared)
                 reasons[name] = "a Flatten of an NCHW map (the chip flattens NHWC; the Dense "
                 reasons[name] += "after it is compared)"
                 continue
@@ -164,5 +168,8 @@ def _linear_part(cell: nn.Dense, inputs: np.ndarray) -> np.ndarray:
 
 
 def _nhwc(value: np.ndarray) -> np.ndarray:
-    """NCHW -> NHWC for a 4-D array (the chip's layout); others as they are."""
+    """NCHW -> NHWC for a 4-D array, NCW -> NWC for a 3-D one (an nn.Conv1d map: the chip's
+    layouts); others as they are."""
+    if value.ndim == 3:
+        return value.transpose(0, 2, 1)
     return value.transpose(0, 2, 3, 1) if value.ndim == 4 else value

@@ -1,7 +1,7 @@
 """Quantization-aware training math both adapters share (numpy only; docs/qat.md).
 
 The Keras and MindSpore QAT cells compute these formulas with their own graph ops (they need
-gradients); this module is the reference they mirror and where the record entries come from:
+gradients); this module is the reference they mirror:
 
 * :func:`check_options`: the options ``quantize_aware`` accepts (``dst_type`` INT8 / INT4,
   ``activation_range`` "ema" / "learned", ``0 <= ema_decay < 1``), giving the bit width;
@@ -10,17 +10,19 @@ gradients); this module is the reference they mirror and where the record entrie
   ``[lo, hi]`` (widened to contain 0; scale divided in float64 and rounded once to float32, the
   correctly rounded quotient, as the graph ops do);
 * :func:`arq_fake_quant`: a kernel fake-quantized with its ARQ scales;
-* :func:`layer_factors`: the AMCT QAT record entry (inner flavor: scale_d, offset_d, scale_w,
-  offset_w, dst_type, skip_fusion) of one quantized part from its trained range and kernel.
+* :func:`record_range`: the clip range a PTQ record's activation factors encode.
+
+The record entries of a QAT run (AMCT's record format) are built from these numbers in
+:func:`amct_bridge.calibration.qat.layer_factors`, next to the sidecar: this module does not
+know the record format.
 
 Example:
     >>> import numpy as np
     >>> y = fake_quant_range(np.float32([0.25, 2.0]), 0.0, 1.0, 8)  # 2.0 clips to 1.0
     >>> y.astype(float).round(4).tolist()
     [0.251, 1.0]
-    >>> f = layer_factors("fc", -1.0, 1.0, 3, 4, np.float32([[1.0, -0.5]]), "OI")
-    >>> f.dst_type, f.offset_d, f.scale_w
-    ('INT4', -1, [0.1428571492433548])
+    >>> record_range(0.5, -128, 8)
+    (0.0, 127.5)
 """
 
 from __future__ import annotations
@@ -32,12 +34,10 @@ from amct_bridge.errors import QuantError
 from amct_bridge.quant.arq import arq_scales
 from amct_bridge.quant.factors import (
     FLT_EPSILON,
-    activation_factors,
     quant_limits,
     round_half_away,
 )
 from amct_bridge.quant.layouts import out_channel_shape
-from amct_bridge.records.model import LayerFactors
 
 #: ``dst_type`` values of AMCT's QAT record and their bit widths.
 DST_TYPES: dict[str, int] = {"INT8": 8, "INT4": 4}
@@ -51,7 +51,6 @@ __all__ = [
     "check_options",
     "ema_update",
     "fake_quant_range",
-    "layer_factors",
     "record_range",
 ]
 
@@ -147,55 +146,6 @@ def arq_fake_quant(
     return _fake_quant(k, scales.reshape(shape), 0.0, bits)
 
 
-def layer_factors(
-    key: str,
-    lo: float,
-    hi: float,
-    seen: float,
-    bits: int,
-    kernel: ArrayLike | None = None,
-    layout: str | None = None,
-    *,
-    channel_wise: bool = True,
-    symmetric: bool = False,
-    skip_fusion: bool | None = None,
-    part: str = "input",
-) -> LayerFactors:
-    """The QAT record entry of one quantized part (AMCT's inner flavor with ``dst_type``).
-
-    Args:
-        key: record key (for messages).
-        lo, hi: the part's trained input clip range; ``seen``: training batches it saw.
-        bits: 8 or 4 (``dst_type`` INT8 / INT4).
-        kernel, layout: the (trained, BN-folded) kernel and its layout; None for pooling.
-        channel_wise: per-output-channel scale_w (ignored for Dense / MatMul layouts).
-        symmetric: ``activation_offset = false``.
-        skip_fusion: written as is (True when a BatchNorm follows that was not folded).
-        part: name of the tracked tensor (messages).
-
-    Raises:
-        QuantError: the range was never observed (``seen <= 0``) or is not finite.
-
-    Example:
-        >>> layer_factors("pool", 0.0, 2.0, 1, 8).offset_d
-        -128
-    """
-    if seen <= 0:
-        raise QuantError(
-            f"layer {key!r}: its {part} range was never observed; train at least one step first"
-        )
-    dst = next(name for name, b in DST_TYPES.items() if b == bits)
-    scale_d, offset_d = activation_factors(lo, hi, bits, symmetric, name=f"{key} {part}")
-    f = LayerFactors(scale_d=scale_d, offset_d=offset_d, dst_type=dst)
-    if kernel is not None:
-        scale = arq_scales(kernel, layout, channel_wise, num_bits=bits, name=key)
-        f.scale_w = [float(s) for s in scale]
-        f.offset_w = [0] * len(f.scale_w)
-        if skip_fusion:
-            f.skip_fusion = True
-    return f
-
-
 def record_range(scale_d: float, offset_d: int, bits: int) -> tuple[float, float]:
     """The clip range whose AMCT activation factors are ``(scale_d, offset_d)`` (``init_record``:
     QAT starts from a PTQ record's ranges): ``lo = (qmin - offset) * scale``,
@@ -204,6 +154,7 @@ def record_range(scale_d: float, offset_d: int, bits: int) -> tuple[float, float
     Example:
         >>> record_range(0.5, -128, 8)
         (0.0, 127.5)
+        >>> from amct_bridge.quant.factors import activation_factors
         >>> lo, hi = record_range(0.02, -3, 8)
         >>> activation_factors(lo, hi, 8)[1]
         -3

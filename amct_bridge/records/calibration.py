@@ -51,6 +51,28 @@ class LayerStats:
 
 
 @dataclass
+class LayerShape:
+    """What the calibration saw of one layer of the model (the sidecar's ``model``): its kind
+    and, for a quantized part with weights, the kernel's shape in the framework's ``layout``
+    (``HWIO``, ``OIHW``...). An export of another model is refused by these, by layer name.
+
+    Example:
+        >>> LayerShape("Conv2D", (3, 3, 1, 4), "HWIO").to_dict()
+        {'kind': 'Conv2D', 'kernel': [3, 3, 1, 4], 'layout': 'HWIO'}
+    """
+
+    kind: str
+    kernel: tuple[int, ...] | None = None
+    layout: str | None = None
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict (no kernel: the kind alone)."""
+        if self.kernel is None:
+            return {"kind": self.kind}
+        return {"kind": self.kind, "kernel": list(self.kernel), "layout": self.layout}
+
+
+@dataclass
 class CalibrationStats:
     """All layers' statistics plus how they were gathered.
 
@@ -58,6 +80,10 @@ class CalibrationStats:
     sidecar written before the field existed), so a record cut short or edited afterwards can
     be told from layers the calibration skipped. ``warnings``: every warning of the
     calibration, in full (the log folds a warning repeated for many layers into one line).
+    ``flavor``: the flavor the record was written as (None: not known, an older sidecar), which
+    ``inspect`` and ``validate`` lead with. ``model``: every layer of the calibrated model by key
+    (and every quantized part with weights by record key) with its kind and kernel shape
+    (:class:`LayerShape`; None: an older sidecar), so that the export refuses another model.
     ``source``: the file it was read from (not written).
     """
 
@@ -66,6 +92,8 @@ class CalibrationStats:
     layers: dict[str, LayerStats] = field(default_factory=dict)
     record_keys: list[str] | None = None
     warnings: list[str] = field(default_factory=list)
+    flavor: str | None = None
+    model: dict[str, LayerShape] | None = None
     source: str | None = field(default=None, compare=False)
 
     def to_json(self) -> str:
@@ -87,6 +115,10 @@ class CalibrationStats:
             doc["record_keys"] = list(self.record_keys)
         if self.warnings:
             doc["warnings"] = list(self.warnings)
+        if self.flavor is not None:
+            doc["flavor"] = self.flavor
+        if self.model is not None:
+            doc["model"] = {name: shape.to_dict() for name, shape in self.model.items()}
         return json.dumps(doc, indent=1) + "\n"
 
     @classmethod
@@ -114,6 +146,12 @@ class CalibrationStats:
                 raise RecordError(f"{source}: {key}: expected a list of strings, got {value!r}")
         stats.record_keys = doc.get("record_keys")
         stats.warnings = doc.get("warnings") or []
+        flavor = doc.get("flavor")
+        if flavor is not None and not isinstance(flavor, str):
+            raise RecordError(f"{source}: flavor: expected a string, got {flavor!r}")
+        stats.flavor = flavor
+        if doc.get("model") is not None:
+            stats.model = _model(doc["model"], source)
         for name, entry in layers.items():
             try:
                 if not isinstance(entry, dict) or not isinstance(entry["kind"], str):
@@ -126,6 +164,35 @@ class CalibrationStats:
             except (KeyError, TypeError) as err:
                 raise RecordError(f"{source}: layer {name!r}: bad entry ({err})") from None
         return stats
+
+
+def _model(doc: object, source: str) -> dict[str, LayerShape]:
+    """The sidecar's ``model`` object; a bad entry is named (a hand-edited sidecar)."""
+    if not isinstance(doc, dict):
+        raise RecordError(f"{source}: model: expected an object of layers, got {doc!r}")
+    model = {}
+    for name, entry in doc.items():
+        kernel = entry.get("kernel") if isinstance(entry, dict) else None
+        layout = entry.get("layout") if isinstance(entry, dict) else None
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("kind"), str)
+            or (kernel is None) != (layout is None)
+            or (layout is not None and not isinstance(layout, str))
+            or (
+                kernel is not None
+                and not (
+                    isinstance(kernel, list)
+                    and all(isinstance(d, int) and not isinstance(d, bool) for d in kernel)
+                )
+            )
+        ):
+            raise RecordError(
+                f"{source}: model: layer {name!r}: expected an object with a string 'kind' "
+                f"and optionally 'kernel' (a list of integers) with its 'layout', got {entry!r}"
+            )
+        model[name] = LayerShape(entry["kind"], None if kernel is None else tuple(kernel), layout)
+    return model
 
 
 def _range(doc: object) -> TensorRange:

@@ -11,6 +11,8 @@ Example:
 
 from __future__ import annotations
 
+import os
+
 from amct_bridge.records.codec import detect_flavor
 from amct_bridge.records.flavors import WIDEST_FIRST, a_record
 from amct_bridge.records.model import PruneNode, Record
@@ -32,17 +34,45 @@ def flavor_phrase(record: Record, written: str | None = None) -> str:
         >>> flavor_phrase(Record({"conv": LayerFactors(scale_d=0.5, offset_d=0)}), "mindspore")
         "a 'mindspore' record (the same text as a 'tf' record here; also valid as 'inner')"
 
-    ``written``: the flavor a writer was asked for; said first when it is narrower than what
-    the text shows (a mindspore record whose keys have no ``.`` is a tf record, byte for byte).
+    ``written``: the flavor the record was written as (a writer's ``flavor``, or the one its
+    calibration sidecar names: ``inspect`` and ``validate`` read it), said first. When it is
+    narrower than what the text shows (a mindspore record whose keys have no ``.`` is a tf
+    record, byte for byte), the text's flavor follows; when it is wider (the callbacks' default
+    'inner' holding only fields a 'tf' record has too), the narrower flavors that read it:
+
+        >>> flavor_phrase(Record({"conv": LayerFactors(scale_d=0.5, offset_d=0)}), "inner")
+        "an 'inner' record (also valid as 'tf')"
     """
     flavor = detect_flavor(record)
     if written in WIDEST_FIRST and WIDEST_FIRST.index(written) > WIDEST_FIRST.index(flavor):
         wider = [w for w in WIDEST_FIRST[: WIDEST_FIRST.index(flavor)][::-1] if w != written]
         also = f"; also valid as {' and '.join(repr(w) for w in wider)}" if wider else ""
         return f"{a_record(written)} (the same text as {a_record(flavor)} here{also})"
+    if written in WIDEST_FIRST and WIDEST_FIRST.index(written) < WIDEST_FIRST.index(flavor):
+        # every flavor from the text's up to the widest reads it; the written one leads
+        others = [w for w in WIDEST_FIRST[: WIDEST_FIRST.index(flavor) + 1][::-1] if w != written]
+        return f"{a_record(written)} (also valid as {' and '.join(repr(w) for w in others)})"
     wider = WIDEST_FIRST[: WIDEST_FIRST.index(flavor)][::-1]
     also = f" (also valid as {' and '.join(repr(w) for w in wider)})" if wider else ""
     return a_record(flavor) + also
+
+
+def written_flavor(path: str | os.PathLike) -> str | None:
+    """The flavor the record at ``path`` was written as, from its calibration sidecar
+    (``<path>.calib.json``: the callbacks and ``calibrate`` write it there); None when there
+    is no sidecar, or it was written before it said (an unreadable sidecar raises, named).
+
+    Example:
+        >>> written_flavor("/nonexistent/record.txt") is None
+        True
+    """
+    from amct_bridge.records.calibration import load_stats, sidecar_path
+
+    side = sidecar_path(path)
+    if not side.is_file():
+        return None
+    flavor = load_stats(side).flavor
+    return flavor if flavor in WIDEST_FIRST else None
 
 
 def _g(value: float) -> str:

@@ -6,6 +6,9 @@
 * :func:`saturated_share`: the fraction of input values outside that range.
 * :func:`scale_spread`: ``max(scale_w) / min(scale_w)`` across output channels.
 * :func:`top1_accuracy`: argmax (``> 0.5`` for one output unit) against index or one-hot labels.
+* :func:`classification_problem`: why an output is not a class vector for the labels (an
+  autoencoder's reconstruction with 0/1 anomaly labels), so that no accuracy is made of it.
+* :func:`mse`: the mean squared error, the regression figure printed instead.
 
 Example:
     >>> import numpy as np
@@ -136,3 +139,111 @@ def top1_accuracy(outputs: np.ndarray, labels: np.ndarray) -> float:
     else:
         predicted = np.argmax(out, axis=1)
     return float(np.mean(predicted == y.astype(np.int64)))
+
+
+def mse(reference: np.ndarray, test: np.ndarray) -> float:
+    """Mean squared error of ``test`` against ``reference`` (float64, over every element).
+
+    Example:
+        >>> import numpy as np
+        >>> mse(np.float32([1, 2]), np.float32([1, 3]))
+        0.5
+    """
+    ref = np.asarray(reference, dtype=np.float64)
+    diff = ref - np.asarray(test, dtype=np.float64).reshape(ref.shape)
+    return float(np.mean(diff * diff)) if diff.size else 0.0
+
+
+def class_indices(labels: np.ndarray) -> tuple[np.ndarray | None, int | None, str]:
+    """``(indices, one-hot width or None, "")`` for class labels: indices ``(N,)`` / ``(N, 1)``
+    (non-negative whole numbers, in any numeric dtype) or one-hot rows ``(N, classes)``;
+    ``(None, None, why)`` for anything else (reconstruction targets, probabilities, floats).
+
+    Example:
+        >>> import numpy as np
+        >>> class_indices(np.float32([[0, 1], [1, 0]]))[:2]
+        (array([1, 0]), 2)
+        >>> class_indices(np.float32([0.5, 1.0]))[2]
+        'the labels are not class indices (0.5 at sample 0)'
+    """
+    y = np.asarray(labels)
+    if y.ndim == 2 and y.shape[1] > 1:
+        flat = y.astype(np.float64) if np.issubdtype(y.dtype, np.number) else None
+        if flat is not None and np.isin(flat, (0.0, 1.0)).all() and (flat.sum(axis=1) == 1).all():
+            return flat.argmax(axis=1), int(y.shape[1]), ""
+        return (
+            None,
+            None,
+            (
+                f"the labels have {y.shape[1]} values per sample and are not one-hot rows (a "
+                "target to reconstruct or regress?)"
+            ),
+        )
+    if y.ndim > 2 or y.ndim == 0:
+        return None, None, f"labels of shape {y.shape} are not class indices"
+    y = y.reshape(-1)
+    if y.dtype == bool:
+        return y.astype(np.int64), None, ""
+    if not np.issubdtype(y.dtype, np.number):
+        return None, None, f"the labels ({y.dtype}) are not class indices"
+    values = y.astype(np.float64)
+    bad = ~np.isfinite(values) | (values < 0) | (values != np.floor(values))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        return None, None, f"the labels are not class indices ({y[i]:g} at sample {i})"
+    return values.astype(np.int64), None, ""
+
+
+#: Share of samples whose float arg max lies outside the labels' classes above which a wider
+#: output is not taken for a class vector of them (an autoencoder's, say).
+OUTSIDE_SHARE = 0.5
+
+
+def classification_problem(outputs: np.ndarray, labels: np.ndarray) -> str:
+    """Why the float model's ``outputs`` (one row per sample) are not class scores for
+    ``labels``, or ``""`` when they are: then an accuracy (arg max, ``> 0.5`` for one value)
+    means something. Not a class vector: labels that are not class indices
+    (:func:`class_indices`); an output that is a map, not a vector; one value per sample with
+    labels other than 0/1; labels naming a class the output lacks; one-hot labels of another
+    width; and an output wider than the classes the labels name whose arg max lands outside
+    them on most samples (0/1 anomaly labels for a 64-value reconstruction). A classifier
+    evaluated on a few of its classes is still one (its arg max stays inside them).
+
+    Example:
+        >>> import numpy as np
+        >>> classification_problem(np.float32([[0.1, 0.9], [0.8, 0.2]]), np.array([1, 0]))
+        ''
+        >>> x = np.random.default_rng(0).uniform(0, 1, (20, 64))
+        >>> classification_problem(x, np.arange(20) % 2)  # doctest: +ELLIPSIS
+        'it has 64 values per sample, the labels name 2 classes (0..1), and its arg max is ...'
+    """
+    out = np.asarray(outputs)
+    shape = tuple(out.shape[1:])
+    if sum(d > 1 for d in shape) > 1:
+        return f"it has shape {shape} per sample: a map, not a vector of class scores"
+    width = int(np.prod(shape)) if shape else 1
+    indices, one_hot, why = class_indices(labels)
+    if indices is None:
+        return why
+    if one_hot is not None and one_hot != width and not (width == 1 and one_hot == 2):
+        return f"it has {width} values per sample, the one-hot labels {one_hot} classes"
+    if width == 1:
+        odd = indices[indices > 1]
+        if odd.size:
+            return (
+                f"it has one value per sample (a binary classifier's score), the labels "
+                f"name other classes than 0 and 1 ({int(odd[0])})"
+            )
+        return ""
+    top = int(indices.max()) if indices.size else 0
+    if top >= width:
+        return f"it has {width} values per sample, the labels name class {top}"
+    if one_hot is None and width > top + 1 and len(out):
+        outside = float(np.mean(out.reshape(len(out), -1).argmax(axis=1) > top))
+        if outside > OUTSIDE_SHARE:
+            return (
+                f"it has {width} values per sample, the labels name {top + 1} classes "
+                f"(0..{top}), and its arg max is outside them on {100 * outside:.0f}% of "
+                "the samples"
+            )
+    return ""

@@ -97,6 +97,16 @@ def summary_lines(report) -> list[str]:
         if report.snr_model_kept_float is not None:
             line += f"; {kept} {_num(report.snr_model_kept_float, '.1f')} dB"
         lines.append(line)
+    if report.no_accuracy:  # not a classifier for these labels: the regression figures
+        if report.mse_model_quantized is not None:
+            line = f"model output MSE: all quantized {_num(report.mse_model_quantized, '.4g')}"
+            if report.mse_model_kept_float is not None:
+                line += f"; {kept} {_num(report.mse_model_kept_float, '.4g')}"
+            lines.append(line)
+        lines.append(
+            f"accuracy: n/a ({report.no_accuracy}); the model output's SNR and MSE above, "
+            "against the float model's, are the figures to judge it by"
+        )
     if report.float_accuracy is not None:
         line = f"accuracy: float {report.float_accuracy:.4f}; all quantized "
         line += f"{report.quantized_accuracy:.4f}"

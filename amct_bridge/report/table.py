@@ -163,6 +163,11 @@ class Report:
     no_drop: bool = False
     snr_model_quantized: float | None = None  # dB, model output, every part quantized
     snr_model_kept_float: float | None = None
+    #: with labels the model output is not a class vector for (an autoencoder scored with 0/1
+    #: anomaly labels): why no accuracy is given; the MSEs below are the regression figures
+    no_accuracy: str = ""
+    mse_model_quantized: float | None = None  # model output against the float one
+    mse_model_kept_float: float | None = None
     #: record key -> (counts, bin edges) of its float input, for the top layers.
     histograms: dict[str, tuple[list[int], list[float]]] = field(default_factory=dict)
 
@@ -205,7 +210,9 @@ def build_report(
     Args:
         record: the record (parts without scale_d/scale_w, e.g. prune-only, are left out).
         runner: the framework adapter, already holding the model and the data.
-        labels: class labels of the data (accuracy columns), or None.
+        labels: class labels of the data (accuracy columns: class indices or one-hot), or
+            None. Labels the model output is not a class vector for give no accuracy:
+            ``Report.no_accuracy`` says why, the model output's SNR and MSE stand instead.
         top_k: how many of the most sensitive layers to keep in float in the fragment.
         stats: the calibration sidecar, for the ranges the calibration saw (optional).
 
@@ -240,7 +247,10 @@ def build_report(
     floating = runner.run(None, keys)
     _check_finite(floating, infos)
     full = runner.run(quant, keys)
-    acc = _accuracy_fn(labels)
+    # an output that is not a class vector for the labels gives no accuracy (its arg max
+    # against them would be a number about another tensor): regression figures instead
+    problem = "" if labels is None else metrics.classification_problem(floating.final, labels)
+    acc = None if problem else _accuracy_fn(labels)
     rows = [_static_row(i, record.layers[i.key], floating, stats) for i in infos]
     for n, (info, row) in enumerate(zip(infos, rows, strict=True), 1):
         log.info(
@@ -261,12 +271,15 @@ def build_report(
     for rank, i in enumerate(order, 1):
         rows[i].rank = rank
     report = Report(rows=rows, samples=len(floating.final))
+    if problem:
+        report.no_accuracy = f"the model output is not a class vector for these labels: {problem}"
     for i in order:
         if len(report.skip_layers) < top_k or rows[i].layer in report.skip_layers:
             report.top.append(rows[i].key)
             if rows[i].layer not in report.skip_layers:
                 report.skip_layers.append(rows[i].layer)
     report.snr_model_quantized = metrics.snr_db(floating.final, full.final)
+    report.mse_model_quantized = metrics.mse(floating.final, full.final)
     if acc:
         report.float_accuracy = acc(floating.final)
         report.quantized_accuracy = acc(full.final)
@@ -278,10 +291,12 @@ def build_report(
     if report.skip_layers:
         rest = runner.run(kept, []) if kept.layers else floating
         report.snr_model_kept_float = metrics.snr_db(floating.final, rest.final)
+        report.mse_model_kept_float = metrics.mse(floating.final, rest.final)
         if acc:
             report.kept_float_accuracy = acc(rest.final)
     elif not report.no_drop:  # top_k 0: nothing kept in float, the record as it is
         report.snr_model_kept_float = report.snr_model_quantized
+        report.mse_model_kept_float = report.mse_model_quantized
         report.kept_float_accuracy = report.quantized_accuracy
     for key in report.top:
         row = rows[keys.index(key)]

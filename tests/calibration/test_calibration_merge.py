@@ -110,6 +110,31 @@ def test_a_failing_rank_fails_every_rank_by_name():
     assert isinstance(out[1].__cause__, ValueError)  # the failed rank keeps its own error
 
 
+def test_a_rank_error_that_says_no_record_written_says_it_once():
+    """Issue 33 §5: the session's own NaN error ends "; no record written", and the merged
+    message added it again ("...; no record written; no record written")."""
+    text = "layer 'c1': input of batch 1 contains NaN or Inf (min nan, max nan); no record written"
+
+    def rank(r, gather):
+        agree(gather, CalibrationError(text) if r == 1 else None, "calibration step 2")
+
+    for result in in_threads(2, rank, timeout=20):
+        message = str(result)
+        assert message == f"rank 1 of 2 failed in calibration step 2: {text}", message
+        assert message.count("no record written") == 1
+
+    def both(r, gather):  # several ranks: each rank's text without it, then once at the end
+        agree(gather, CalibrationError(text.replace("'c1'", f"'c{r}'")), "the merge")
+
+    for result in in_threads(2, both, timeout=20):
+        assert str(result).count("no record written") == 1, str(result)
+        assert str(result).endswith("(min nan, max nan); no record written")
+
+    empty = "no calibration batch was seen; no record written (empty dataset or steps=0?)"
+    out = in_threads(2, lambda r, gather: agree(gather, CalibrationError(empty), "the merge"))
+    assert str(out[0]) == f"all 2 ranks failed in the merge: {empty}"
+
+
 def test_ranks_with_other_points_are_refused():
     out = in_threads(2, lambda r, gather: agree(gather, None, "the merge", layout=f"net{r}"))
     assert all(isinstance(o, CalibrationError) and "different tensors" in str(o) for o in out)

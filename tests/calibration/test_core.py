@@ -15,6 +15,7 @@ from amct_bridge.calibration import LayerDesc, ModelDesc, build_record, finish_r
 from amct_bridge.calibration.plan import batchnorm_chains, make_plan
 from amct_bridge.config import LayerQuantConfig, QuantConfig
 from amct_bridge.errors import CalibrationError
+from amct_bridge.records.calibration import CalibrationStats, LayerShape
 
 RNG = np.random.default_rng(0)
 BN = {
@@ -86,6 +87,10 @@ def test_conv_bn_record_is_the_same_in_keras_and_mindspore_layouts():
         _conv_bn_model(oihw, "OIHW", channel_axis=1, bias=bias), cfg, _batches((2, 5, 5, 2), 1)
     )
     assert ms_text == keras_text
+    # the sidecars agree but for the kernel shapes of its model, each in its own layout
+    assert keras_stats.model["c1"] == LayerShape("Conv2d", (3, 3, 2, 4), "HWIO")
+    assert ms_stats.model["c1"] == LayerShape("Conv2d", (4, 2, 3, 3), "OIHW")
+    keras_stats.model = ms_stats.model = None
     assert ms_stats.to_json() == keras_stats.to_json()
     assert "tensor_balance_factor" in ms_text and "shift_bit" in ms_text
     # the fold the record describes: W * gamma / sqrt(var + eps) per output channel (axis 0)
@@ -186,6 +191,27 @@ def test_nothing_left_to_quantize_names_model_and_kinds():
     model = _conv_bn_model(np.zeros((4, 2, 1, 1), "float32"), "OIHW")
     with pytest.raises(CalibrationError, match=r"'toy' has no quantizable layer left.*Conv2d"):
         make_plan(model, QuantConfig(skip_layers=["c1"]))
+
+
+def test_the_sidecar_describes_the_model(tmp_path):
+    """Issue 33 §9 and §8: the sidecar lists the calibrated model (every planned layer's kind,
+    each weighted part's kernel shape and layout) and the record's flavor; both survive the
+    JSON round trip."""
+    oihw = RNG.uniform(-0.5, 0.5, (4, 2, 3, 3)).astype("float32")
+    session = ToySession(_conv_bn_model(oihw, "OIHW", channel_axis=1), _config())
+    session.run(_batches((2, 4, 4, 2), 1))
+    assert session.settle_for_write(require_batches=True)
+    record, stats, _ = build_record(session)
+    assert stats.model["c1"] == LayerShape("Conv2d", oihw.shape, "OIHW")  # the kernel given
+    assert stats.model["bn1"].kernel is None and stats.model["bn1"].kind == "BatchNorm2d"
+    from amct_bridge.calibration.records import Built, write_outputs
+    from amct_bridge.records.calibration import load_stats, sidecar_path
+
+    record, text = finish_record(record, "tf")
+    write_outputs(Built(record, text, stats), tmp_path / "r.txt")
+    back = load_stats(sidecar_path(tmp_path / "r.txt"))
+    assert back.flavor == "tf" and back.model == stats.model
+    assert CalibrationStats.from_json(back.to_json()) == back
 
 
 def test_nan_names_layer_role_batch_and_folded_bn():

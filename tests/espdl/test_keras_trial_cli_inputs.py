@@ -5,9 +5,12 @@
   that file; now exit 2, the file and both shapes named, nothing written.
 - ``--stats`` of another calibration whose layer names partly overlap this model's: the error
   said "no calibrated output range for 'c2' in the calibration sidecar" without saying which
-  sidecar, nor that it was written with another record (its ``record_keys``)."""
+  sidecar, nor that it was written with another record (its ``record_keys``). A sidecar that
+  describes its model (issue 33) is refused as another model's before that."""
 
 from __future__ import annotations
+
+import json
 
 import keras
 import numpy as np
@@ -63,6 +66,15 @@ def test_sidecar_of_another_calibration_is_named_with_its_record(tmp_path, capsy
     two.save(tmp_path / "two.keras")
     side = tmp_path / "one.txt.calib.json"
     args = ["export-espdl", "--record", str(tmp_path / "two.txt"), "--stats", str(side)]
+    # the sidecar describes the model it was written for (issue 33 §9): refused, by layer
+    code = main([*args, "--model", str(tmp_path / "two.keras"), "--out", str(tmp_path / "e")])
+    err = capsys.readouterr().err
+    assert code == 2 and not (tmp_path / "e").exists()
+    assert f"{side}: calibration sidecar: written for another model: layer 'c2' (Conv2D" in err
+    # a sidecar written before it described the model: the warnings below, as before
+    doc = json.loads(side.read_text())
+    del doc["model"]
+    side.write_text(json.dumps(doc))
     # c2's output range is found (fc's input range in one's sidecar): exported, with a warning
     code = main([*args, "--model", str(tmp_path / "two.keras"), "--out", str(tmp_path / "e")])
     err = capsys.readouterr().err

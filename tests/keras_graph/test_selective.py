@@ -6,6 +6,7 @@ import keras
 import numpy as np
 from keras import layers
 
+from amct_bridge.graph.groups import Discovery
 from amct_bridge.graph.selective import selective_candidates, unpack_mask
 from amct_bridge.keras.graph import extract_graph
 from amct_bridge.keras.prune import apply_selective_masks, prune_record, selective_masks
@@ -43,11 +44,33 @@ def test_eligible_layers_and_refusals():
     eligible, refused = selective_candidates(extract_graph(mixed_model()))
     assert [n.layer for n in eligible] == ["first", "tr", "fc"]
     assert {r.layer: r.reason.value for r in refused} == {
-        "dw": "NOT_ELIGIBLE",
+        "dw": "DEPTHWISE_CONV",
         "grouped": "GROUPED_CONV",
         "shared": "SHARED_LAYER",
         "sep": "NOT_ELIGIBLE",
     }
+
+
+def test_a_depthwise_conv_is_refused_as_depthwise_not_grouped():
+    """Issue 33 §7: a Conv2D with groups == its input channels is a depthwise convolution (each
+    output reads one input channel); it was refused for 2:4 as GROUPED_CONV, which is kept for
+    1 < groups < channels. The prune-groups table says the same."""
+    from amct_bridge.graph.report import format_table
+
+    x = keras.Input((6, 6, 4))
+    y = layers.Conv2D(8, 1, name="c1")(x)
+    y = layers.Conv2D(8, 3, groups=8, name="dwg")(y)  # groups == Cin: depthwise
+    y = layers.Conv2D(8, 1, groups=2, name="g2")(y)  # grouped
+    y = layers.DepthwiseConv2D(1, name="dw")(y)
+    model = keras.Model(x, layers.Conv2D(4, 1, name="c3")(y))
+    # independent: the kernel of "dwg" has one input channel per output channel
+    assert model.get_layer("dwg").kernel.shape == (3, 3, 1, 8)
+    graph = extract_graph(model)
+    _, refused = selective_candidates(graph)
+    reasons = {r.layer: r.reason.value for r in refused}
+    assert reasons == {"dwg": "DEPTHWISE_CONV", "g2": "GROUPED_CONV", "dw": "DEPTHWISE_CONV"}
+    table = format_table(Discovery(), selective_candidates(graph))
+    assert "dwg  Conv2D           DEPTHWISE_CONV" in table, table
 
 
 def test_masks_match_brute_force_for_every_layout():

@@ -164,6 +164,21 @@ def test_depthwise_passes_the_range_with_its_multiplier():
     assert refused == {("4", 0, 4): "MODEL_OUTPUT"}
 
 
+def test_a_depthwise_cell_is_refused_for_2_4_as_depthwise_not_grouped():
+    """Issue 33 §7: nn.Conv2d(group=in_channels) is a depthwise convolution; 2:4 refused it as
+    GROUPED_CONV (kept for 1 < group < in_channels, group_conv_net)."""
+    from amct_bridge.graph.selective import selective_candidates
+
+    net, graph = run("depthwise_net")
+    assert net[1].group == net[1].in_channels == 8  # independent: the cell's own settings
+    _, refused = selective_candidates(graph)
+    assert {r.layer: r.reason.value for r in refused} == {"1": "DEPTHWISE_CONV"}
+    net, graph = run("group_conv_net")
+    assert 1 < net[1].group < net[1].in_channels
+    _, refused = selective_candidates(graph)
+    assert {r.layer: r.reason.value for r in refused} == {"1": "GROUPED_CONV"}
+
+
 def test_group_conv_is_refused_with_a_reason():
     net, graph = run("group_conv_net")
     assert tuple(net[1].weight.shape) == (16, 2, 3, 3)

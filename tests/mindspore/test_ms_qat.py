@@ -10,6 +10,7 @@ import pytest
 from mindspore import Tensor, nn, ops
 from mindspore.train import Model
 
+from amct_bridge.calibration.qat import layer_factors
 from amct_bridge.errors import QuantError, RecordError
 from amct_bridge.mindspore import simulate
 from amct_bridge.mindspore.qat import qat_record, quantize_aware, save_qat_record, strip_qat
@@ -250,7 +251,7 @@ def test_init_record_first_step_quantizes_with_its_ranges(pynative, tmp_path):
 def qat_record_scale(qat, key):
     cell = next(c for _, c in qat.cells_and_names() if getattr(c, "key", None) == key)
     lo, hi, seen = cell.input_range()
-    return core.layer_factors(key, lo, hi, seen, 8).scale_d
+    return layer_factors(key, lo, hi, seen, 8).scale_d
 
 
 def test_bad_input_nothing_written(pynative, tmp_path):

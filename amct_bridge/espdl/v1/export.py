@@ -35,6 +35,7 @@ from amct_bridge.errors import ExportError
 from amct_bridge.espdl.checks import (
     check_record_keys,
     check_sidecar_keys,
+    check_sidecar_model,
     passthrough,
     record_coverage,
     sidecar_of_another_record,
@@ -56,6 +57,7 @@ from amct_bridge.espdl.v1.coefficients import Coefficients, chain_coefficients
 from amct_bridge.espdl.v1.cpp import constructor
 from amct_bridge.espdl.v1.cpp_app import cpp_outputs
 from amct_bridge.espdl.v1.head import host_heads, logit_bound
+from amct_bridge.espdl.v1.height1 import lift_1d
 from amct_bridge.espdl.v1.preview import preview_layer
 from amct_bridge.espdl.v1.result import ExportedLayer, ExportResult
 from amct_bridge.espdl.v1.runtime import runtime_class, runtime_layers
@@ -325,9 +327,11 @@ def export_layers(
             f"layer {odd[0].describe()}: op {odd[0].op!r} is not a SourceLayer op "
             f"(expected one of {', '.join(OPS)}; adapters map other layers to 'unsupported')"
         )
+    layers = lift_1d(layers)  # 1-D tensors at height 1 (a Reshape after a (W, C) input)
     _check_links(layers)
     check_record_keys(record, layers)
     check_sidecar_keys(stats, layers)
+    check_sidecar_model(stats, layers)  # a sidecar of another model, by layer name
     every_layer = layers
     layers, host = host_heads(layers)  # a final softmax / sigmoid: left to the host
 

@@ -59,6 +59,7 @@ MAX_SAMPLES = 512
 #: fewer than MIN_SAMPLES: every candidate is a chip run over them.
 MAX_INPUT_VALUES = 2**21
 MIN_SAMPLES = 32
+_POWER = MAX_INPUT_VALUES.bit_length() - 1  # 21, as the rule is said
 
 
 def search_samples(x: np.ndarray) -> np.ndarray:
@@ -69,8 +70,34 @@ def search_samples(x: np.ndarray) -> np.ndarray:
         ...     np.zeros((100, 96, 96, 3))).shape[0]
         (512, 75)
     """
-    per_sample = int(np.prod(np.shape(x)[1:])) or 1
-    return x[: min(MAX_SAMPLES, max(MIN_SAMPLES, MAX_INPUT_VALUES // per_sample))]
+    return x[: sample_cap(int(np.prod(np.shape(x)[1:])) or 1)]
+
+
+def sample_cap(per_sample: int) -> int:
+    """How many samples a search scores on, for inputs of ``per_sample`` values each:
+    ``min(MAX_SAMPLES, max(MIN_SAMPLES, MAX_INPUT_VALUES // per_sample))``.
+
+    Example:
+        >>> sample_cap(96 * 96 * 3), sample_cap(8 * 8), sample_cap(10**7)
+        (75, 512, 32)
+    """
+    return min(MAX_SAMPLES, max(MIN_SAMPLES, MAX_INPUT_VALUES // max(1, int(per_sample))))
+
+
+def sample_rule(per_sample: int) -> str:
+    """The rule :func:`search_samples` follows, in words, for inputs of ``per_sample`` values
+    (the export's warning and ``--data``'s help say it).
+
+    Example:
+        >>> print(sample_rule(96 * 96 * 3))
+        the search takes the first min(512, max(32, 2**21 // values per sample)) samples given:
+        75 at 27648 values per sample
+    """
+    return (
+        f"the search takes the first min({MAX_SAMPLES}, max({MIN_SAMPLES}, 2**{_POWER} // "
+        f"values per sample)) samples given: {sample_cap(per_sample)} at {per_sample} values "
+        "per sample"
+    )
 
 
 def _source(layer: Any) -> str:
@@ -281,6 +308,7 @@ def search_tuning(
     bias_correction: bool = True,
     span: int = SEARCH_SPAN,
     passes: int = 2,
+    given: int | None = None,
     **options: Any,
 ) -> Tuning:
     """Exponents (and bias corrections) minimising the chip's output error on ``x``.
@@ -295,6 +323,8 @@ def search_tuning(
         output: the framework layer of the model's first output (None: the chip's first).
         bias_correction: also correct the biases (see the module docstring).
         span, passes: as :func:`~amct_bridge.espdl.exponent_search.coordinate_search`.
+        given: how many samples the user gave, when ``x`` was cut before (the note says
+            "75 of 256"); default ``len(x)``.
         **options: :func:`~amct_bridge.espdl.v1.export.export_layers`'s options (record,
             stats, feature_type, granularity, target, skip_unsupported).
 
@@ -305,6 +335,7 @@ def search_tuning(
     Example:
         >>> # see the module docstring
     """
+    given = len(x) if given is None else int(given)
     x = search_samples(np.asarray(x, np.float32))
     judge = _Judge(layers, x, options, output)
     try:
@@ -341,10 +372,12 @@ def search_tuning(
     tuning = Tuning(_expand(best, keys), offsets)
     if bias_correction:  # what the new exponents' floors and steps leave
         best_error = _correct_biases(judge, tuning, refs, error, best_error)
+    per_sample = int(np.prod(x.shape[1:])) or 1
     tuning.notes.append(
-        f"exponents searched on {len(x)} calibration samples ({tried} candidates, the chip "
-        f"simulator as judge): output SNR {_db(base_error)} dB with the range rule, "
-        f"{_db(best_error)} dB searched; changed: {_changes(start, best)}"
+        f"exponents searched on {len(x)} of {given} calibration samples "
+        f"({sample_rule(per_sample)}; "
+        f"{tried} candidates, the chip simulator as judge): output SNR {_db(base_error)} dB "
+        f"with the range rule, {_db(best_error)} dB searched; changed: {_changes(start, best)}"
         + (f"; biases corrected: {', '.join(tuning.bias_offsets)}" if tuning.bias_offsets else "")
     )
     return tuning

@@ -31,12 +31,18 @@ from pathlib import Path
 import numpy as np
 
 from amct_bridge.errors import ExportError
-from amct_bridge.espdl.evaluation import Evaluation, LayerError, accuracy, snr_db
+from amct_bridge.espdl.evaluation import (
+    Evaluation,
+    LayerError,
+    as_reference,
+    score_outputs,
+    snr_db,
+)
 from amct_bridge.espdl.v3.model import EspdlModel
 from amct_bridge.espdl.v3.reader import read_espdl
 from amct_bridge.espdl.v3.simulate import infer_target, round_float, simulate_espdl
 
-__all__ = ["evaluate_espdl_model", "quantize_input"]
+__all__ = ["computing_op", "evaluate_espdl_model", "quantize_input"]
 
 
 def quantize_input(model: EspdlModel, x: np.ndarray, target: str) -> np.ndarray:
@@ -74,8 +80,11 @@ def evaluate_espdl_model(
 
     Args:
         model: the ``.espdl`` file (or its :class:`EspdlModel`).
-        x, y: the chip's float inputs (NHWC, after any host-side preprocessing), class indices.
-        float_scores, fake_quant_scores: the float and fake-quantized models' first output.
+        x, y: the chip's float inputs (NHWC, after any host-side preprocessing), the labels
+            (class indices or one-hot; other labels: regression figures, no accuracy).
+        float_scores, fake_quant_scores: the float and fake-quantized models' first output;
+            the float one is also the reference of the file's output tensor when ``floats``
+            has none by its name (a file another tool made, esp-ppq's ``4``).
         floats: float outputs by layer name, or a function of the names wanted giving them.
         output: the tensor whose scores give the chip accuracy (default: the first output).
         target: ``esp32s3``, ``esp32p4``, ``c`` (default: the file's).
@@ -117,7 +126,12 @@ def evaluate_espdl_model(
         data = values[name].astype(np.float64)
         return data if info.elem_type == 1 else np.ldexp(data, info.exponent)
 
-    refs = floats(names) if callable(floats) else (floats or {})
+    refs = dict(floats(names) if callable(floats) else (floats or {}))
+    sources = {name: name for name in names}
+    if out not in refs and out in values:  # another tool's names (esp-ppq): the model output
+        fitted = as_reference(np.asarray(real(out)), np.asarray(float_scores))
+        if fitted is not None:
+            refs[out], sources[out] = fitted, "(the model's output)"
     rows, missing = [], []
     for name in names:
         if name not in refs:
@@ -137,26 +151,53 @@ def evaluate_espdl_model(
         rows.append(
             LayerError(
                 name,
-                name,
-                producers[name].op_type,
-                info.exponent if info.elem_type != 1 else 0,
+                sources[name],
+                computing_op(name, producers),
+                info.exponent if info.elem_type != 1 else None,  # float32: no exponent
                 snr_db(ref, got),
                 float(np.max(np.abs(ref - got))) if ref.size else 0.0,
                 saturated,
                 False,
             )
         )
+    fields = score_outputs(y, float_scores, fake_quant_scores, real(out), output or out)
     return Evaluation(
         len(y),
-        accuracy(float_scores, y),
-        None if fake_quant_scores is None else accuracy(fake_quant_scores, y),
-        accuracy(real(out), y),
+        fields.pop("float_acc"),
+        fields.pop("fake_quant_acc"),
+        fields.pop("chip_acc"),
         target,
         rows,
         notes,
         source_label,
         missing,
+        **fields,
     )
+
+
+#: Operators that only move or reshape values: a tensor one of them makes from a tensor the
+#: export made up (``gap/pool``) is computed by the operator before it.
+LAYOUT_OPS = frozenset({"Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity", "Transpose"})
+
+
+def computing_op(name: str, producers: dict) -> str:
+    """The operator that computes tensor ``name``: its producer, or, when that only reshapes
+    a tensor the export made up (a GlobalAveragePooling2D is GlobalAveragePool, then Flatten),
+    the operator before it. A Flatten layer of the model stays a Flatten.
+
+    Example:
+        >>> from amct_bridge.espdl.v3.model import Node
+        >>> nodes = [Node("gap", "GlobalAveragePool", ["c1"], ["gap/pool"]),
+        ...          Node("gap/flatten", "Flatten", ["gap/pool"], ["gap"])]
+        >>> computing_op("gap", {o: n for n in nodes for o in n.outputs})
+        'GlobalAveragePool'
+    """
+    node = producers[name]
+    while node.op_type in LAYOUT_OPS and node.inputs and node.inputs[0] in producers:
+        if _layer(node.inputs[0]):  # a tensor of the model's own: the reshape is the layer
+            break
+        node = producers[node.inputs[0]]
+    return node.op_type
 
 
 def _layer(name: str) -> str:

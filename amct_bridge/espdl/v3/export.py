@@ -12,6 +12,9 @@ What happens to each layer (:class:`V3Layer`, nothing vanishes):
   a following BatchNormalization is folded in, then a ReLU is fused (``activation: Relu``,
   the only activation the v3 Conv/Gemm kernels apply); any other activation becomes its own
   node after it. A ZeroPadding2D read only by a "valid" conv becomes the conv's pads.
+- 1-D layers (``attrs["rank"] = 1``: Conv1D & co. as 2-D layers of height 1, on ``(N, W, C)``
+  tensors) become the runtime's native 1-D ops: ``Conv`` with ``kernel_shape [k]`` and a filter
+  ``[k, C, N]``, 1-D pools, ``Pad`` of a rank-3 tensor (esp-ppq's form; the simulator runs it).
 - Activations (sigmoid, tanh, swish/silu, hard_sigmoid, hard_swish/hard_silu, leaky_relu,
   softmax, ReLU6 as ``Clip``), pools, Add, Subtract, Multiply, Concatenate, Flatten, Reshape,
   Permute, ZeroPadding2D, UpSampling2D (nearest) become the v3 op of the same meaning; int8
@@ -63,11 +66,19 @@ from amct_bridge.espdl.checks import (
     as_float32,
     channel_vector,
     check_record_keys,
+    check_sidecar_model,
     sidecar_of_another_record,
 )
 from amct_bridge.espdl.exponents import ExponentFinder
 from amct_bridge.espdl.plan import Chain, Problem, consumers_map
-from amct_bridge.espdl.source import PASS_THROUGH, WEIGHT_OPS, SourceLayer, zero_padding
+from amct_bridge.espdl.source import (
+    AVERAGE_KINDS,
+    PASS_THROUGH,
+    WEIGHT_OPS,
+    ZERO_PADDING_KINDS,
+    SourceLayer,
+    zero_padding,
+)
 from amct_bridge.espdl.v3.exponents import (
     FIXED_RANGES,
     bias_bits,
@@ -238,7 +249,7 @@ def _plan(layers: list[SourceLayer], skip_fusion) -> tuple[dict[str, Chain], dic
             and valid
             and not head.attrs.get("pads")
             and src is not None
-            and src.kind == "ZeroPadding2D"
+            and src.kind in ZERO_PADDING_KINDS
             and src.op == "runtime"
             and len(src.inputs) == 1
             and _sole_consumer(src, consumers) is head
@@ -386,7 +397,7 @@ class _Emitter:
                 found = self.finder.record_exponent(user.name)
             # a ZeroPadding2D adds zeros only: |max| and so the exponent are its input's
             # (EfficientNetB0: Rescaling -> Normalization -> ZeroPadding2D -> stem_conv)
-            keeps = _same_values(user) or user.kind == "ZeroPadding2D"
+            keeps = _same_values(user) or user.kind in ZERO_PADDING_KINDS
             if found is None and keeps and user.name not in seen:
                 found = self._found(user.name, seen | {name})
             if found is not None:
@@ -506,9 +517,18 @@ class _Emitter:
             break
         found = self._found(probe)
         if found is None:
+            readers = ", ".join(
+                f"{u.name!r} ({u.kind or u.op})" for u in self.consumers.get(probe, [])
+            )
             raise ExportError(
                 f"model input {layer.name!r}: no calibrated range for it (no sidecar input "
                 "range of a layer reading it, no record scale_d): pass the calibration sidecar"
+                + (
+                    f"; the layers reading it ({readers}) have neither: were they calibrated "
+                    "(a layer the calibration does not quantize gets no entry)?"
+                    if readers
+                    else ""
+                )
             )
         self._tensor(layer.name, found[0], found[1], shape, found[2])
         self.tensor_of[layer.name] = layer.name
@@ -576,6 +596,13 @@ class _Emitter:
         n, kh, kw, c = w.shape
         in_shape = self.shapes[x]
         e_in = self.exps[x]
+        # a 1-D conv (NWC input): the 2-D conv of height 1 it was given as, written as the
+        # runtime's native 1-D Conv (esp-ppq's form: kernel_shape [k], filter [k, C, N])
+        one_d = head.op != "dense" and len(in_shape) == 3
+        if one_d and kh != 1:
+            raise ExportError(
+                f"layer {head.name!r}: kernel of height {kh} on a 1-D input {in_shape}"
+            )
         depthwise = head.op == "depthwise_conv2d"
         if depthwise and int(head.attrs.get("depth_multiplier", 1)) != 1:
             self.refuse(head, "depth_multiplier > 1: the v3 runtime's depthwise conv has one")
@@ -635,7 +662,9 @@ class _Emitter:
         if raised:
             out_src += f"; raised to {e_out} for mac_shift >= 0 (e_in {e_in} + e_w {e_w})"
         wq = self._quantize(w, e_w, self.dtype)
-        stored, note = filter_file_order(wq, n if depthwise else 1, self.target)
+        stored, note = filter_file_order(
+            wq[:, 0] if one_d else wq, n if depthwise else 1, self.target
+        )
         name = head.name
         fname = self._init(f"{name}/filter", stored, e_w, note)
         inputs = [x, fname]
@@ -650,6 +679,19 @@ class _Emitter:
             shape = [*in_shape[:-1], n]
             attrs = {"activation": act, "alpha": 1.0, "beta": 1.0, "transB": 0}
             self._node(name, "Gemm", inputs, [out_name], attrs)
+        elif one_d:
+            b, width, _ = in_shape
+            pads, strides, _, wo = self._conv_geometry(chain, [b, 1, width, in_shape[2]], kh, kw)
+            shape = [b, wo, n]
+            attrs = {
+                "activation": act,
+                "dilations": [1],
+                "group": n if depthwise else 1,
+                "kernel_shape": [kw],
+                "pads": [pads[1], pads[3]],  # ONNX 1-D [begin, end]: left, right
+                "strides": [strides[1]],
+            }
+            self._node(name, "Conv", inputs, [out_name], attrs)
         else:
             pads, strides, ho, wo = self._conv_geometry(chain, in_shape, kh, kw)
             shape = [in_shape[0], ho, wo, n]
@@ -849,6 +891,17 @@ def _no_handler(layer: SourceLayer) -> str:
 
 
 def _pool_geometry(em: _Emitter, layer: SourceLayer, shape: list[int]):
+    if len(shape) == 3:  # a 1-D pool (NWC): its height-1 twin's geometry, as a 1-D node
+        attrs, out = _pool_geometry(em, layer, [shape[0], 1, shape[1], shape[2]])
+        if out[1] != 1 or attrs["kernel_shape"][0] != 1:
+            raise ExportError(f"layer {layer.describe()}: a 2-D pool on a 1-D input {shape}")
+        top, left, bottom, right = attrs["pads"]
+        attrs.update(
+            kernel_shape=attrs["kernel_shape"][1:],
+            pads=[left, right],
+            strides=attrs["strides"][1:],
+        )
+        return attrs, [out[0], out[2], out[3]]
     kh, kw = _pair(layer.attrs.get("pool_size"), 2)
     sh, sw = _pair(layer.attrs.get("strides") or (kh, kw), 1)
     h, w = shape[1], shape[2]
@@ -919,7 +972,7 @@ def _layer_norm(em: _Emitter, layer: SourceLayer, ins: list[str]) -> None:
 
 def _maxpool(em: _Emitter, layer: SourceLayer, ins: list[str]) -> None:
     attrs, shape = _pool_geometry(em, layer, em.shapes[ins[0]])
-    attrs["dilations"] = [1, 1]
+    attrs["dilations"] = [1] * len(attrs["kernel_shape"])
     em.keep(layer, "MaxPool", ins, shape, attrs)
 
 
@@ -949,20 +1002,21 @@ def _global_pool(em: _Emitter, layer: SourceLayer, ins: list[str]) -> None:
     keep = bool(layer.attrs.get("keepdims", True))
     name = layer.name
     pooled = name if keep else f"{name}/pool"
-    if layer.kind == "GlobalAveragePooling2D":
+    spatial = shape[1:-1]  # [H, W], or [W] of a 1-D (NWC) input
+    if layer.kind in AVERAGE_KINDS:
         e, src, rng = em._out_exp(layer, (em.exps[x], f"the input's ({x!r})"))
         em._node(name, "GlobalAveragePool", [x], [pooled])
     else:  # the runtime has no GlobalMaxPool: a MaxPool over the whole map
         e, src, rng = em.exps[x], f"the input's ({x!r})", em.ranges.get(x)
         attrs = {
             "ceil_mode": 0,
-            "dilations": [1, 1],
-            "kernel_shape": [shape[1], shape[2]],
-            "pads": [0, 0, 0, 0],
-            "strides": [1, 1],
+            "dilations": [1] * len(spatial),
+            "kernel_shape": list(spatial),
+            "pads": [0] * (2 * len(spatial)),
+            "strides": [1] * len(spatial),
         }
         em._node(name, "MaxPool", [x], [pooled], attrs)
-    em._tensor(pooled, e, src, [shape[0], 1, 1, shape[-1]], rng)
+    em._tensor(pooled, e, src, [shape[0], *[1] * len(spatial), shape[-1]], rng)
     nodes = [name]
     if not keep:
         em._node(f"{name}/flatten", "Flatten", [pooled], [name], {"axis": 1})
@@ -1096,6 +1150,11 @@ def _permute(em: _Emitter, layer: SourceLayer, ins: list[str]) -> None:
 def _pad(em: _Emitter, layer: SourceLayer, ins: list[str]) -> None:
     top, bottom, left, right = zero_padding(layer)
     shape = em.shapes[ins[0]]
+    if len(shape) == 3:  # ZeroPadding1D (NWC): left / right of W
+        pads = em._init(f"{layer.name}/pads", np.array([0, left, 0, 0, right, 0]))
+        out = [shape[0], shape[1] + left + right, shape[2]]
+        em.keep(layer, "Pad", ins, out, {"mode": "constant"}, extra=[pads])
+        return
     pads = em._init(f"{layer.name}/pads", np.array([0, top, left, 0, 0, bottom, right, 0]))
     out = [shape[0], shape[1] + top + bottom, shape[2] + left + right, shape[3]]
     em.keep(layer, "Pad", ins, out, {"mode": "constant"}, extra=[pads])
@@ -1108,6 +1167,9 @@ def _upsample(em: _Emitter, layer: SourceLayer, ins: list[str]) -> None:
         return
     sh, sw = _pair(layer.attrs.get("size"), 2)
     shape = em.shapes[ins[0]]
+    if em.bits == 16:
+        _upsample_by_concat(em, layer, ins[0], sh, sw)
+        return
     scales = em._init(f"{layer.name}/scales", np.float32([1, 1, sh, sw]))
     attrs = {
         "coordinate_transformation_mode": "asymmetric",
@@ -1121,6 +1183,44 @@ def _upsample(em: _Emitter, layer: SourceLayer, ins: list[str]) -> None:
     em._tensor(name, em.exps[x], f"the input's ({x!r})", out, em.ranges.get(x))
     em.tensor_of[name] = name
     em.done(layer, "exported", [name])
+
+
+def _upsample_by_concat(em: _Emitter, layer: SourceLayer, x: str, sh: int, sw: int) -> None:
+    """Nearest upsampling of an int16 tensor as Concat + Reshape (exact: integers copied).
+
+    The runtime's int16 Resize computes nothing (``resize<int16_t>`` has an empty body in
+    dl_base_resize.cpp; operator_support_state.md lists Resize for int8 only). Repeating
+    each pixel ``sw`` times is a Concat of ``sw`` copies on the channel axis read back as
+    ``[N, H, W*sw, C]``; the rows likewise on a ``[N, H, 1, W*sw*C]`` view.
+    """
+    n, h, w, c = em.shapes[x]
+    name, exp, rng = layer.name, em.exps[x], em.ranges.get(x)
+    src = f"the input's ({x!r})"
+    nodes = []
+
+    def reshape(tensor: str, out: str, dims: list[int]) -> str:
+        const = em._init(f"{out}/shape", np.array([0, *dims[1:]], np.int64))
+        em._node(out, "Reshape", [tensor, const], [out])
+        nodes.append(out)
+        return em._tensor(out, exp, src, dims, rng)
+
+    def concat(tensor: str, out: str, copies: int, axis: int) -> str:
+        em._node(out, "Concat", [tensor] * copies, [out], {"axis": axis})
+        nodes.append(out)
+        dims = list(em.shapes[tensor])
+        dims[axis] *= copies
+        return em._tensor(out, exp, src, dims, rng)
+
+    y = x
+    if sw != 1:
+        y = concat(y, f"{name}/repeat_w", sw, 3)
+        y = reshape(y, f"{name}/as_w", [n, h, w * sw, c])
+    if sh != 1:
+        y = reshape(y, f"{name}/rows", [n, h, 1, w * sw * c])
+        y = concat(y, f"{name}/repeat_h", sh, 2)
+    y = reshape(y, name, [n, h * sh, w * sw, c])
+    em.tensor_of[name] = name
+    em.done(layer, "exported", nodes)
 
 
 _RUNTIME = {
@@ -1137,6 +1237,12 @@ _RUNTIME = {
     "Permute": _permute,
     "ZeroPadding2D": _pad,
     "UpSampling2D": _upsample,
+    # 1-D layers (NWC tensors): the native 1-D ops
+    "MaxPooling1D": _maxpool,
+    "AveragePooling1D": _avgpool,
+    "GlobalAveragePooling1D": _global_pool,
+    "GlobalMaxPooling1D": _global_pool,
+    "ZeroPadding1D": _pad,
     "LayerNormalization": _layer_norm,
     "LayerNorm": _layer_norm,  # MindSpore's nn.LayerNorm
 }
@@ -1219,6 +1325,7 @@ def export_layers_v3(
         raise ExportError(f"{out} already exists: pass overwrite=True (--overwrite) to replace it")
     _check_links(layers)
     check_record_keys(record, layers)
+    check_sidecar_model(stats, layers)  # a sidecar of another model, by layer name
     if not any(x.op == "input" for x in layers):
         raise ExportError("the model has no input layer")
 

@@ -26,7 +26,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from amct_bridge.calibration.qat import union_range
+from amct_bridge.calibration.qat import layer_factors, union_range
 from amct_bridge.errors import QuantError
 from amct_bridge.keras.qat.fake_quant import (
     arq_fake_quant,
@@ -34,7 +34,7 @@ from amct_bridge.keras.qat.fake_quant import (
     finish,
     layer_spec,
 )
-from amct_bridge.quant.qat import RANGE_MODES, check_options, layer_factors
+from amct_bridge.quant.qat import RANGE_MODES, check_options
 from amct_bridge.records.model import LayerFactors
 
 __all__ = ["RANGE_MODES", "FoldedBatchNorm", "QATObserve", "QATQuant"]
@@ -260,9 +260,8 @@ class QATQuant(keras.layers.Wrapper):
     def build(self, input_shape=None):
         super().build(input_shape)
         trainable = self.activation_range == "learned"
-        names = ["input"] + (
-            ["mid"] if isinstance(self.layer, keras.layers.SeparableConv2D) else []
-        )
+        # a separable conv (1-D or 2-D: two kernels) also clips its depthwise output
+        names = ["input"] + (["mid"] if len(self.spec.kernels) > 1 else [])
         per_site = self.sites if self.site_input else 1
         self.ranges = {
             name: add_range_weights(self, name, trainable=trainable, sites=per_site)
@@ -365,8 +364,8 @@ class QATQuant(keras.layers.Wrapper):
         }
 
     def factors(self, key: str) -> dict[str, LayerFactors]:
-        """Record entries of this layer (one per part; SeparableConv2D has two), keyed
-        (:func:`amct_bridge.quant.qat.layer_factors`)."""
+        """Record entries of this layer (one per part; a separable conv has two), keyed
+        (:func:`amct_bridge.calibration.qat.layer_factors`)."""
         entries = {}
         attrs = [attr for attr, _ in self.spec.kernels]
         parts = list(zip(("input", "mid"), attrs, strict=False))

@@ -53,11 +53,12 @@ from mindspore import Tensor, nn
 
 from amct_bridge.calibration.layers import ModelDesc
 from amct_bridge.calibration.merge import agree, differing, merge_tracked
-from amct_bridge.calibration.plan import batchnorm_chains
+from amct_bridge.calibration.plan import batchnorm_chains, unquantized_layers, warn_unquantized
 from amct_bridge.calibration.qat import (
     algorithm_name,
     call_sites,
     clipped,
+    layer_factors,
     shared_layers,
     tensor_range,
     union_range,
@@ -82,7 +83,7 @@ from amct_bridge.mindspore.qat.cells import (
 from amct_bridge.mindspore.weights import batch_norm_params, bias_of, kernel_of
 from amct_bridge.quant.factors import bits_of
 from amct_bridge.quant.fold import fold_batchnorm
-from amct_bridge.quant.qat import check_options, layer_factors, record_range
+from amct_bridge.quant.qat import check_options, record_range
 from amct_bridge.records.calibration import CalibrationStats, LayerStats
 from amct_bridge.records.model import Record
 
@@ -189,8 +190,8 @@ def quantize_aware(
     if not chosen:
         kinds = sorted({d.kind for d in leaves.values()})
         raise QuantError(
-            f"network {name!r} has no quantizable cell to train (nn.Conv2d with group 1 or "
-            f"depthwise, nn.Dense, nn.Conv2dTranspose, nn.AvgPool2d"
+            f"network {name!r} has no quantizable cell to train (nn.Conv2d / nn.Conv1d with "
+            f"group 1 or depthwise, nn.Dense, nn.Conv2dTranspose, nn.AvgPool2d"
             f"{'' if not skip_layers else ', not in skip_layers'}); its cells are: "
             f"{', '.join(kinds) or 'none'}"
         )
@@ -227,6 +228,8 @@ def quantize_aware(
         quantizable_kinds=QUANTIZABLE_KINDS,
     )
     chains = {k: bn_key for k, (bn_key, _) in batchnorm_chains(desc).items() if k in chosen}
+    # as calibration: a cell with weights that trains float must be named (issue 33)
+    warn_unquantized(unquantized_layers(desc, set(quantizable)), QUANTIZABLE_KINDS)
     info = QATInfo(
         options=dict(
             dst_type=dst_type,
