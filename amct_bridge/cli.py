@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except AmctBridgeError as err:
         _traceback(debug)
-        print(f"{command}: error: {err}", file=sys.stderr)
+        print(f"{command}: error: {error_text(str(err))}", file=sys.stderr)
         return EXIT_INPUT_ERROR
     except BrokenPipeError:  # `amct-bridge inspect big.txt | head` is not an error
         sys.stderr.close()
@@ -120,9 +120,33 @@ def internal_error_line(err: BaseException, debug: bool = False) -> str:
         >>> internal_error_line(ValueError("bad\\nthing"))
         'internal error: ValueError: bad thing (rerun with --debug for the traceback)'
     """
-    text = " ".join(str(err).split()) or "(no message)"
+    text = error_text(" ".join(str(err).split())) or "(no message)"
     hint = "" if debug else " (rerun with --debug for the traceback)"
     return f"internal error: {type(err).__name__}: {text}{hint}"
+
+
+#: Longest error message printed: a name from a model or a file (a 5,000-character layer name,
+#: a 1 MB one-line record) must not make the error longer than the terminal can show.
+MAX_ERROR_CHARS = 2000
+
+
+def error_text(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """An error message as printed: control characters (a NUL in a layer name) escaped, and
+    cut to ``limit`` characters with how much was left out.
+
+    Example:
+        >>> error_text("layer 'a\\x00b' refused")
+        "layer 'a\\\\x00b' refused"
+        >>> error_text("x" * 30, limit=10)
+        'xxxxxxxxxx... (20 more characters)'
+    """
+    clean = "".join(
+        c if c.isprintable() or c in "\n\t" else c.encode("unicode_escape").decode("ascii")
+        for c in text
+    )
+    if len(clean) <= limit:
+        return clean
+    return f"{clean[:limit]}... ({len(clean) - limit} more characters)"
 
 
 def _traceback(debug: bool) -> None:
