@@ -60,6 +60,7 @@ from amct_bridge.espdl.v1 import (
     simulate_chip,
     tool_output,
 )
+from amct_bridge.espdl.writer import check_output_path
 from amct_bridge.records.calibration import CalibrationStats, load_stats, sidecar_path
 from amct_bridge.records.model import Record
 
@@ -156,6 +157,8 @@ def export(
         ...
         amct_bridge.errors.ExportError: cannot export a str: pass a Keras model to ...
     """
+    if out_dir is not None:  # before a search of minutes, not after
+        check_output_path(out_dir)
     layers = _resolve_layers(model_or_weights)
     if exponents not in EXPONENT_RULES:
         raise ExportError(f"exponents {exponents!r}: expected one of {', '.join(EXPONENT_RULES)}")

@@ -49,7 +49,41 @@ def _check_file_name(name: str) -> None:
         raise ExportError(f"refusing to write {name!r}: not a plain file name inside the output")
 
 
+#: Longest file name most file systems take (ext4, XFS, APFS, NTFS: 255 bytes or characters).
+MAX_NAME_BYTES = 255
+
+
+def check_output_path(out: str | os.PathLike) -> Path:
+    """Refuse an output path that cannot be written, before any long work (a search, a
+    calibration): a name over 255 bytes, a NUL, a missing parent directory.
+
+    Example:
+        >>> check_output_path("out/" + "m" * 300)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        amct_bridge.errors.ExportError: output name 'mmm...' is 300 bytes long, at most 255 ...
+    """
+    path = Path(out)
+    text = str(out)
+    if "\0" in text:
+        raise ExportError(f"output path {text[:80]!r}: a NUL character cannot be in a file name")
+    size = len(path.name.encode("utf-8", "surrogateescape"))
+    if size > MAX_NAME_BYTES:
+        raise ExportError(
+            f"output name {path.name[:40] + '...'!r} is {size} bytes long, at most "
+            f"{MAX_NAME_BYTES} expected"
+        )
+    parent = path.parent if str(path.parent) else Path(".")
+    try:
+        if not parent.is_dir():
+            raise ExportError(f"{parent}: directory does not exist")
+    except OSError as err:  # a parent component too long, a loop of links
+        raise ExportError(f"output path {text[:80]!r}: {err.strerror or err}") from None
+    return path
+
+
 def _prepare_target(out_dir: Path, overwrite: bool) -> None:
+    check_output_path(out_dir)
     if out_dir.exists() or out_dir.is_symlink():
         if not out_dir.is_dir() or out_dir.is_symlink():
             raise ExportError(f"{out_dir}: exists and is not a directory")

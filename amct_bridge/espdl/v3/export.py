@@ -89,6 +89,7 @@ from amct_bridge.espdl.v3.exponents import (
 from amct_bridge.espdl.v3.model import EspdlModel, Node, Tensor, ValueInfo, filter_file_order
 from amct_bridge.espdl.v3.simulate import TARGETS, simulate_espdl
 from amct_bridge.espdl.v3.writer import write_espdl
+from amct_bridge.espdl.writer import check_output_path
 from amct_bridge.quant.espdl import auto_exponent, range_to_exponent
 from amct_bridge.quant.fold import fold_batchnorm
 from amct_bridge.records.calibration import CalibrationStats
@@ -1270,6 +1271,12 @@ def _test_values(
                     f"{info.name!r} of shape {shape[1:]} (one sample, batch first)"
                 )
             sample = sample.reshape(shape)
+            bad = int(np.size(sample) - np.isfinite(sample).sum())
+            if bad:  # numpy would cast NaN to 0 with a RuntimeWarning: a test of nothing
+                raise ExportError(
+                    f"test input: {bad} of {sample.size} values of the sample for "
+                    f"{info.name!r} are NaN or infinite; the test input must be finite"
+                )
         else:
             lo, hi = em._range_of(info.name)
             sample = rng.uniform(lo, hi, size=shape)
@@ -1321,6 +1328,8 @@ def export_layers_v3(
         amct_bridge.errors.ExportError: target 'esp32': expected one of esp32s3, esp32p4, c ...
     """
     bits = check_options_v3(target, feature_type)
+    if out is not None:
+        check_output_path(out)
     if out is not None and Path(out).exists() and not overwrite:
         raise ExportError(f"{out} already exists: pass overwrite=True (--overwrite) to replace it")
     _check_links(layers)
