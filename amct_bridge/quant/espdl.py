@@ -161,19 +161,35 @@ def dequantize_pow2(
     return np.ldexp(arr, exp).astype(np.float32)
 
 
+#: Largest exponent magnitude an activation range may need: beyond it the range is above
+#: 2^71 or (not zero) below 2^-70, which no calibrated network produces.
+MAX_RANGE_EXPONENT = 64
+
+
 def range_to_exponent(lo: float, hi: float, bits: int = 8) -> int:
     """Exponent of the symmetric power-of-two format covering ``[lo, hi]``.
 
     Example:
         >>> range_to_exponent(0.0, 6.0, 8), range_to_exponent(-1.0, 0.25, 8)
         (-4, -6)
+        >>> range_to_exponent(-1e300, 1e300)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        amct_bridge.errors.QuantError: range [-1e+300, 1e+300] needs exponent 990; ...
     """
     lo_f, hi_f = float(lo), float(hi)
     if not (math.isfinite(lo_f) and math.isfinite(hi_f)):
         raise QuantError(f"range [{lo!r}, {hi!r}] is not finite; cannot choose an ESP-DL exponent")
     if lo_f > hi_f:
         raise QuantError(f"range [{lo!r}, {hi!r}] has min > max")
-    return exponent_for_absmax(max(abs(lo_f), abs(hi_f)), bits)
+    exp = exponent_for_absmax(max(abs(lo_f), abs(hi_f)), bits)
+    if abs(exp) > MAX_RANGE_EXPONENT:  # 1e300 gave exponent 990 and an export that ran
+        raise QuantError(
+            f"range [{lo!r}, {hi!r}] needs exponent {exp}; a calibrated activation range "
+            f"needs one within -{MAX_RANGE_EXPONENT}..{MAX_RANGE_EXPONENT} (the runtime's "
+            "shifts): a broken calibration or sidecar"
+        )
+    return exp
 
 
 def scale_offset_to_exponent(

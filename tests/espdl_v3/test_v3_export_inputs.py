@@ -47,3 +47,18 @@ def test_a_nan_test_input_is_refused(small, tmp_path):
     with pytest.raises(ExportError, match="test input: 1 of 192 values .* are NaN or infinite"):
         export_espdl(model, record, tmp_path / "m.espdl", format="espdl", test_input=bad)
     assert not (tmp_path / "m.espdl").exists()
+
+
+@pytest.mark.parametrize("fmt", ["v1", "espdl"])
+def test_an_absurd_sidecar_range_is_refused_by_layer(small, tmp_path, fmt):
+    """A sidecar range of +-1e300 exported output_exponent 990 with exit 0 (issue 32)."""
+    from amct_bridge.records.calibration import TensorRange, load_stats, save_stats
+
+    model, _, record = small
+    stats = load_stats(str(record) + ".calib.json")
+    stats.layers["c1"].output = TensorRange(-1e300, 1e300)
+    side = tmp_path / "broken.calib.json"
+    save_stats(stats, side)
+    with pytest.raises(ExportError, match=r"layer 'c1', output: range .* needs exponent 990"):
+        export_espdl(model, record, tmp_path / "out", format=fmt, stats=side)
+    assert not (tmp_path / "out").exists()
