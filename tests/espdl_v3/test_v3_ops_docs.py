@@ -31,3 +31,14 @@ def test_every_op_module_names_the_runtime_files_it_follows():
         doc = module.__doc__ or ""
         assert re.search(r"dl_(module|base)_\w+\.(hpp|cpp)", doc), module.__name__
         assert module.compute.__doc__, f"{module.__name__}.compute has no docstring"
+
+
+def test_every_op_module_is_registered():
+    """A module under ops/ that is not in NAMES would never run: the simulator would refuse
+    its op types."""
+    import pkgutil
+
+    import amct_bridge.espdl.v3.ops as ops
+
+    found = sorted(m.name for m in pkgutil.iter_modules(ops.__path__) if m.name[0] != "_")
+    assert found == list(ops.NAMES)
