@@ -70,7 +70,6 @@ def test_the_sidecar_of_another_network_is_refused_by_cell_name(tmp_path):
     assert "'conv1'" not in text  # the same in both
 
 
-
 def test_call_sites_keep_what_the_export_checks():
     """A shared quantized cell has one sidecar entry (``fc``) for the export's ``fc``, ``fc@1``:
     the sidecar rebuilt for the sites dropped ``model``, ``record_keys`` and ``flavor``, so the
