@@ -253,17 +253,23 @@ def conv_core(ctx: Context, node: Node, x: np.ndarray, rank: int) -> np.ndarray:
     work = np.float32 if total < 2**24 else np.float64 if exact else np.int64
     acc = np.zeros((x.shape[0], ho, wo, n), work)
     xw, ww = xp.astype(work, copy=False), w.astype(work, copy=False)
-    for i in range(kh):
-        for j in range(kw):
-            patch = xw[
-                :,
-                i * dh : i * dh + sh * (ho - 1) + 1 : sh,
-                j * dw : j * dw + sw * (wo - 1) + 1 : sw,
-            ]
-            if depthwise:
-                acc += patch * ww[:, i, j, 0]
-            else:
-                acc += patch @ ww[:, i, j, :].T
+    patches = [
+        xw[:, i * dh : i * dh + sh * (ho - 1) + 1 : sh, j * dw : j * dw + sw * (wo - 1) + 1 : sw]
+        for i in range(kh)
+        for j in range(kw)
+    ]
+    if depthwise:
+        product = np.empty_like(acc)  # one buffer for the products: no temporary per position
+        for k, patch in enumerate(patches):
+            np.multiply(patch, ww[:, k // kw, k % kw, 0], out=product)
+            acc += product
+    elif len(patches) > 1 and w.shape[-1] * len(patches) <= 256:
+        # few input channels (a first conv on RGB): one matmul over the gathered windows
+        # instead of kh*kw thin ones; the sums are the same integers
+        acc += np.concatenate(patches, axis=-1) @ ww.transpose(1, 2, 3, 0).reshape(-1, n)
+    else:
+        for k, patch in enumerate(patches):
+            acc += patch @ ww[:, k // kw, k % kw, :].T
     acc = acc.astype(np.int64) if exact else acc
     bias = _bias(ctx, node, n, depthwise)
     if bias is not None:
