@@ -30,6 +30,7 @@ __all__ = [
     "round_float",
     "saturate",
     "shift_round",
+    "sigmoid",
 ]
 
 #: Targets whose kernels round half to even (``CONFIG_ROUND_HALF_EVEN_ENABLED``, PIE-V2 chips).
@@ -53,32 +54,26 @@ def shift_round(x: np.ndarray, shift: int | np.ndarray, half_even: bool) -> np.n
         [0, 2, 0, -2]
     """
     x = np.asarray(x, np.int64)
-    if np.ndim(shift) == 0:  # one shift for the whole tensor: scalar arithmetic, in place
+    if np.ndim(shift) == 0:  # one shift for the whole tensor: a scalar, in place
         s = int(shift)
         if s <= 0:
             return np.left_shift(x, -s)
-        if not half_even:
-            out = x + np.int64(1 << (s - 1))
-            np.right_shift(out, s, out=out)
-            return out
-        # ties to even: (x + half - 1 + lsb(floor)) >> s, four passes over the data
-        out = np.right_shift(x, s)
+        shift_array = np.int64(s)
+    else:  # broadcast as it is given (one per last-axis channel): no full-size shift array
+        shift_array = np.asarray(shift, np.int64)
+        if (shift_array <= 0).any():
+            right = shift_round(x, np.maximum(shift_array, 1), half_even)
+            return np.where(shift_array > 0, right, np.left_shift(x, np.maximum(-shift_array, 0)))
+    half = np.left_shift(np.int64(1), shift_array - 1)
+    if half_even:  # ties to even: (x + half - 1 + lsb(floor)) >> s, four passes over the data
+        out = np.right_shift(x, shift_array)
         out &= 1
         out += x
-        out += np.int64((1 << (s - 1)) - 1)
-        np.right_shift(out, s, out=out)
-        return out
-    shift = np.broadcast_to(np.asarray(shift, np.int64), x.shape)
-    right = np.maximum(shift, 1)
-    half = np.left_shift(np.int64(1), right - 1)
-    if half_even:
-        floor = np.right_shift(x, right)
-        rem = x & ((np.int64(1) << right) - 1)
-        up = (rem > half) | ((rem == half) & ((floor & 1) == 1))
-        rounded = floor + up
+        out += half - 1
     else:
-        rounded = np.right_shift(x + half, right)
-    return np.where(shift > 0, rounded, np.left_shift(x, np.maximum(-shift, 0)))
+        out = x + half
+    np.right_shift(out, shift_array, out=out)
+    return out
 
 
 def expf(x: np.ndarray) -> np.ndarray:
@@ -121,6 +116,17 @@ def powf(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         a64 = np.asarray(a, np.float32).astype(np.float64)
         return np.power(a64, np.asarray(b, np.float32).astype(np.float64)).astype(np.float32)
+
+
+def sigmoid(t: np.ndarray) -> np.ndarray:
+    """``dl_math.hpp``'s sigmoid: ``1.0 / (1.0 + expf(-x))``, expf in float32, the division in
+    double (the 1.0 literals), stored as float32.
+
+    Example:
+        >>> sigmoid(np.float32([0.0, 2.0])).tolist()
+        [0.5, 0.8807970881462097]
+    """
+    return (1.0 / (1.0 + expf(-np.asarray(t, np.float32)).astype(np.float64))).astype(np.float32)
 
 
 def round_float(x: np.ndarray, half_even: bool) -> np.ndarray:

@@ -61,7 +61,7 @@ from functools import lru_cache
 import numpy as np
 
 from amct_bridge.espdl.v3.model import Node
-from amct_bridge.espdl.v3.ops._base import Context, expf, round_float, shift_round
+from amct_bridge.espdl.v3.ops._base import Context, round_float, shift_round, sigmoid
 
 __all__ = [
     "RnnInputs",
@@ -81,11 +81,6 @@ _F32 = np.float32
 #: The table bounds the modules pass to SigmoidLUT / TanhLUT (dl_module_gru.hpp, _lstm.hpp).
 SIGMOID_BOUND = 6.3
 TANH_BOUND = 3.5
-
-
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    # dl_math.hpp: 1.0 / (1.0 + expf(-x)); the 1.0 literals make the division a double one
-    return (1.0 / (1.0 + expf(-x).astype(np.float64))).astype(_F32)
 
 
 def _table_bound(scale: np.float32, bound: float) -> int:
@@ -109,9 +104,9 @@ def gate_tables(exponent: int) -> tuple[np.ndarray, np.ndarray]:
     scale = _F32(2.0**exponent)
     q_sig = _table_bound(scale, SIGMOID_BOUND)
     q_tanh = _table_bound(scale, TANH_BOUND)
-    sig = _sigmoid(np.arange(q_sig + 1).astype(_F32) * scale)
+    sig = sigmoid(np.arange(q_sig + 1).astype(_F32) * scale)
     twice = _F32(2) * (np.arange(q_tanh + 1).astype(_F32) * scale)
-    tanh = (_F32(2) * _sigmoid(twice) - _F32(1)).astype(_F32)
+    tanh = (_F32(2) * sigmoid(twice) - _F32(1)).astype(_F32)
     sig.setflags(write=False)
     tanh.setflags(write=False)
     return sig, tanh

@@ -72,35 +72,10 @@ def requant(
         >>> requant(np.array([2, 6, -6, 300]), 2, "Relu", True, np.dtype(np.int8)).tolist()
         [0, 2, 0, 75]
     """
-    if np.ndim(shift) == 0 and not half_even:
-        out = shift_round(acc, int(shift), half_even)
-    else:  # per channel, or half to even: 4 vector passes (~4x faster than shift_round's)
-        out = _shift_round_channels(
-            np.asarray(acc, np.int64), np.asarray(shift, np.int64), half_even
-        )
+    out = shift_round(acc, shift, half_even)
     if act == "Relu":
         np.maximum(out, 0, out=out)
     return saturate(out, dtype)
-
-
-def _shift_round_channels(acc: np.ndarray, shift: np.ndarray, half_even: bool) -> np.ndarray:
-    # one shift, or one per last-axis channel broadcast as a vector (no full-size shift array):
-    # half to even is (x + 2^(s-1) - 1 + bit s of x) >> s (the tie goes up only when bit s, the
-    # floor's parity, is 1), half up (x + 2^(s-1)) >> s
-    if (shift <= 0).any():
-        left = np.left_shift(acc, np.maximum(-shift, 0))
-        right = _shift_round_channels(acc, np.maximum(shift, 1), half_even)
-        return np.where(shift > 0, right, left)
-    half = np.left_shift(np.int64(1), shift - 1)
-    if half_even:
-        out = np.right_shift(acc, shift)
-        out &= 1
-        out += acc
-        out += half - 1
-    else:
-        out = acc + half
-    np.right_shift(out, shift, out=out)
-    return out
 
 
 def requant_output(

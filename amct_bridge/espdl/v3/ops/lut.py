@@ -20,7 +20,7 @@ from collections.abc import Callable
 import numpy as np
 
 from amct_bridge.espdl.v3.model import Node
-from amct_bridge.espdl.v3.ops._base import Context, expf, round_float, saturate, shift_round
+from amct_bridge.espdl.v3.ops._base import Context, round_float, saturate, shift_round, sigmoid
 
 __all__ = [
     "OP_TYPES",
@@ -157,11 +157,6 @@ def float_unary(ctx: Context, node: Node, fn: Callable[[np.ndarray], np.ndarray]
     return round_saturate(scaled, ctx.out_dtype(node), ctx.half_even)
 
 
-def _sigmoid(t: np.ndarray) -> np.ndarray:
-    # dl_math.hpp: 1.0 / (1.0 + expf(-x)), expf in float, the division in double
-    return (1.0 / (1.0 + expf(-t).astype(np.float64))).astype(np.float32)
-
-
 def _hard_swish(t: np.ndarray) -> np.ndarray:
     # dl_module_hard_swish.hpp: the 0.166667 and 0.5 literals make it a double expression
     t64 = t.astype(np.float64)
@@ -172,11 +167,11 @@ def _float_function(ctx: Context, node: Node) -> Callable[[np.ndarray], np.ndarr
     op = node.op_type
     f32 = np.float32
     if op == "Sigmoid":
-        return _sigmoid
+        return sigmoid
     if op == "Tanh":
-        return lambda t: f32(2) * _sigmoid(f32(2) * t) - f32(1)
+        return lambda t: f32(2) * sigmoid(f32(2) * t) - f32(1)
     if op == "Swish":
-        return lambda t: _sigmoid(t) * t
+        return lambda t: sigmoid(t) * t
     if op == "HardSwish":
         return _hard_swish
     if op == "HardSigmoid":
