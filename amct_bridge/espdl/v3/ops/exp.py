@@ -12,7 +12,7 @@ import numpy as np
 
 from amct_bridge.espdl.v3.model import Node
 from amct_bridge.espdl.v3.ops._base import Context, expf
-from amct_bridge.espdl.v3.ops.lut import float_unary, is_float, node_table, table_lookup
+from amct_bridge.espdl.v3.ops.lut import unary
 
 OP_TYPES = ("Exp",)
 
@@ -29,9 +29,4 @@ def compute(ctx: Context, node: Node) -> list[np.ndarray]:
         >>> compute(ctx, Node("e", "Exp", ["x"], ["y"], {"quant_type": "S16"}))[0].tolist()
         [94, 256, 696]
     """
-    if is_float(node):
-        return [expf(ctx.value(node.inputs[0], node))]
-    table = node_table(ctx, node)
-    if table is not None:
-        return [table_lookup(ctx, node, table)]
-    return [float_unary(ctx, node, expf)]
+    return [unary(ctx, node, expf)]

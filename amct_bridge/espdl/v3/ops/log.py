@@ -12,7 +12,7 @@ import numpy as np
 
 from amct_bridge.espdl.v3.model import Node
 from amct_bridge.espdl.v3.ops._base import Context, logf
-from amct_bridge.espdl.v3.ops.lut import float_unary, is_float, node_table, table_lookup
+from amct_bridge.espdl.v3.ops.lut import unary
 
 OP_TYPES = ("Log",)
 
@@ -29,10 +29,4 @@ def compute(ctx: Context, node: Node) -> list[np.ndarray]:
         >>> compute(ctx, Node("l", "Log", ["x"], ["y"], {"quant_type": "S8"}))[0].tolist()
         [-128, 0, 11]
     """
-    if is_float(node):
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return [logf(ctx.value(node.inputs[0], node))]
-    table = node_table(ctx, node)
-    if table is not None:
-        return [table_lookup(ctx, node, table)]
-    return [float_unary(ctx, node, logf)]
+    return [unary(ctx, node, logf)]

@@ -131,6 +131,26 @@ def round_saturate(q: np.ndarray, dtype: np.dtype, half_even: bool) -> np.ndarra
     return saturate(round_float(q.astype(np.float32), half_even), dtype)
 
 
+def unary(ctx: Context, node: Node, fn: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """What Exp, Log and Sqrt modules do alike: a float32 node ``fn(x)``; an int8 node with a
+    ``lut`` its table; else :func:`float_unary` (``fn`` gets and returns float32 arrays).
+
+    Example:
+        >>> from amct_bridge.espdl.v3.model import EspdlModel, ValueInfo
+        >>> m = EspdlModel([], {}, inputs=[ValueInfo("x", [2], 1, [])])
+        >>> ctx = Context(m, "c"); ctx.values["x"] = np.float32([4.0, 9.0])
+        >>> unary(ctx, Node("n", "Sqrt", ["x"], ["y"], {"quant_type": "F32"}), np.sqrt).tolist()
+        [2.0, 3.0]
+    """
+    if is_float(node):
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            return fn(ctx.value(node.inputs[0], node).astype(np.float32))
+    table = node_table(ctx, node)
+    if table is not None:
+        return table_lookup(ctx, node, table)
+    return float_unary(ctx, node, fn)
+
+
 def float_unary(ctx: Context, node: Node, fn: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
     """The modules' integer forward in float32: ``round(fn(x · 2^e_in) · 2^-e_out)``.
 

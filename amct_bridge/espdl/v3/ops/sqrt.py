@@ -11,7 +11,7 @@ import numpy as np
 
 from amct_bridge.espdl.v3.model import Node
 from amct_bridge.espdl.v3.ops._base import Context
-from amct_bridge.espdl.v3.ops.lut import float_unary, is_float, node_table, table_lookup
+from amct_bridge.espdl.v3.ops.lut import unary
 
 OP_TYPES = ("Sqrt",)
 
@@ -28,10 +28,4 @@ def compute(ctx: Context, node: Node) -> list[np.ndarray]:
         >>> compute(ctx, Node("s", "Sqrt", ["x"], ["y"], {"quant_type": "S8"}))[0].tolist()
         [0, 8, 16]
     """
-    if is_float(node):
-        with np.errstate(invalid="ignore"):
-            return [np.sqrt(ctx.value(node.inputs[0], node).astype(np.float32))]
-    table = node_table(ctx, node)
-    if table is not None:
-        return [table_lookup(ctx, node, table)]
-    return [float_unary(ctx, node, np.sqrt)]
+    return [unary(ctx, node, np.sqrt)]
