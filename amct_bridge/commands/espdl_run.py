@@ -162,6 +162,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {note}")
     for name, values in result.outputs.items():
         shape = f"output {name!r}: shape {list(values.shape)}, {values.dtype}"
+        if values.size == 0:
+            print(f"{shape}, empty")
+            continue
         if np.issubdtype(values.dtype, np.floating):  # a Softmax output: real values
             print(f"{shape} (real values), range {values.min():.6g}..{values.max():.6g}")
             continue

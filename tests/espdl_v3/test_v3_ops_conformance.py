@@ -112,19 +112,35 @@ def _damaged(tmp_path, change) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("change", "message"),
+    ("change", "where", "message"),
     [
-        (lambda m: setattr(m.outputs[0], "exponents", []), "has no exponent in its value_info"),
-        (lambda m: setattr(m.outputs[0], "exponents", [1, 2]), "has 2 exponents in its value_info"),
-        (lambda m: setattr(m.outputs[0], "exponents", [100]), "exponent 100 in its value_info"),
-        (lambda m: setattr(m.outputs[0], "exponents", [2**40]), "expected -64..64"),
+        (
+            lambda m: setattr(m.outputs[0], "exponents", []),
+            "node",
+            "has no exponent in its value_info",
+        ),
+        (
+            lambda m: setattr(m.outputs[0], "exponents", [1, 2]),
+            "node",
+            "has 2 exponents in its value_info",
+        ),
+        (
+            lambda m: setattr(m.outputs[0], "exponents", [100]),
+            "output",
+            "exponent 100, expected -64..64",
+        ),
+        (lambda m: setattr(m.outputs[0], "exponents", [2**40]), "output", "expected -64..64"),
     ],
 )
-def test_bad_exponents_are_refused_naming_file_node_and_tensor(tmp_path, change, message):
-    """An exponent of 100 overflowed shift_round, 2^33 grew a 2 KB file to 1.1 GB (issue 32)."""
+def test_bad_exponents_are_refused_naming_file_node_and_tensor(tmp_path, change, where, message):
+    """An exponent of 100 overflowed shift_round, 2^33 grew a 2 KB file to 1.1 GB (issue 32).
+    A count the op cannot use is refused at the node reading it; a value beyond the runtime's
+    shifts, before anything runs, at the tensor."""
     path = _damaged(tmp_path, change)
     model = read_espdl(path)
     with pytest.raises(EspdlError) as err:
         simulate_espdl(model)
     text = str(err.value)
-    assert text.startswith(f"{path}: node ") and message in text
+    name = model.outputs[0].name
+    assert text.startswith(f"{path}: {where} ") and message in text
+    assert where == "node" or text.startswith(f"{path}: output {name!r}: ")

@@ -271,6 +271,8 @@ def filter_nhwc(tensor: Tensor, group: int, target: str) -> np.ndarray:
         [[0, 1, 2], [3, 4, 5]]
     """
     dims = tensor.dims
+    if len(dims) < 2:  # a Gemm filter is [C, N]; a conv's [kernel..., C, N]
+        raise EspdlError(f"filter {tensor.name!r}: dims {dims}, expected [kernel..., C, N]")
     flat = tensor.data.reshape(-1)
     kernel = dims[:-2]
     if group == 1:

@@ -33,6 +33,7 @@ from amct_bridge.espdl.v3._fb.Model import Model as FbModel
 from amct_bridge.espdl.v3._fb.TensorTypeAndShape import TensorTypeAndShape
 from amct_bridge.espdl.v3._fb.TypeInfoValue import TypeInfoValue
 from amct_bridge.espdl.v3.model import DTYPES, EspdlError, EspdlModel, Node, Tensor, ValueInfo
+from amct_bridge.espdl.v3.schema import MAX_ELEMENTS, MAX_RANK, elements
 
 __all__ = ["read_espdl", "read_espdl_pack", "parse_espdl", "parse_espdl_pack"]
 
@@ -244,7 +245,17 @@ def _tensor(fb, source: str) -> Tensor:
     if code not in DTYPES:
         raise EspdlError(f"{source}: tensor {name!r} has data_type {code}, not a numeric type")
     dtype = DTYPES[code]
-    count = int(np.prod(dims)) if dims else 1
+    if len(dims) > MAX_RANK or any(d < 0 for d in dims):
+        raise EspdlError(
+            f"{source}: tensor {name!r} has dims {dims[:10]}, expected at most {MAX_RANK} "
+            "dimensions, none negative"
+        )
+    count = elements(dims)  # a Python int: a numpy product of large dims wraps around
+    if count > MAX_ELEMENTS:
+        raise EspdlError(
+            f"{source}: tensor {name!r} dims {dims} hold {count} elements, more than the "
+            f"{MAX_ELEMENTS} (2^26) the simulator holds"
+        )
     if not fb.RawDataIsNone():
         # raw_data is a vector of 16-byte structs: the element bytes, zero padded to 16
         start = fb._tab.Vector(fb._tab.Offset(20))

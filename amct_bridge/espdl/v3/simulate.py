@@ -38,6 +38,7 @@ from amct_bridge.espdl.v3.model import EspdlError, EspdlModel
 from amct_bridge.espdl.v3.ops import OPS, Context
 from amct_bridge.espdl.v3.ops._base import round_float, shift_round
 from amct_bridge.espdl.v3.ops.layer_normalization import sqrt_newton
+from amct_bridge.espdl.v3.schema import check_model
 
 __all__ = [
     "TARGETS",
@@ -171,6 +172,7 @@ def simulate_espdl(
         amct_bridge.espdl.v3.model.EspdlError: <memory>: node 'n': op 'Foo' is not simulated
     """
     target, reason = infer_target(model, target)
+    check_model(model)  # attributes, arities, declared shapes: before any arithmetic
     ctx = Context(model, target)
     for name, array in _named_inputs(model, inputs).items():
         ctx.values[name] = array
@@ -180,7 +182,7 @@ def simulate_espdl(
             raise EspdlError(
                 f"{model.source}: node {node.name!r}: op {node.op_type!r} is not simulated"
             )
-        results = fn(ctx, node)
+        results = _run_node(ctx, node, fn)
         for name, value in zip(node.outputs, results, strict=False):
             if name:
                 ctx.values[name] = value
@@ -195,6 +197,44 @@ def simulate_espdl(
         if info is not None and len(info.exponents) == 1:
             exponents[name] = info.exponent
     return SimulationResult(outputs, dict(ctx.values), exponents, target, reason, ctx.notes)
+
+
+#: Ops whose output is the numpy broadcast of their first two inputs.
+_BROADCASTING = frozenset(
+    ("Add", "Sub", "Mul", "Div", "Pow", "Mod", "PRelu")
+    + ("Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual")
+)
+
+
+def _run_node(ctx: Context, node, fn) -> list[np.ndarray]:
+    """``fn(ctx, node)``, its inputs' broadcast checked first; an op that cannot compute what
+    the file asks (shapes that do not fit it: the checks of :mod:`.schema` and of each op
+    module catch what they can name) is refused with the node and its input shapes, never an
+    internal error."""
+    if node.op_type in _BROADCASTING and len(node.inputs) >= 2:
+        shapes = [np.shape(ctx.value(name, node)) for name in node.inputs[:2]]
+        try:
+            out = np.broadcast_shapes(*shapes)
+        except ValueError:
+            raise ctx.refuse(
+                node, f"input shapes {[list(s) for s in shapes]} do not broadcast"
+            ) from None
+        ctx.check_elements(node, out, "broadcast output")
+    try:
+        return fn(ctx, node)
+    except EspdlError as err:  # a tensor's own check (Tensor.exponent) names no file or node
+        if str(err).startswith(f"{ctx.model.source}:"):
+            raise
+        raise ctx.refuse(node, str(err)) from None
+    except (ArithmeticError, IndexError, KeyError, TypeError, ValueError, MemoryError) as err:
+        known = {**{k: t.data for k, t in ctx.model.initializers.items()}, **ctx.values}
+        shapes = [list(np.shape(known[n])) if n in known else None for n in node.inputs]
+        detail = str(err).splitlines()[0][:200] if str(err) else ""
+        raise ctx.refuse(
+            node,
+            f"cannot be computed from inputs of shapes {shapes} and attributes "
+            f"{sorted(node.attributes)} ({type(err).__name__}: {detail})",
+        ) from None
 
 
 def _named_inputs(model: EspdlModel, inputs) -> dict[str, np.ndarray]:
@@ -222,6 +262,10 @@ def _named_inputs(model: EspdlModel, inputs) -> dict[str, np.ndarray]:
     out = {}
     for info in model.inputs:
         array = np.asarray(given[info.name])
+        if array.size == 0:  # the runtime has no empty tensors: every kernel reads element 0
+            raise EspdlError(
+                f"{model.source}: input {info.name!r} holds no values (shape {list(array.shape)})"
+            )
         if info.elem_type == 1:  # a float input, quantized by the model's QuantizeLinear
             array = array.astype(np.float32)
         elif array.dtype.kind not in "iu":

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from amct_bridge.espdl.v3.model import EspdlError, EspdlModel, Node, Tensor
+from amct_bridge.espdl.v3.schema import MAX_ELEMENTS, MAX_EXPONENT, elements
 
 __all__ = [
     "Context",
@@ -36,10 +37,6 @@ __all__ = [
 #: Targets whose kernels round half to even (``CONFIG_ROUND_HALF_EVEN_ENABLED``, PIE-V2 chips).
 HALF_EVEN_TARGETS = ("esp32p4", "esp32s31")
 _INT = {"S8": np.dtype(np.int8), "S16": np.dtype(np.int16)}
-#: Largest exponent magnitude a tensor may carry: the runtime shifts 32-bit accumulators and
-#: builds float scales from exponents; beyond this no computation means anything (esp-ppq's
-#: stay within about ±30).
-MAX_EXPONENT = 64
 
 
 def shift_round(x: np.ndarray, shift: int | np.ndarray, half_even: bool) -> np.ndarray:
@@ -237,6 +234,27 @@ class Context:
                 f"{quant!r} is not simulated (S8 and S16 are)"
             )
         return _INT[quant]
+
+    def check_elements(self, node: Node, shape, what: str) -> None:
+        """Refuse before allocating when ``shape`` holds more than the simulator's budget
+        (:data:`~amct_bridge.espdl.v3.schema.MAX_ELEMENTS`): a damaged file's pads or
+        broadcasts must not allocate gigabytes.
+
+        Example:
+            >>> ctx = Context(EspdlModel([], {}), "c")
+            >>> ctx.check_elements(Node("p", "Pad", ["x"], ["y"]), (1, 10**5, 10**5), "output")
+            Traceback (most recent call last):
+            ...
+            amct_bridge.espdl.v3.model.EspdlError: <memory>: node 'p' (Pad): output of shape \
+[1, 100000, 100000] (10000000000 elements) is beyond the simulator's 67108864 (2^26)
+        """
+        count = elements(shape)
+        if count > MAX_ELEMENTS:
+            raise self.refuse(
+                node,
+                f"{what} of shape {[int(d) for d in shape]} ({count} elements) is beyond the "
+                f"simulator's {MAX_ELEMENTS} (2^26)",
+            )
 
     def refuse(self, node: Node, why: str) -> EspdlError:
         """An error naming the file and the node, for the op to raise."""

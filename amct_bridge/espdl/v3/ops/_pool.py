@@ -17,8 +17,19 @@ def pool_geometry(ctx: Context, node: Node, x: np.ndarray):
     pads = list(node.attributes.get("pads") or [0] * (2 * rank))
     if node.attributes.get("ceil_mode", 0):
         raise ctx.refuse(node, "ceil_mode 1 (the runtime floors the output size)")
+    if len(strides) != rank or len(pads) != 2 * rank:
+        raise ctx.refuse(node, f"strides {strides} and pads {pads} for an input of rank {x.ndim}")
     if rank == 1:
-        return x[:, None], [1, *kernel], [1, *strides], [0, pads[0], 0, pads[1]]
+        x, kernel, strides, pads = x[:, None], [1, *kernel], [1, *strides], [0, pads[0], 0, pads[1]]
+    if x.ndim != 4:
+        raise ctx.refuse(node, f"an input of rank {x.ndim} (NWC or NHWC expected)")
+    top, left, bottom, right = pads
+    padded = (x.shape[1] + top + bottom, x.shape[2] + left + right)
+    if kernel[0] > padded[0] or kernel[1] > padded[1]:
+        raise ctx.refuse(node, f"kernel_shape {kernel} is larger than the padded input {padded}")
+    ctx.check_elements(node, (x.shape[0], *padded, x.shape[-1]), "padded input")
+    outputs = [(p - k) // s + 1 for p, k, s in zip(padded, kernel, strides, strict=True)]
+    ctx.check_elements(node, (*kernel, x.shape[0], *outputs, x.shape[-1]), "window values")
     return x, kernel, strides, pads
 
 

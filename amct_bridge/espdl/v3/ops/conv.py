@@ -211,12 +211,22 @@ def conv_core(ctx: Context, node: Node, x: np.ndarray, rank: int) -> np.ndarray:
     if (depthwise and w.shape[0] != channels) or (not depthwise and w.shape[-1] != channels):
         raise ctx.refuse(node, f"filter {filt.dims} does not fit input channels {channels}")
     shift = filter_shift(ctx, node, filt, w.shape[0])  # refuses before the sums
+    if len(pads) != 4 or len(strides) != 2 or len(dilations) != 2:
+        raise ctx.refuse(
+            node, f"pads {pads}, strides {strides}, dilations {dilations} for a rank-{rank} conv"
+        )
     top, left, bottom, right = pads
-    xp = np.pad(x.astype(np.int64), ((0, 0), (top, bottom), (left, right), (0, 0)))
     kh, kw = w.shape[1], w.shape[2]
     (sh, sw), (dh, dw) = strides, dilations
-    ho = (xp.shape[1] - dh * (kh - 1) - 1) // sh + 1
-    wo = (xp.shape[2] - dw * (kw - 1) - 1) // sw + 1
+    padded = (x.shape[0], x.shape[1] + top + bottom, x.shape[2] + left + right, x.shape[3])
+    ctx.check_elements(node, padded, "padded input")
+    ho = (padded[1] - dh * (kh - 1) - 1) // sh + 1
+    wo = (padded[2] - dw * (kw - 1) - 1) // sw + 1
+    if ho < 1 or wo < 1:
+        raise ctx.refuse(node, f"the dilated kernel is larger than the padded input {padded[1:3]}")
+    # the gathered windows (few input channels) or the per-position products
+    ctx.check_elements(node, (x.shape[0], ho, wo, max(w.shape[0], channels) * kh * kw), "windows")
+    xp = np.pad(x.astype(np.int64), ((0, 0), (top, bottom), (left, right), (0, 0)))
     n = w.shape[0]
     # float sums of integers are exact, in any order, while every partial sum stays below
     # 2^24 (float32) or 2^53 (float64): then BLAS computes the integer sums (the int64 matmul

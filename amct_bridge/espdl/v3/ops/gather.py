@@ -47,4 +47,5 @@ def compute(ctx: Context, node: Node) -> list[np.ndarray]:
             f"index {int(bad.reshape(-1)[0])} on an axis of {size}: the runtime uses indices as "
             "they are (no wrap of negative ones), so it would read outside the row",
         )
+    ctx.check_elements(node, (*x.shape[:axis], *indices.shape, *x.shape[axis + 1 :]), "output")
     return [np.take(x, indices.astype(np.int64), axis=axis)]

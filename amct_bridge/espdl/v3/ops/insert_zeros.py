@@ -61,6 +61,7 @@ def compute(ctx: Context, node: Node) -> list[np.ndarray]:
         raise ctx.refuse(node, f"stride {stride} and output_padding {padding}")
     spatial = x.shape[1:-1]
     shape = [d + (s - 1) * (d - 1) + p for d, s, p in zip(spatial, stride, padding, strict=True)]
+    ctx.check_elements(node, (x.shape[0], *shape, x.shape[-1]), "output")
     out = np.zeros((x.shape[0], *shape, x.shape[-1]), x.dtype)
     out[(slice(None), *(slice(0, s * d, s) for s, d in zip(stride, spatial, strict=True)))] = x
     return [out]

@@ -33,6 +33,9 @@ def compute(ctx: Context, node: Node) -> list[np.ndarray]:
     if pads is None or len(pads) != 2 * x.ndim or min(pads) < 0:
         raise ctx.refuse(node, f"pads {pads} for a tensor of rank {x.ndim} (non-negative)")
     width = list(zip(pads[: x.ndim], pads[x.ndim :], strict=True))
+    ctx.check_elements(
+        node, [d + a + b for d, (a, b) in zip(x.shape, width, strict=True)], "output"
+    )
     mode = node.attributes.get("mode", "constant")
     if mode == "constant":
         value = ints_input(ctx, node, 2)

@@ -123,6 +123,8 @@ def _sizes(ctx: Context, node: Node, x: np.ndarray) -> tuple[list[int], list[np.
         if len(scales) != x.ndim:
             raise ctx.refuse(node, f"scales {scales.tolist()} for a rank-{x.ndim} input")
         scales = list(scales[2:])
+        if not all(np.isfinite(scales)) or min(scales, default=1) <= 0:
+            raise ctx.refuse(node, f"scales {[float(s) for s in scales]}, expected finite, > 0")
         return [int(_F32(i) * s) for i, s in zip(spatial, scales, strict=True)], scales
     raise ctx.refuse(node, "needs constant scales (input 2) or sizes (input 3)")
 
@@ -196,6 +198,9 @@ def compute(ctx: Context, node: Node) -> list[np.ndarray]:
     if isinstance(declared, int) and declared > 1:
         raise ctx.refuse(node, f"batch {declared}: the runtime's kernel resizes the first only")
     out_len, scales = _sizes(ctx, node, x)
+    if min(out_len, default=1) < 0 or not all(np.isfinite(scales)):
+        raise ctx.refuse(node, f"output lengths {out_len} from scales {[float(s) for s in scales]}")
+    ctx.check_elements(node, (x.shape[0], *out_len, x.shape[-1]), "output")
     e_in, e_out = ctx.exponent(node.inputs[0], node), ctx.exponent(node.outputs[0], node)
     if dtype == np.int16:
         if all(s == 1 for s in scales) and e_in == e_out:
