@@ -31,6 +31,7 @@ from google.protobuf.message import DecodeError
 
 from amct_bridge.errors import RecordError
 from amct_bridge.records.atomic import atomic_write_bytes
+from amct_bridge.records.bulk_text import parse_text
 from amct_bridge.records.codec import detect_flavor, from_proto, to_proto
 from amct_bridge.records.flavors import Flavor, a_record, get_flavor
 from amct_bridge.records.model import Record
@@ -55,7 +56,7 @@ def loads(
     message = flav.new_message()
     parse = text_format.Merge if on_duplicate == "keep_last" else text_format.Parse
     try:
-        parse(text, message)
+        parse_text(text, message, parse)  # text_format, with long runs of numbers in bulk
     except text_format.ParseError as err:
         raise RecordError(_parse_error_message(err, text, source, flav)) from None
     source_map = SourceMap(text)
