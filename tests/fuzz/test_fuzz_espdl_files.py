@@ -3,8 +3,8 @@
 
 Every case must end in success (exit 0/1) or one clean error line naming the file (exit 2):
 no internal error, no hang, no MemoryError. ``make test`` runs a few cases of each of the eight
-kinds; ``make fuzz`` (``HYPOTHESIS_PROFILE=long``) runs 1,500 of each (about 6 minutes), a new seed per day, and
-docs/errors.md gives its figures.
+kinds; ``make fuzz`` (``HYPOTHESIS_PROFILE=long``) runs 1,500 of each (about 6 minutes), a new
+seed per day, and docs/errors.md gives its figures.
 """
 
 from __future__ import annotations
