@@ -35,6 +35,26 @@ the framework's tensors are ``(N, W, C)``. The v3 exporter writes the runtime's 
 for them; v1, which has only 2-D layers, runs them on ``(1, W, C)`` tensors (a Reshape after
 the model input, :mod:`amct_bridge.espdl.v1.height1`).
 
+What the ESP-DL v3 export reads beyond this (op ``unsupported`` for v1, which refuses these;
+the v3 lowering registry, :mod:`amct_bridge.espdl.v3.lowering.registry`, dispatches them by
+``kind``):
+
+- conv2d / depthwise_conv2d ``attrs["dilations"]``: ``(dh, dw)`` (v3 only; v1 adapters refuse
+  a dilated conv). A ``Conv2D(groups=C)`` with C input channels and C filters is given as the
+  depthwise_conv2d it is (kernel HWCM); other groups are refused by the adapter with the reason.
+- ``Conv2DTranspose`` / ``Conv1DTranspose``: ``kernel`` in Keras' ``(kh, kw, filters, in)``
+  layout (1-D: height 1, ``rank`` 1), optional ``bias``; attrs ``strides``, ``padding``
+  ("valid" / "same", TF's crop), ``activation``, ``dilations``, ``output_padding`` (refused
+  unless None). A BatchNormalization / ReLU after it folds into it as after a conv.
+- ``Activation``: ``attrs["activation"]``, the framework's name (``"gelu"`` is the exact erf
+  GELU, ``"elu"`` with ``attrs["alpha"]``); ``ELU``: ``attrs["alpha"]``.
+- ``Cropping2D`` / ``Cropping1D``: ``attrs["cropping"]``, ``(top, bottom, left, right)`` /
+  ``(left, right)``. ``UpSampling2D``: ``size``, ``interpolation`` ("nearest", "bilinear").
+- ``Maximum`` / ``Minimum``: inputs of one shape. ``Transpose`` (a raw transpose):
+  ``attrs["perm"]`` with the batch axis. ``Matmul``: two activation inputs.
+- ``LayerNormalization``: ``gamma``, ``beta``; attrs ``axis`` (list), ``epsilon``,
+  ``rms_scaling``. ``RMSNormalization``: ``scale``; attrs ``axis``, ``epsilon``.
+
 A framework layer that becomes two ESP-DL layers (SeparableConv2D -> depthwise_conv2d
 ``"sep/depthwise"`` + 1x1 conv2d ``"sep/pointwise"``, the record keys) gives both
 ``attrs["part_of"] = "sep"``. Every layer may carry ``attrs["model_output"] = True`` (its

@@ -182,16 +182,29 @@ def _conv_like(layer: Any, node: Node, op: str, runtime: str) -> tuple[str, dict
     problems = []
     if p.get("data_format", "channels_last") != "channels_last":
         problems.append("channels_first data format")
-    if any(int(d) != 1 for d in p.get("dilation_rate", (1,))):
+    dilation = tuple(int(d) for d in p.get("dilation_rate", (1,)))
+    if any(d != 1 for d in dilation) and runtime == V1:
         problems.append(f"dilation {tuple(p['dilation_rate'])}")
-    if int(p.get("groups", 1)) != 1:
+    groups = int(p.get("groups", 1))
+    depthwise = groups != 1 and groups == int(p.get("in_channels", 0)) == int(p.get("filters", 0))
+    if groups != 1 and (runtime == V1 or not depthwise):
         problems.append(f"groups {p['groups']}")
+    if groups != 1 and runtime != V1 and not depthwise and len(problems) == 1:
+        reason = (
+            f"{class_name(layer)} with groups {groups} (not depthwise): the {runtime} runtime's "
+            "Conv runs group 1 or depthwise (group = channels = filters) only; split the layer "
+            f"into {groups} convs on channel slices and concatenate their outputs"
+        )
+        return "unsupported", {}, {"reason": reason}
     if problems:
         reason = f"{', '.join(problems)}: not supported by the {runtime} exporter"
         return "unsupported", {}, {"reason": reason, "problems": problems}
     weights: dict = {}
     if hasattr(layer, "kernel"):  # SeparableConv2D: its kernels are read by _separable
         weights["kernel"] = _to_numpy(layer.kernel)
+    if depthwise:  # Conv2D(groups=C, filters=C) is a depthwise conv: (kh, kw, 1, C) -> HWCM
+        op = "depthwise_conv2d"
+        weights["kernel"] = np.swapaxes(weights["kernel"], -1, -2)
     if getattr(layer, "use_bias", False) and layer.bias is not None:
         weights["bias"] = _to_numpy(layer.bias)
     act, extra = _own_activation(p.get("activation", "linear"))
@@ -201,7 +214,33 @@ def _conv_like(layer: Any, node: Node, op: str, runtime: str) -> tuple[str, dict
     for key in ("strides", "padding", "depth_multiplier"):
         if key in p:
             attrs[key] = p[key]
+    if any(d != 1 for d in dilation):  # v3 only (v1 refused it above)
+        attrs["dilations"] = dilation
     return op, weights, attrs
+
+
+def _conv_transpose(layer: Any, node: Node, runtime: str) -> tuple[str, dict, dict]:
+    """A Conv2DTranspose / Conv1DTranspose for the v3 export (ESP-DL v1 has none): kernel in
+    Keras' ``(kh, kw, filters, in)`` layout (1-D: height 1), op ``unsupported``."""
+    kind = class_name(layer)
+    p = node.params
+    attrs: dict = {"reason": no_equivalent(f"Keras {kind}", runtime)}
+    if runtime == V1 or p.get("data_format", "channels_last") != "channels_last":
+        return "unsupported", {}, attrs
+    weights = {"kernel": _to_numpy(layer.kernel)}
+    if layer.use_bias and layer.bias is not None:
+        weights["bias"] = _to_numpy(layer.bias)
+    act, extra = _own_activation(p.get("activation", "linear"))
+    attrs.update(activation=act, padding=str(p.get("padding", "valid")), **extra)
+    attrs["strides"] = tuple(int(s) for s in p.get("strides", (1,)))
+    attrs["dilations"] = tuple(int(d) for d in p.get("dilation_rate", (1,)))
+    padding = getattr(layer, "output_padding", None)
+    if padding is not None:
+        attrs["output_padding"] = tuple(int(v) for v in np.ravel(padding))
+    if kind == "Conv1DTranspose":
+        weights["kernel"] = weights["kernel"][None]
+        attrs.update(rank=1, strides=(1, *attrs["strides"]), dilations=(1, *attrs["dilations"]))
+    return "unsupported", weights, attrs
 
 
 def _batch_norm(layer: Any, node: Node) -> tuple[str, dict, dict]:
@@ -224,9 +263,12 @@ def _runtime_attrs(layer: Any, node: Node) -> dict:
             attrs[key] = tuple(int(v) for v in value) if key != "padding" else str(value)
     if "axis" in node.params:
         attrs["axis"] = int(node.params["axis"])
+    if node.kind == "Transpose" and "axes" in node.params:  # keras.ops.transpose
+        axes = node.params["axes"]
+        attrs["perm"] = None if axes is None else tuple(int(a) for a in axes)
     if "scalar_operands" in node.params:  # (position, value): x + 3.0 and the like
         attrs["scalar_operands"] = list(node.params["scalar_operands"])
-    for key in ("keepdims", "interpolation", "size"):  # read by the ESP-DL v3 export
+    for key in ("keepdims", "interpolation", "size", "cropping"):  # read by the v3 export
         value = getattr(layer, key, None) if layer is not None else None
         if isinstance(value, bool | str):
             attrs[key] = value
@@ -283,9 +325,12 @@ def _height_1(op: str, weights: dict, attrs: dict, node: Node) -> tuple[str, dic
     attrs = {**attrs, "rank": 1}
     if "strides" in attrs:
         attrs["strides"] = (1, *(int(s) for s in attrs["strides"]))
+    if "dilations" in attrs:
+        attrs["dilations"] = (1, *(int(d) for d in attrs["dilations"]))
     if str(attrs.get("padding", "valid")).lower() == "causal":
         k = int(weights["kernel"].shape[1])
-        attrs.update(padding="valid", pads=[0, 0, k - 1, 0])  # dilation 1 (else refused)
+        d = int(attrs.get("dilations", (1, 1))[-1])
+        attrs.update(padding="valid", pads=[0, 0, (k - 1) * d, 0])
     return op, weights, attrs
 
 
@@ -330,6 +375,8 @@ def _translate(layer: Any, node: Node, runtime: str) -> tuple[str, dict, dict]:
         return "runtime", {}, _runtime_1d(kind, attrs) if kind.endswith("1D") else attrs
     if kind == "LayerNormalization":  # v1 refuses it; the v3 export reads these
         return "unsupported", *_layer_norm(layer, runtime)
+    if kind in V3_ONLY:
+        return V3_ONLY[kind](layer, node, runtime)
     reason = no_equivalent(f"Keras {kind}", runtime)
     if kind in HINTS and (runtime == V1 or kind not in _V1_HINTS):
         reason += f" ({HINTS[kind]})"
@@ -340,6 +387,38 @@ def _translate(layer: Any, node: Node, runtime: str) -> tuple[str, dict, dict]:
     except (TypeError, ValueError):
         extra = {}
     return "unsupported", {}, {**extra, **attrs}
+
+
+def _rms_norm(layer: Any, node: Node, runtime: str) -> tuple[str, dict, dict]:
+    axis = layer.axis if isinstance(layer.axis, list | tuple) else [layer.axis]
+    attrs = {
+        "reason": no_equivalent("Keras RMSNormalization", runtime),
+        "axis": [int(a) for a in axis],
+        "epsilon": float(layer.epsilon),
+    }
+    return "unsupported", {"scale": _to_numpy(layer.scale)}, attrs
+
+
+def _elu(layer: Any, node: Node, runtime: str) -> tuple[str, dict, dict]:
+    reason = no_equivalent("Keras ELU", runtime)
+    return "unsupported", {}, {"reason": reason, "alpha": float(layer.alpha)}
+
+
+def _layer_scale(layer: Any, node: Node, runtime: str) -> tuple[str, dict, dict]:
+    """keras.applications ConvNeXt's LayerScale: ``x * gamma`` per channel."""
+    reason = no_equivalent("Keras LayerScale", runtime)
+    return "unsupported", {"gamma": _to_numpy(layer.gamma)}, {"reason": reason}
+
+
+#: Layers the ESP-DL v3 export lowers (amct_bridge.espdl.v3.lowering) and v1 refuses: what
+#: they are for the core (op ``unsupported``, the numbers the v3 lowering reads).
+V3_ONLY = {
+    "Conv2DTranspose": _conv_transpose,
+    "Conv1DTranspose": _conv_transpose,
+    "RMSNormalization": _rms_norm,
+    "ELU": _elu,
+    "LayerScale": _layer_scale,
+}
 
 
 def _input_name(graph: Graph, tid: str) -> str:

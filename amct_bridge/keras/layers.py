@@ -124,6 +124,14 @@ RUNTIME: frozenset[str] = frozenset(
         "GlobalAveragePooling1D",
         "MaxPooling1D",
         "GlobalMaxPooling1D",
+        # the ESP-DL v3 export lowers these (amct_bridge.espdl.v3.lowering) and needs the
+        # range of their output: a transposed 1-D conv (no TF op AMCT quantizes), Maximum /
+        # Minimum, RMSNormalization, a matrix product of two activations (keras.ops.matmul)
+        "Conv1DTranspose",
+        "Matmul",
+        "Maximum",
+        "Minimum",
+        "RMSNormalization",
     }
 )
 

@@ -30,22 +30,25 @@ def _refusal(model, record, tmp_path) -> str:
 def test_v3_refusals_name_v3_and_the_problem(tmp_path):
     inp = keras.Input((8, 8, 3))
     x = L.Conv2D(3, 3, dilation_rate=2, name="dil")(inp)
+    x = L.Conv2D(6, 1, groups=3, name="grp")(x)
     model = keras.Model(inp, L.Dense(2, name="fc")(L.Flatten(name="flat")(x)))
     _calibrated(model, tmp_path)
     text = _refusal(model, tmp_path / "r.txt", tmp_path)
+    assert "layer 'dil'" not in text  # exported
     assert (
-        "layer 'dil' (Conv2D): Conv2D with dilation (2, 2): not supported by the ESP-DL v3 "
-        "exporter" in text
+        "layer 'grp' (Conv2D): Conv2D with groups 3 (not depthwise): the ESP-DL v3 runtime's "
+        "Conv runs group 1 or depthwise (group = channels = filters) only; split the layer into "
+        "3 convs on channel slices and concatenate their outputs" in text
     )
     assert "v1" not in text.split("skip_unsupported")[1]
 
-    x = L.Cropping2D(1, name="crop")(L.Conv2D(3, 1, name="c0")(inp))
+    x = L.UnitNormalization(name="un")(L.Conv2D(3, 1, name="c0")(inp))
     model = keras.Model(inp, L.Dense(2, name="fc")(L.Flatten(name="flat")(x)))
     _calibrated(model, tmp_path)
     text = _refusal(model, tmp_path / "r.txt", tmp_path)
     assert (
-        "layer 'crop' (Cropping2D): Keras Cropping2D is not translated by the ESP-DL v3 exporter\n"
-        in text
+        "layer 'un' (UnitNormalization): Keras UnitNormalization is not translated by the "
+        "ESP-DL v3 exporter\n" in text
     )
     assert "v1" not in text.split("skip_unsupported")[1]
 
