@@ -35,9 +35,11 @@ tensors are NCW (channel axis 1).
 
 Activations (``ReLU``, ``ReLU6``, ``LeakyReLU``, ``PReLU``, ``ELU``, ``Sigmoid``, ``Tanh``,
 ``Softmax``, ``HSwish``, ``HSigmoid``, ``GELU``, ``SiLU``) keep their MindSpore class name as
-kind. **Functional ops are not cells**: ``x + y``, ``ops.add`` and ``ops.concat`` inside a
-``construct`` have no cell to wrap; the graph IR (MindIR) names them and their ranges come from
-the cells around them (an Add's output is the next cell's input).
+kind. ``nn.LayerNorm`` (kind ``LayerNorm``) stays float, but its input and output ranges go to
+the sidecar as a runtime layer's (:data:`OBSERVED_FLOAT`). **Functional ops are not cells**:
+``x + y``, ``ops.add`` and ``ops.concat`` inside a ``construct`` have no cell to wrap; the graph
+IR (MindIR) names them and their ranges come from the cells around them (an Add's output is the
+next cell's input).
 
 Every tensor is NCHW (``channel_axis`` 1, also for Dense's ``(N, in)`` input).
 
@@ -146,6 +148,12 @@ RUNTIME: frozenset[str] = frozenset(
     }
 )
 
+#: Cells that stay float (no record entry, named in the warning) but whose input and output
+#: ranges the sidecar keeps, as a runtime layer's: the ESP-DL v3 runtime computes
+#: LayerNormalization from integers, so the export needs the exponents around it (a
+#: Transformer block's first LayerNorm reads the model input, which nothing else observes).
+OBSERVED_FLOAT: frozenset[str] = frozenset({"LayerNorm"})
+
 #: Kinds a following BatchNorm may be folded into, and the BatchNorm kinds.
 FOLDABLE_KINDS: tuple[str, ...] = (
     "Conv2D",
@@ -240,7 +248,7 @@ def describe(key: str, cell) -> LayerDesc:
         PARTS.get(kind, ()),
         cell,
         activation=kind in ACTIVATIONS,
-        runtime=kind in RUNTIME,
+        runtime=kind in RUNTIME or kind in OBSERVED_FLOAT,
         name=key,
         params=params,
         weighted=has_weights(cell),

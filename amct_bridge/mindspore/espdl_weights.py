@@ -20,7 +20,14 @@ for a Keras twin):
 - ``nn.Conv1d`` (weight ``(O, I, 1, k)``, MindSpore's own Conv2D of height 1) as that conv
   (HWIO ``(1, k, I, O)``, ``attrs["rank"] = 1``: :mod:`amct_bridge.espdl.source`) on NCW
   tensors, which the chip holds NWC (``(W, C)`` input; a Flatten of an NCW map before a Dense
-  reorders its rows as for NCHW).
+  reorders its rows as for NCHW);
+- for the ESP-DL v3 export also: element-wise ops whose operands broadcast (squeeze-excite's
+  ``(N, C, H, W) * (N, C, 1, 1)``, the chip's ``(1, H, W, C) * (1, 1, 1, C)``) and scalar
+  operands (``y + 3.0``, ``y / 6.0`` as ``y * (1 / 6.0)``: ``attrs["scalar_operands"]``), the
+  global pools' ``keepdims``, ``nn.Upsample`` / ``ops.interpolate`` / resize primitives as
+  UpSampling2D, ``nn.Conv2dTranspose`` (kernel ``(in, out, kH, kW)`` -> ``(kH, kW, out, in)``),
+  the exact ``nn.GELU``, and sequences ``(N, T, D)`` (:func:`sequence_layout`: tokens, which
+  the chip holds as they are, for nn.Dense / nn.LayerNorm over the features).
 
 Anything else becomes an ``unsupported`` layer with the reason (the exporter refuses it, or
 leaves it out with ``skip_unsupported``). The network is not modified.
@@ -77,10 +84,10 @@ HINTS: dict[str, str] = {
     "Conv2DTranspose": "ESP-DL v1 has no transposed convolution",
     "ReLU6": "retrain with nn.ReLU",
 }
-#: The v3 runtime runs ConvTranspose as InsertZeros + Conv: this exporter does not write it.
+#: How the v3 export writes a transposed convolution, for its refusals.
 _V3_TRANSPOSE = (
-    "the ESP-DL v3 exporter writes no transposed convolution (the v3 runtime runs one as "
-    "InsertZeros + Conv, which this exporter does not write yet)"
+    "the ESP-DL v3 runtime runs a transposed convolution as InsertZeros + Conv, which this "
+    "exporter writes for group 1, pad_mode 'same' or 'valid'"
 )
 
 Translated = tuple[str, dict, dict]
@@ -141,10 +148,52 @@ def _padding(cell: Any, hw: tuple[int, int], kernel: tuple[int, int], strides: t
     return {"padding": "valid", "pads": pads}
 
 
+def _conv_transpose(cell: Any, node: Node, graph: Graph, runtime: str) -> Translated:
+    """nn.Conv2dTranspose for the v3 export (ESP-DL v1 has none): the core's Conv2DTranspose
+    (InsertZeros + Conv), kernel ``(in, out, kH, kW)`` -> Keras' ``(kH, kW, out, in)``;
+    ``pad_mode`` "same" / "valid" (TF's output sizes), explicit pads refused by name."""
+    if runtime == V1:
+        return _unsupported(f"nn.Conv2dTranspose: {HINTS['Conv2DTranspose']}")
+    problems = []
+    if cell.data_format != "NCHW":
+        problems.append(f"data_format {cell.data_format}")
+    if int(cell.group) != 1:
+        problems.append(f"group {cell.group} (grouped transposed convolution)")
+    mode = str(cell.pad_mode).lower()
+    pads = np.ravel(getattr(cell, "padding", 0))
+    if mode == "pad" and not np.any(pads):
+        mode = "valid"
+    elif mode == "pad":
+        problems.append(
+            f"pad_mode='pad', padding={cell.padding!r} (the {runtime} export crops "
+            "as pad_mode 'same' or 'valid' does: use one of them)"
+        )
+    if node.shared:
+        problems.append(_shared(node, graph))
+    if problems:
+        return _unsupported(f"nn.Conv2dTranspose with {', '.join(problems)}: {_V3_TRANSPOSE}")
+    # y[o, i*s + h] += x[c, i] * W[c, o, h]: Keras' K[h, w, o, c] is W transposed
+    weights = {"kernel": np.ascontiguousarray(kernel_of(cell, node.layer).transpose(2, 3, 1, 0))}
+    bias = bias_of(cell)
+    if bias is not None:
+        weights["bias"] = bias
+    attrs = {
+        "reason": no_equivalent("MindSpore nn.Conv2dTranspose", runtime),
+        "kind": "Conv2DTranspose",
+        "activation": None,
+        "padding": mode,
+        "strides": _pair(cell.stride),
+        "dilations": _pair(cell.dilation),
+    }
+    output_padding = np.ravel(getattr(cell, "output_padding", 0))
+    if np.any(output_padding):  # the core refuses it by name
+        attrs["output_padding"] = tuple(int(v) for v in output_padding)
+    return "unsupported", weights, attrs
+
+
 def _conv(cell: Any, node: Node, graph: Graph, runtime: str) -> Translated:
     if isinstance(cell, nn.Conv2dTranspose):
-        why = HINTS["Conv2DTranspose"] if runtime == V1 else _V3_TRANSPOSE
-        return _unsupported(f"nn.Conv2dTranspose: {why}")
+        return _conv_transpose(cell, node, graph, runtime)
     in_shape = graph.tensors[node.inputs[0]].shape
     one_d = isinstance(cell, nn.Conv1d)
     if one_d:  # NCW: the height-1 NCHW map nn.Conv1d's own Conv2D primitive reads
@@ -190,18 +239,43 @@ def _shared(node: Node, graph: Graph) -> str:
     )
 
 
-def _dense_activation(cell: Any) -> dict:
+def _dense_activation(cell: Any, runtime: str) -> dict:
     """The activation ``nn.Dense`` applies itself, by Keras' name (``"softmax"``, ``"tanh"``:
     the core fuses, leaves to the host or refuses it by that name); an activation the graph
-    has no name for keeps its class name (``"Mish"``), refused with it."""
+    has no name for keeps its class name (``"Mish"``), refused with it. A GELU is Keras'
+    ``"gelu"`` (erf) only when not approximated: ``nn.Dense(activation="gelu")`` runs
+    ``nn.GELU()``, the tanh form, which gets its own name (refused by it, not computed as
+    another function)."""
     name = dense_activation(cell)
     if name == "linear":
         return {"activation": None}
+    if name == "gelu" and _gelu_tanh(cell.activation):
+        return {"activation": "GELU(approximate=True), the tanh approximation"}
     if name == "leaky_relu":
         return {"activation": name, "alpha": float(cell.activation.alpha)}
     if isinstance(cell.activation, nn.PReLU):
         return {"activation": "prelu"}  # its alpha is not read: refused by the core
     return {"activation": name}
+
+
+def _gelu_tanh(cell: Any) -> bool:
+    """Whether an nn.GELU computes the tanh approximation (``approximate=True``, the default)."""
+    return str(getattr(cell, "approximate", "tanh")) != "none"
+
+
+def _gelu(cell: Any, runtime: str) -> Translated:
+    """nn.GELU: the exact (erf) one is Keras' ``Activation("gelu")``, which the v3 export
+    tabulates; the tanh approximation is refused by name (another function)."""
+    reason = no_equivalent("MindSpore nn.GELU", runtime)
+    if runtime == V1:
+        return _unsupported(reason)
+    if _gelu_tanh(cell):
+        return _unsupported(
+            f"nn.GELU(approximate=True) computes the tanh approximation of GELU; the {runtime} "
+            "export tabulates the exact (erf) GELU only: build the cell with approximate=False "
+            "(the two differ by less than 1e-3)"
+        )
+    return "unsupported", {}, {"reason": reason, "activation": "gelu", "kind": "Activation"}
 
 
 def _flatten_input(graph: Graph, tid: str) -> tuple[int, ...] | None:
@@ -214,17 +288,24 @@ def _flatten_input(graph: Graph, tid: str) -> tuple[int, ...] | None:
     return graph.tensors[node.inputs[0]].shape
 
 
-def _dense(cell: Any, node: Node, graph: Graph, runtime: str) -> Translated:
+def _dense(cell: Any, node: Node, graph: Graph, runtime: str, seq: bool) -> Translated:
     rank = len(graph.tensors[node.inputs[0]].shape)
-    if rank != 2:
+    if rank == 3 and seq and runtime != V1:
+        pass  # a sequence (N, T, D): the chip's Gemm works on the last axis too
+    elif rank != 2:
+        what = {4: "W of an NCHW map", 3: "W of an NCW map"}.get(rank, "its last axis")
+        if rank == 3 and seq:
+            what = "the features of each token"
         return _unsupported(
-            f"nn.Dense on a rank-{rank} tensor works on its last axis (W of an NCHW map), the "
-            "chip's FullyConnected on all of it: insert nn.Flatten before it"
+            f"nn.Dense on a rank-{rank} tensor works on its last axis ({what}), the "
+            f"{runtime} FullyConnected on all of it: insert nn.Flatten before it"
         )
     if node.shared:
         return _unsupported(f"{_shared(node, graph)}: not supported by the {runtime} exporter")
     kernel = kernel_of(cell, node.layer).T  # (out, in) -> (in, out)
     shape = _flatten_input(graph, node.inputs[0])
+    if seq and shape is not None and len(shape) == 3:
+        shape = None  # a flattened (N, T, D) is t*D + d in MindSpore and on the chip
     if shape is not None and len(shape) in (3, 4) and int(np.prod(shape[2:])) > 1:
         c, hw = shape[1], int(np.prod(shape[2:]))  # rows c*HW + s (NCHW) -> s*C + c (NHWC)
         kernel = kernel.reshape(c, hw, -1).transpose(1, 0, 2).reshape(c * hw, -1)
@@ -232,7 +313,7 @@ def _dense(cell: Any, node: Node, graph: Graph, runtime: str) -> Translated:
     bias = bias_of(cell)
     if bias is not None:
         weights["bias"] = bias
-    return "dense", weights, {**_dense_activation(cell), "input_rank": rank}
+    return "dense", weights, {**_dense_activation(cell, runtime), "input_rank": rank}
 
 
 def _batch_norm(cell: Any, node: Node) -> Translated:
@@ -293,9 +374,11 @@ def _is_flatten(graph: Graph, node: Node) -> bool:
     return len(out) == 2 and bool(src) and out == (src[0], int(np.prod(src[1:])))
 
 
-def _flatten(node: Node, graph: Graph) -> Translated:
+def _flatten(node: Node, graph: Graph, seq: bool) -> Translated:
     shape = graph.tensors[node.inputs[0]].shape
-    if len(shape) == 3 and shape[2] > 1 or len(shape) == 4 and shape[2] * shape[3] > 1:
+    if len(shape) == 3 and seq:
+        pass  # (N, T, D) flattens to t*D + d in MindSpore and on the chip
+    elif len(shape) == 3 and shape[2] > 1 or len(shape) == 4 and shape[2] * shape[3] > 1:
         readers = _readers(graph, node)
         if not readers or any(r.kind != "Dense" for r in readers):
             return _unsupported(
@@ -323,22 +406,26 @@ def _readers(graph: Graph, node: Node) -> list[Node]:
     return out
 
 
-def _functional(node: Node, graph: Graph, runtime: str) -> Translated:
+def _functional(node: Node, graph: Graph, runtime: str, seq: bool) -> Translated:
     kind, prim = node.kind, node.params.get("primitive", node.kind)
     shapes = [graph.tensors[t].shape for t in node.inputs]
+    if seq and shapes and len(shapes[0]) == 3 and runtime != V1:
+        found = _sequence_op(node, graph, shapes, prim)
+        if found is not None:
+            return found
     if kind == "Relu":
         return "relu", {}, {}
     if kind == "Relu6":
         return "relu6", {}, {}  # refused by the plan with the replace_relu6 path
-    if kind in _ELEMENTWISE:
-        if len(shapes) != 2 or node.params.get("const_operands", 0):
-            return _unsupported(no_equivalent(f"{prim} with a constant operand", runtime))
-        if shapes[0] != shapes[1]:
-            return _unsupported(f"{prim} of shapes {shapes[0]} and {shapes[1]} (broadcast)")
-        return "runtime", {}, {"keeps_exponent": RUNTIME_KINDS[kind]}
+    if kind in _ELEMENTWISE or kind == "Divide":
+        return _elementwise(node, shapes, runtime)
+    if kind == "UpSampling2D":
+        return _upsample(node, graph, f"functional {prim}", runtime)
     if kind == "Concatenate":
         rank, axis = len(shapes[0]), int(node.params.get("axis", -1))
         nhwc = {4: {-3: -1, -2: -3, -1: -2}, 2: {-1: -1}}.get(rank, {}).get(axis)
+        if rank == 3 and seq:
+            nhwc = axis if axis in (-2, -1) else None  # (N, T, D): the chip's own axes
         if nhwc is None:
             return _unsupported(f"concat on axis {axis} of a rank-{rank} tensor (batch axis)")
         return "runtime", {}, {"keeps_exponent": True, "axis": nhwc}
@@ -348,26 +435,142 @@ def _functional(node: Node, graph: Graph, runtime: str) -> Translated:
             kind = kind.replace("2D", "1D")
             attrs = {"keepdims": len(out) == 3, "kind": kind, "rank": 1}
             return "runtime", {}, {"keeps_exponent": RUNTIME_KINDS[kind], **attrs}
-        return "runtime", {}, {"keeps_exponent": RUNTIME_KINDS[kind]}
+        # ops.mean(x, (2, 3)) without keep_dims: (N, C), which the v3 export flattens to
+        keep = len(graph.tensors[node.outputs[0]].shape) == len(shapes[0])
+        return "runtime", {}, {"keeps_exponent": RUNTIME_KINDS[kind], "keepdims": keep}
     if _is_flatten(graph, node):
-        return _flatten(node, graph)
+        return _flatten(node, graph, seq)
+    if kind == "Matmul" and len(shapes) == 2:
+        return _unsupported(
+            f"functional {prim} of two activations (x @ y): the {runtime} runtime has MatMul, "
+            "which this exporter does not write yet (a MatMul of an activation by a weight is "
+            "an nn.Dense, which it writes)"
+        )
     return _unsupported(
         f"{no_equivalent(f'functional {prim}', runtime)} here (tensors are NCHW in MindSpore, "
         "NHWC on the chip)"
     )
 
 
-def _layer_norm(cell: Any, node: Node, graph: Graph, runtime: str) -> Translated:
+def _sequence_op(node: Node, graph: Graph, shapes: list, prim: str) -> Translated | None:
+    """A functional op on a sequence (N, T, D), which the chip holds as it is: ``ops.mean``
+    over T (the 1-D global pool of the chip's (W, C) view) and a swap of T and D
+    (``x.swapaxes(1, 2)``: Permute); None: the op is translated as for any tensor."""
+    out = graph.tensors[node.outputs[0]].shape
+    axes = tuple(node.params.get("axis") or ())
+    if node.kind == "Mean" and axes == (-2,):
+        kind = "GlobalAveragePooling1D"
+        attrs = {"keepdims": len(out) == 3, "kind": kind, "rank": 1}
+        return "runtime", {}, {"keeps_exponent": RUNTIME_KINDS[kind], **attrs}
+    if node.kind == "Transpose" and tuple(node.params.get("axes") or ()) == (0, 2, 1):
+        return "runtime", {}, {"keeps_exponent": True, "kind": "Permute", "dims": (2, 1)}
+    if node.kind == "Transpose":
+        return _unsupported(
+            f"functional {prim} with axes {node.params.get('axes')} of a sequence (N, T, D): "
+            "the ESP-DL v3 export takes the swap of T and D, (0, 2, 1), only"
+        )
+    return None
+
+
+def _elementwise(node: Node, shapes: list[tuple[int, ...]], runtime: str) -> Translated:
+    """``x + y``, ``x * s`` (SE gating: NCHW operands broadcast as the chip's NHWC ones do),
+    ``x + 3.0`` and ``x / 6.0`` (a scalar operand, ``attrs["scalar_operands"]``; ``x / c`` is
+    ``x * (1 / c)``) for the v3 export; ESP-DL v1 takes two tensors of one shape."""
+    kind, prim = node.kind, node.params.get("primitive", node.kind)
+    scalars = [(int(i), float(v)) for i, v in node.params.get("scalar_operands") or []]
+    if node.params.get("const_operands", 0):
+        why = f"{prim} with a constant tensor operand (a Parameter or an array)"
+        hint = "fold it into the layer before it, or give it as a cell with weights"
+        return _unsupported(f"{no_equivalent(why, runtime)} ({hint})")
+    if scalars and runtime == V1:
+        return _unsupported(no_equivalent(f"{prim} with a constant operand", runtime))
+    if len(shapes) + len(scalars) != 2:
+        return _unsupported(f"{prim} of {len(shapes) + len(scalars)} operands: not exported")
+    if kind == "Divide" and runtime == V1:
+        return _unsupported(f"{prim}: ESP-DL v1 has no division")
+    if kind == "Divide":
+        if [i for i, _ in scalars] != [1] or scalars[0][1] == 0.0:
+            what = "by a tensor" if not scalars else "of a scalar by a tensor"
+            what = "by 0" if scalars and scalars[0] == (1, 0.0) else what
+            return _unsupported(
+                f"{prim}: division {what} is not translated by the {runtime} exporter (a "
+                "division by a nonzero constant c is exported as a multiplication by 1 / c)"
+            )
+        kind, scalars = "Multiply", [(1, 1.0 / scalars[0][1])]  # what the chip's Mul computes
+    if len(shapes) == 2 and shapes[0] != shapes[1]:
+        try:
+            np.broadcast_shapes(*shapes)
+        except ValueError:
+            return _unsupported(f"{prim} of shapes {shapes[0]} and {shapes[1]}: no broadcast")
+        if len(shapes[0]) != len(shapes[1]):  # NCHW aligns W with the other's last axis
+            return _unsupported(
+                f"{prim} of shapes {shapes[0]} and {shapes[1]}: operands of different ranks "
+                "broadcast from MindSpore's last axis (W of NCHW), the chip's from C (NHWC); "
+                "reshape the smaller operand to the rank of the other (e.g. (N, C, 1, 1))"
+            )
+        if runtime == V1:
+            return _unsupported(
+                f"{prim} of shapes {shapes[0]} and {shapes[1]} (broadcast): ESP-DL v1's "
+                "element-wise layers take operands of one shape (ESP-DL v3 broadcasts)"
+            )
+    attrs: dict = {"keeps_exponent": RUNTIME_KINDS[kind], "kind": kind}
+    if scalars:
+        attrs["scalar_operands"] = scalars
+    return "runtime", {}, attrs
+
+
+def _upsample(node: Node, graph: Graph, what: str, runtime: str) -> Translated:
+    """``nn.Upsample`` / ``ops.interpolate`` / ``ops.ResizeNearestNeighbor`` as the core's
+    UpSampling2D (``size`` the integer scales, ``interpolation``): a nearest resize by an
+    integer factor repeats each pixel, a bilinear one (``align_corners=False``: half-pixel
+    centres, clamped edges) is TF's, which the core writes; others are refused naming why."""
+    p = node.params
+    if runtime == V1:
+        return _unsupported(f"{what}: ESP-DL v1 has no resize layer")
+    shape = graph.tensors[node.inputs[0]].shape if node.inputs else ()
+    out = graph.tensors[node.outputs[0]].shape
+    mode = str(p.get("interpolation", "nearest"))
+    if len(shape) != 4:
+        return _unsupported(
+            f"{what} of a rank-{len(shape)} tensor: the {runtime} export takes NCHW maps"
+        )
+    if p.get("size") is None:
+        return _unsupported(
+            f"{what} from {shape[2]}x{shape[3]} to {out[2]}x{out[3]}: not an integer scale; "
+            f"the {runtime} export upsamples by integer factors only"
+        )
+    if p.get("align_corners"):
+        return _unsupported(
+            f"{what} {mode} with align_corners=True: it samples the input at "
+            f"i * (in - 1) / (out - 1), while the {runtime} export repeats each pixel "
+            "(nearest) or interpolates between half-pixel centres (bilinear); use "
+            "align_corners=False"
+        )
+    if mode == "bilinear" and not p.get("half_pixel_centers"):
+        return _unsupported(
+            f"{what} bilinear without half_pixel_centers: it samples the input at i * in / out "
+            f"(the legacy ResizeBilinear), the {runtime} export between half-pixel centres "
+            "(nn.Upsample / ops.interpolate with align_corners=False)"
+        )
+    # the core writes nearest and (half-pixel) bilinear, or refuses another mode naming why
+    attrs = {"keeps_exponent": mode == "nearest", "kind": "UpSampling2D", "size": tuple(p["size"])}
+    return "runtime", {}, {**attrs, "interpolation": mode}
+
+
+def _layer_norm(cell: Any, node: Node, graph: Graph, runtime: str, seq: bool) -> Translated:
     """nn.LayerNorm for the v3 export: the normalized NCHW axes as NHWC axes, gamma and beta
-    in the chip's order (C, H, W -> H, W, C)."""
+    in the chip's order (C, H, W -> H, W, C); a sequence's (N, T, D) axes as they are."""
     op, _, attrs = _unsupported(no_equivalent("MindSpore nn.LayerNorm", runtime))
     rank = len(graph.tensors[node.inputs[0]].shape)
     begin = int(cell.begin_norm_axis) % rank
     nhwc = {4: {1: 3, 2: 1, 3: 2}, 2: {1: 1}}.get(rank)
+    if rank == 3 and seq:
+        nhwc = {1: 1, 2: 2}
     if nhwc is None or begin == 0 or int(cell.begin_params_axis) % rank != begin:
         attrs["reason"] = (
             f"nn.LayerNorm on a rank-{rank} tensor from axis {begin} (params from "
-            f"{cell.begin_params_axis}): the chip takes rank 2 or 4, gamma over the normalized axes"
+            f"{cell.begin_params_axis}): the chip takes rank 2, 4 or a sequence (N, T, D), "
+            "gamma over the normalized axes"
         )
         return op, {}, attrs
     attrs.update({"axis": sorted(nhwc[a] for a in range(begin, rank))})
@@ -381,20 +584,21 @@ def _layer_norm(cell: Any, node: Node, graph: Graph, runtime: str) -> Translated
     return op, weights, attrs
 
 
-def _translate(cell: Any, node: Node, graph: Graph, runtime: str) -> Translated:
+def _translate(cell: Any, node: Node, graph: Graph, runtime: str, seq: bool) -> Translated:
     """(op, weights, attrs) of one graph node (``attrs["kind"]`` overrides the node's kind);
-    refusal reasons name ``runtime`` (:func:`amct_bridge.espdl.source.runtime_name`)."""
+    refusal reasons name ``runtime`` (:func:`amct_bridge.espdl.source.runtime_name`); ``seq``:
+    rank-3 tensors are sequences (N, T, D), not NCW maps (:func:`sequence_layout`)."""
     if cell is None:
         if node.kind in ("MaxPooling2D", "AveragePooling2D"):
             return _pool(None, node, graph)
-        return _functional(node, graph, runtime)
+        return _functional(node, graph, runtime, seq)
     kind = node.kind
     if isinstance(cell, nn.PReLU):  # not in the graph's cell table: an opaque leaf call
         return "prelu", {"alpha": np.asarray(cell.w.asnumpy(), np.float32)}, {}
     if kind in ("Conv2D", "Conv2DTranspose", "Conv1D"):
         return _conv(cell, node, graph, runtime)
     if kind == "Dense":
-        return _dense(cell, node, graph, runtime)
+        return _dense(cell, node, graph, runtime, seq)
     if kind == "BatchNormalization":
         return _batch_norm(cell, node)
     if kind == "ReLU":
@@ -406,9 +610,13 @@ def _translate(cell: Any, node: Node, graph: Graph, runtime: str) -> Translated:
     ):
         return _pool(cell, node, graph)  # pad_mode="pad" runs a 3-D primitive: kind unknown
     if kind == "Flatten":
-        return _flatten(node, graph)
+        return _flatten(node, graph, seq)
+    if kind == "UpSampling2D":
+        return _upsample(node, graph, f"nn.{type(cell).__name__}", runtime)
     if isinstance(cell, nn.LayerNorm) and node.inputs:  # v1 refuses it; the v3 export reads it
-        return _layer_norm(cell, node, graph, runtime)
+        return _layer_norm(cell, node, graph, runtime, seq)
+    if isinstance(cell, nn.GELU):
+        return _gelu(cell, runtime)
     if kind in _PASS:
         return "runtime", {}, {"keeps_exponent": True}
     name = type(cell).__name__
@@ -420,7 +628,8 @@ def _translate(cell: Any, node: Node, graph: Graph, runtime: str) -> Translated:
         rank = len(graph.tensors[node.inputs[0]].shape)
         value = cell.softmax.attrs.get("axis", -1)  # the primitive holds it: ops.Softmax(axis)
         axis = int(np.ravel(value)[0]) % rank if np.size(value) == 1 else None
-        attrs["axis"] = {2: {1: -1}, 4: {1: -1, 2: 1, 3: 2}}.get(rank, {}).get(axis, "nchw")
+        axes = {2: {1: -1}, 4: {1: -1, 2: 1, 3: 2}, 3: {1: 1, 2: -1} if seq else {1: -1, 2: 1}}
+        attrs["axis"] = axes.get(rank, {}).get(axis, "nchw")
     if kind == "Activation":  # a final nn.Sigmoid is left to the host (espdl.v1.head)
         attrs["activation"] = node.params.get("activation")
     return op, weights, attrs
@@ -431,11 +640,56 @@ def _input_name(graph: Graph, tid: str) -> str:
     return producer.name if producer is not None else tid
 
 
-def _chip_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """An NCHW (NCW) input's shape without the batch axis, as the chip's HWC (WC)."""
-    if len(shape) == 3:
+def _chip_shape(shape: tuple[int, ...], seq: bool) -> tuple[int, ...]:
+    """An NCHW (NCW) input's shape without the batch axis, as the chip's HWC (WC); a
+    sequence (N, T, D) as it is."""
+    if len(shape) == 3 and not seq:
         return shape[2], shape[1]
     return (shape[2], shape[3], shape[1]) if len(shape) == 4 else tuple(shape[1:])
+
+
+#: Kinds that read a rank-3 tensor as NCW (channels on axis 1): nn.Conv1d, the 1-D pools,
+#: nn.BatchNorm1d, ``ops.mean`` over W.
+_NCW_KINDS = (
+    "Conv1D",
+    "MaxPooling1D",
+    "AveragePooling1D",
+    "BatchNormalization",
+    "GlobalAveragePooling2D",
+    "GlobalMaxPooling2D",
+)
+
+
+def sequence_layout(graph: Graph, cells: dict[str, Any]) -> bool:
+    """Whether the network's rank-3 tensors are sequences ``(N, T, D)`` (a Transformer's
+    tokens: features last, which the chip holds as they are) rather than NCW maps (nn.Conv1d:
+    transposed to the chip's NWC): an nn.Dense or an nn.LayerNorm over the last axis reads a
+    rank-3 tensor, and no 1-D conv, pool or BatchNorm1d does.
+
+    Example:
+        >>> from mindspore import nn
+        >>> net = nn.SequentialCell([nn.LayerNorm((8,)), nn.Dense(8, 4)])
+        >>> sequence_layout(extract_graph(net, (1, 6, 8)), dict(net.cells_and_names()))
+        True
+    """
+    tokens = ncw = False
+    for node in graph:
+        if 3 not in [len(graph.tensors[t].shape) for t in node.inputs]:
+            continue
+        cell = cells.get(node.layer) if node.is_layer else None
+        last_axis = isinstance(cell, nn.LayerNorm) and int(cell.begin_norm_axis) % 3 == 2
+        if node.kind == "Dense" or last_axis:
+            tokens = True
+        elif node.kind in _NCW_KINDS:
+            ncw = True
+    return tokens and not ncw
+
+
+def _layout(shape: tuple[int, ...], seq: bool) -> str:
+    """The input's MindSpore layout, which ``test_input`` and chip data are transposed from."""
+    if len(shape) == 3:
+        return "NTD" if seq else "NCW"
+    return {4: "NCHW"}.get(len(shape), "NC")
 
 
 def source_layers(net: nn.Cell, sample_input: Any, *, format: str = "v1") -> list[SourceLayer]:
@@ -456,19 +710,27 @@ def source_layers(net: nn.Cell, sample_input: Any, *, format: str = "v1") -> lis
     runtime = runtime_name(format)
     graph = extract_graph(net, sample_input)
     cells = dict(net.cells_and_names())
-    result = [
-        SourceLayer(tid, "input", kind="Input", attrs={"shape": _chip_shape(info.shape)})
-        for tid, info in ((t, graph.tensors[t]) for t in graph.inputs)
-    ]
+    seq = sequence_layout(graph, cells)
+    result = []
+    for tid in graph.inputs:
+        shape = graph.tensors[tid].shape
+        attrs = {"shape": _chip_shape(shape, seq), "layout": _layout(shape, seq)}
+        result.append(SourceLayer(tid, "input", kind="Input", attrs=attrs))
     for node in graph:
         cell = cells.get(node.layer) if node.is_layer else None
-        op, weights, attrs = _translate(cell, node, graph, runtime)
-        kind = attrs.pop("kind", node.kind)
-        if op != "runtime":  # messages name the MindSpore class; runtime kinds are the core's
-            kind = type(cell).__name__ if cell is not None else str(node.params.get("primitive"))
+        op, weights, attrs = _translate(cell, node, graph, runtime, seq)
+        kind = attrs.pop("kind", None)
+        if kind is None:  # messages name the MindSpore class; runtime kinds are the core's
+            kind = node.kind
+            if op != "runtime":
+                kind = (
+                    type(cell).__name__ if cell is not None else str(node.params.get("primitive"))
+                )
         if any(graph.is_output(t) for t in node.outputs):
             attrs["model_output"] = True
-        inputs = list(dict.fromkeys(_input_name(graph, t) for t in node.inputs))
+        inputs = [_input_name(graph, t) for t in node.inputs]
+        if node.is_layer:  # a functional op keeps repeats: x * x squares, concat(x, x) doubles
+            inputs = list(dict.fromkeys(inputs))
         result.append(SourceLayer(node.name, op, inputs, kind, weights, attrs))
     return result
 
@@ -571,11 +833,7 @@ def export_espdl(
     if format == "espdl":
         test_input = options.pop("test_input", None)
         if test_input is not None:
-            test_input = np.asarray(test_input)
-            if test_input.ndim == 4:  # NCHW -> the chip's NHWC
-                test_input = test_input.transpose(0, 2, 3, 1)
-            elif test_input.ndim == 3:  # NCW -> NWC
-                test_input = test_input.transpose(0, 2, 1)
+            test_input = chip_data(np.asarray(test_input), layers[0].attrs.get("layout", ""))
         return export_layers_v3(
             layers, out_dir, record=record, stats=stats, test_input=test_input, **options
         )
@@ -595,6 +853,24 @@ def export_espdl(
             x_chip = x.transpose(0, 2, 1)
         options["calibration"] = CalibrationData(x_chip, floats, output, len(calibration_data))
     return export(record, layers, out_dir, stats=stats, exponents=rule, **options)
+
+
+def chip_data(x: np.ndarray, layout: str) -> np.ndarray:
+    """Network input data as the chip takes it: NCHW -> NHWC, NCW -> NWC; a sequence
+    ``"NTD"`` (and ``"NC"``) as it is. ``layout``: the input SourceLayer's
+    ``attrs["layout"]`` (:func:`source_layers`).
+
+    Example:
+        >>> chip_data(np.zeros((2, 3, 8, 5)), "NCHW").shape
+        (2, 8, 5, 3)
+        >>> chip_data(np.zeros((2, 6, 4)), "NTD").shape
+        (2, 6, 4)
+    """
+    if x.ndim == 4 and layout in ("NCHW", ""):
+        return x.transpose(0, 2, 3, 1)
+    if x.ndim == 3 and layout in ("NCW", ""):
+        return x.transpose(0, 2, 1)
+    return x
 
 
 def _output_cell(layers: list[SourceLayer]) -> str | None:

@@ -48,12 +48,14 @@ from amct_bridge.errors import GraphError
 from amct_bridge.graph.ir import Graph, Node, TensorInfo
 from amct_bridge.mindspore.graph_cells import (
     CELL_PRIMS,
+    RESIZE_PRIMS,
     cell_kind,
     cell_op_type,
     cell_params,
     ir_cell_kind,
     prim_kind,
     prim_op_type,
+    resize_params,
     unknown_kind,
 )
 from amct_bridge.mindspore.mindir import Prim, export_primitives
@@ -140,9 +142,17 @@ class _Builder:
         members: dict[int, list[int]] = {}
         for i in range(n):
             members.setdefault(find(i), []).append(i)
+        for root, group in members.items():
+            if owners[root] is not None and self.stray_ops(group, owners[root]):
+                for i in group:
+                    owners[i] = None
         chunk_of: dict[int, tuple[int, int]] = {}  # prim -> (group root, call in the group)
         for root, group in members.items():
-            chunks = self.split_calls(group, owners) if owners[root] is not None else [group]
+            if owners[root] is None:  # functional: each primitive is its own call
+                for i in group:
+                    chunk_of[i] = (i, 0)
+                continue
+            chunks = self.split_calls(group, owners)
             for k, chunk in enumerate(chunks):
                 for i in chunk:
                     chunk_of[i] = (root, k)
@@ -160,6 +170,15 @@ class _Builder:
             if self.cell_order.get(owners[i], -1) > self.cell_order.get(self.owner[c], -1):
                 self.owner[c] = owners[i]
         self.group_of = [calls[chunk_of[i]] for i in range(n)]
+
+    def stray_ops(self, group: list[int], owner: str) -> bool:
+        """Functional arithmetic that MindIR scoped under a known leaf cell it is no call of
+        (``x + self.fc2(self.gelu(...))``: the Add may carry the scope ``gelu``): none of the
+        cell's required primitives, only element-wise arithmetic or concat."""
+        kind = cell_kind(self.cells[owner])
+        required = CELL_PRIMS.get(kind or "", ((), ()))[0]
+        ops = [self.prims[i].op for i in group]
+        return bool(required) and all(op in _STRAY for op in ops)
 
     def split_calls(self, group: list[int], owners: list[str | None]) -> list[list[int]]:
         """Connected primitives of one cell (``group``, topological order) as its calls.
@@ -412,7 +431,25 @@ class _Builder:
         if kind is None:
             return unknown_kind(type(cell).__name__), "", {"framework_class": type(cell).__name__}
         params = cell_params(cell, kind, in_rank, [p.op for p in prims])
+        resize = next((p for p in prims if p.op in RESIZE_PRIMS), None)
+        if resize is not None:  # nn.Upsample: the scales are the call's shapes
+            params.update(self.resize(resize))
         return ir_cell_kind(kind), cell_op_type(kind, params), params
+
+    def value_shape(self, v: tuple) -> tuple[int, ...]:
+        """Shape of a primitive's tensor input (a model input or a primitive's output)."""
+        if v[0] == "input":
+            return tuple(self.input_shapes[v[1]])
+        shapes = self.prims[v[1]].shapes
+        return tuple(shapes[v[2]]) if v[2] < len(shapes) else ()
+
+    def resize(self, prim: Prim) -> dict[str, Any]:
+        """:func:`resize_params` of a resize primitive (NCHW input and output shapes)."""
+        ins = _tensor_values(prim.inputs)
+        in_shape = self.value_shape(ins[0]) if ins else ()
+        consts = [v[1] for v in prim.inputs if v[0] == "const"]
+        out_shape = tuple(prim.shapes[0]) if prim.shapes else ()
+        return resize_params(prim.op, consts, in_shape, out_shape)
 
     def prim_node(self, prim: Prim, in_rank: int) -> tuple:
         consts = [v[1] for v in prim.inputs if v[0] == "const"]
@@ -429,7 +466,20 @@ class _Builder:
         params["const_operands"] = sum(
             1 for v in prim.inputs if v[0] == "param" or (v[0] == "const" and np.ndim(v[1]) > 0)
         )
-        if kind == "Concatenate":
+        if kind in _ELEMENTWISE:
+            # scalar operands and their position (x + 3.0, 3.0 - x, x * (1 / 6)): the ESP-DL v3
+            # export writes them as constants; AddExt's third input is its alpha, no operand
+            scalars = [
+                (i, float(np.asarray(v[1]).item()))
+                for i, v in enumerate(prim.inputs[:2])
+                if v[0] == "const" and _is_number(v[1])
+            ]
+            if scalars:
+                params["scalar_operands"] = scalars
+        if kind == "UpSampling2D":
+            params["const_operands"] = 0
+            params.update(self.resize(prim))
+        elif kind == "Concatenate":
             params["const_operands"] = 0
             rank = len(prim.shapes[0]) if prim.shapes else in_rank
             params["axis"] = _neg(_first_int(consts, 0), rank)
@@ -528,6 +578,24 @@ def _tensor_values(values: list[tuple]) -> list[tuple]:
         elif v[0] in ("node", "input"):
             out.append(v)
     return out
+
+
+#: Functional primitives MindIR may scope under a cell they are no call of (see stray_ops).
+_STRAY = frozenset(
+    {"Add", "AddExt", "AddN", "Sub", "SubExt", "Mul", "Muls", "Div", "RealDiv", "Divs", "Concat"}
+)
+
+#: Element-wise kinds whose operands may be scalars (``x + 3.0``).
+_ELEMENTWISE = ("Add", "Subtract", "Multiply", "Divide", "Maximum", "Minimum")
+
+
+def _is_number(value: Any) -> bool:
+    """A scalar constant (Python number or 0-d array), not a bool or a tensor."""
+    if isinstance(value, bool | np.bool_) or value is None:
+        return False
+    return isinstance(value, int | float | np.number) or (
+        isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iuf"
+    )
 
 
 def _neg(axis: int, rank: int) -> int:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from mindspore import nn
 
 from amct_bridge.graph.op_types import ACTIVATION_OP_TYPES, OP_TYPES
@@ -55,6 +56,7 @@ _CELLS: list[tuple[type, str]] = [
     (nn.Flatten, "Flatten"),
     (nn.Dropout, "Dropout"),
     (nn.Identity, "Identity"),
+    (nn.Upsample, "UpSampling2D"),  # ops.interpolate: one resize primitive per call
 ]
 _ACTIVATION_NAMES = {
     "Sigmoid": "sigmoid",
@@ -122,6 +124,17 @@ def dense_activation(cell: Any) -> str:
     return type(cell.activation).__name__
 
 
+#: Resize primitives of ``nn.Upsample`` / ``ops.interpolate`` / ``ops.ResizeNearestNeighbor``
+#: on NCHW maps -> their interpolation (kind ``UpSampling2D``: channel c in -> channel c out).
+RESIZE_PRIMS: tuple[str, ...] = (
+    "ResizeNearestNeighbor",
+    "ResizeNearestNeighborV2",
+    "UpsampleNearest2D",
+    "ResizeBilinearV2",
+    "ResizeBilinear",
+    "UpsampleBilinear2D",
+)
+
 _PLAIN = {"Cast", "Reshape", "Mul", "Muls", "Maximum", "Minimum", "Add", "Sub"}
 #: Primitives a call of each kind must contain (one of them) and the others it may contain.
 CELL_PRIMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -139,7 +152,8 @@ CELL_PRIMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("LeakyReLU", "Maximum"),
         ("Mul", "Muls", "Select", "GreaterEqual", "Greater"),
     ),
-    "Activation": (tuple(ACTIVATION_PRIMS), tuple(_PLAIN)),
+    # nn.GELU(approximate=False): x * 0.5 * (1 + erf(x / sqrt(2))), no GeLU primitive
+    "Activation": ((*ACTIVATION_PRIMS, "Erf"), (*_PLAIN, "Div", "RealDiv")),
     "Softmax": (("Softmax",), ()),
     "MaxPooling2D": (("MaxPool", "AdaptiveMaxPool2D", "MaxPoolWithArgmax"), ("Pad",)),
     "AveragePooling2D": (("AvgPool", "AdaptiveAvgPool2D", "ReduceMean"), ("Pad",)),
@@ -151,6 +165,7 @@ CELL_PRIMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "Flatten": (("Flatten", "Reshape"), ()),
     "Dropout": ((), ("Dropout", "DropoutExt")),
     "Identity": ((), ("Identity",)),
+    "UpSampling2D": (RESIZE_PRIMS, ()),
 }
 #: Functional primitives -> IR kind (channel behaviour comes from the core's rules).
 PRIM_KINDS: dict[str, str] = {
@@ -181,10 +196,43 @@ PRIM_KINDS: dict[str, str] = {
     "Transpose": "Transpose",
     "Softmax": "Softmax",
     "MatMul": "Matmul",
+    "MatMulExt": "Matmul",  # ops.matmul
     "BatchMatMul": "Matmul",
+    "BatchMatMulExt": "Matmul",
+    **dict.fromkeys(RESIZE_PRIMS, "UpSampling2D"),
     **{p: k for p, k in ACTIVATION_PRIMS.items()},
 }
 _REDUCE_PRIMS = {"ReduceMean": "Mean", "MeanExt": "Mean", "ReduceMax": "Max", "ReduceSum": "Sum"}
+
+
+def resize_params(op: str, consts: list[Any], in_shape: tuple, out_shape: tuple) -> dict[str, Any]:
+    """Params of a resize primitive on an NCHW map: ``interpolation`` (``"nearest"`` /
+    ``"bilinear"``), ``size`` (the integer scales ``(sh, sw)``, as Keras UpSampling2D's, or None
+    when the output is no integer multiple of the input), ``output_size`` and the flags that
+    move the sampling grid (``align_corners``, ``half_pixel_centers``).
+
+    Example:
+        >>> p = resize_params("ResizeNearestNeighborV2", [(8, 12), False, False], (1, 2, 4, 4),
+        ...                   (1, 2, 8, 12))
+        >>> p["interpolation"], p["size"], p["align_corners"]
+        ('nearest', (2, 3), False)
+    """
+    flags = [bool(c) for c in consts if isinstance(c, bool | np.bool_)]
+    if op.startswith("Upsample"):  # UpsampleNearest2D / UpsampleBilinear2D: align_corners only
+        flags = [flags[0] if flags else False, False]
+    flags += [False] * (2 - len(flags))
+    size = None
+    if len(in_shape) == 4 and len(out_shape) == 4 and all(in_shape[2:]):
+        (h, w), (oh, ow) = in_shape[2:], out_shape[2:]
+        if oh % h == 0 and ow % w == 0:
+            size = (oh // h, ow // w)
+    return {
+        "interpolation": "bilinear" if "Bilinear" in op else "nearest",
+        "size": size,
+        "output_size": tuple(int(d) for d in out_shape[2:]),
+        "align_corners": flags[0],
+        "half_pixel_centers": flags[1],
+    }
 
 
 def unknown_kind(name: str) -> str:
@@ -283,6 +331,8 @@ def cell_op_type(kind: str, params: dict[str, Any]) -> str:
         return "Relu"
     if kind == "Activation":
         return ACTIVATION_OP_TYPES.get(params.get("activation", ""), "")
+    if kind == "UpSampling2D" and params.get("interpolation") == "bilinear":
+        return "ResizeBilinear"
     return OP_TYPES.get(kind, "")
 
 
@@ -311,4 +361,6 @@ def prim_op_type(op: str, kind: str) -> str:
         return ACTIVATION_PRIMS[op]
     if op in _REDUCE_PRIMS:
         return _REDUCE_PRIMS[op]
+    if op in RESIZE_PRIMS and "Bilinear" in op:
+        return "ResizeBilinear"
     return OP_TYPES.get(kind, "")

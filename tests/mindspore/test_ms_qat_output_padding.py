@@ -128,7 +128,7 @@ def test_train_record_strip_simulate_and_export_refusal(mode, tmp_path):
     want = qat(Tensor(x)).asnumpy()
     got = ams.simulate(plain, tmp_path / "qat.txt", x).outputs
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-    # neither ESP-DL export writes a transposed convolution: refused, naming the format
+    # neither ESP-DL export writes this transposed convolution: refused, naming the format
     with pytest.raises(ExportError) as v1:
         ams.export_espdl(plain, tmp_path / "qat.txt", tmp_path / "v1", sample_input=(1, 1, 4, 4))
     assert "layer 'up' (Conv2dTranspose): nn.Conv2dTranspose: ESP-DL v1 has no transposed" in str(
@@ -141,7 +141,8 @@ def test_train_record_strip_simulate_and_export_refusal(mode, tmp_path):
         )  # fmt: skip
     text = str(v3.value)
     assert "layer 'up' (Conv2dTranspose)" in text and "v1" not in text, text
-    assert "the ESP-DL v3 exporter writes no transposed convolution" in text
+    # v3 writes InsertZeros + Conv for pad_mode 'same' / 'valid' only (issue 30)
+    assert "pad_mode='pad', padding=1" in text and "InsertZeros + Conv" in text
     assert not (tmp_path / "v1").exists() and not (tmp_path / "m.espdl").exists()
 
 

@@ -1,0 +1,85 @@
+"""Shared steps of the tests/mindspore/test_ms_v3_*.py files: export a calibrated MindSpore net
+as ESP-DL v3, check the written file as ``espdl-run --check`` does, compare the simulated chip
+with the net's own float output, and compare a MindSpore export with its Keras twin's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import keras
+import mindspore as ms
+import numpy as np
+
+import amct_bridge.mindspore as ams
+from amct_bridge.cli import main
+from amct_bridge.espdl.v3 import read_espdl, simulate_espdl
+
+#: (target, feature_type) of the issue's "done when": esp32s3 and esp32p4, s8 and s16.
+COMBOS = [(t, f) for t in ("esp32s3", "esp32p4") for f in ("s8", "s16")]
+
+
+def export_checked(net, record, out: Path, x: np.ndarray, target: str, feature_type: str):
+    """Export ``net`` (NCHW input ``x``, its first sample the embedded test input) to ``out``;
+    the written file must pass ``espdl-run --check`` (the simulator recomputes its test
+    outputs). Returns (export result, the file read back)."""
+    res = ams.export_espdl(
+        net,
+        record,
+        out,
+        sample_input=(1, *x.shape[1:]),
+        format="espdl",
+        target=target,
+        feature_type=feature_type,
+        test_input=x[:1],
+    )
+    assert main(["espdl-run", str(out), "--check"]) == 0
+    return res, read_espdl(out)
+
+
+def chip_error(model, net, x: np.ndarray, target: str) -> tuple[float, float]:
+    """(largest |chip - float|, float output range) over ``x`` (NCHW) for the model's first
+    output: the input is quantized at the file's input exponent, the net runs on the same
+    quantized values (so only the chip's own arithmetic differs)."""
+    info = model.inputs[0]
+    bits = 8 if info.elem_type == 3 else 16
+    step = 2.0**info.exponent
+    nhwc = x.transpose(0, 2, 3, 1) if x.ndim == 4 else x
+    rounded = np.rint(nhwc / step) if target == "esp32p4" else np.floor(nhwc / step + 0.5)
+    q = np.clip(rounded, -(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+    sim = simulate_espdl(model, q.astype(np.int8 if bits == 8 else np.int16), target)
+    out = model.outputs[0]
+    chip = sim.outputs[out.name] * 2.0**out.exponent
+    xq = q * step
+    back = xq.transpose(0, 3, 1, 2) if x.ndim == 4 else xq
+    want = net(ms.Tensor(back.astype(np.float32))).asnumpy()
+    if want.ndim == 4:
+        want = want.transpose(0, 2, 3, 1)
+    assert chip.shape == want.shape, (chip.shape, want.shape)
+    return float(np.abs(chip - want).max()), float(np.ptp(want))
+
+
+def same_integers(keras_file: Path, ms_file: Path) -> None:
+    """The two ``.espdl`` files hold the same nodes, integers, exponents and test values."""
+    k, m = read_espdl(keras_file), read_espdl(ms_file)
+    assert {n.name: n.op_type for n in k.nodes} == {n.name: n.op_type for n in m.nodes}
+    assert k.initializers.keys() == m.initializers.keys()
+    for name, tensor in k.initializers.items():
+        np.testing.assert_array_equal(tensor.data, m.initializers[name].data, err_msg=name)
+        assert tensor.exponents == m.initializers[name].exponents, name
+    assert {v.name: v.exponents for v in k.value_info} == {
+        v.name: v.exponents for v in m.value_info
+    }
+    assert [(v.name, v.shape) for v in k.outputs] == [(v.name, v.shape) for v in m.outputs]
+    np.testing.assert_array_equal(k.test_inputs[0].data, m.test_inputs[0].data)
+    np.testing.assert_array_equal(k.test_outputs[0].data, m.test_outputs[0].data)
+
+
+def rename_ops(model, names: list[str]) -> None:
+    """Give a Keras model's raw ops (``x + 3.0`` is an op named ``add``, ``add_1``... by a
+    session-wide counter), in call order, the names the MindSpore graph gives the same ops
+    (``add_op0``), so one record and sidecar serve both."""
+    raw = [op for op in model.operations if not isinstance(op, keras.layers.Layer)]
+    assert len(raw) == len(names), [op.name for op in raw]
+    for op, name in zip(raw, names, strict=True):
+        op.name = name
