@@ -56,8 +56,8 @@ TABLE_FUNCTIONS = {
     "elu": lambda alpha: _elu(1.0 if alpha is None else alpha),
     "gelu": lambda alpha: lambda t: 0.5 * t * (1.0 + _erf(t / math.sqrt(2.0))),
     # the tanh approximation (MindSpore nn.GELU's default, PyTorch approximate="tanh")
-    "gelu_tanh": lambda alpha: lambda t: (
-        0.5 * t * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (t + 0.044715 * t**3)))
+    "gelu_tanh": lambda alpha: (
+        lambda t: 0.5 * t * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (t + 0.044715 * t**3)))
     ),
     "selu": lambda alpha: lambda t: 1.0507009873554805 * _elu(1.6732632423543772)(t),
     "celu": lambda alpha: lambda t: np.where(t > 0, t, np.expm1(np.minimum(t, 0.0))),
