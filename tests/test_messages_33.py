@@ -31,8 +31,8 @@ def _option_help(text: str, option: str, following: str) -> str:
     return text[start : text.index(f" {following}", start + 1)]
 
 
-# --- §2: the help texts name both formats; --data / --exponents are v1 only -------------------
-def test_help_names_both_formats_and_the_v1_only_options(capsys):
+# --- §2: the help texts name both formats; --data / --exponents serve both ---------------------
+def test_help_names_both_formats_and_what_data_searches(capsys):
     top = _help(capsys)
     assert "ESP-DL v1" in top and "ESP-DL v3" in top and ".espdl" in top, top
     assert "export ESP-DL v1 coefficients (C++ files, chip simulation)" not in top
@@ -46,8 +46,8 @@ def test_help_names_both_formats_and_the_v1_only_options(capsys):
     assert "--format espdl: one ESP-DL v3 .espdl file" in export, export
     data = _option_help(export, "--data", "--exponents")
     exponents = _option_help(export, "--exponents", "--skip-unsupported")
-    for text in (data, exponents):
-        assert "--format v1 only (for now)" in text, text
+    for text in (data, exponents):  # issue 31: --format espdl searches too
+        assert "v1 only" not in text and "--format espdl" in text, text
     # §6: the sample rule, with the numbers the search uses (not "at most 512 samples")
     assert "(at most 512 samples)" not in export
     rule = f"min({MAX_SAMPLES}, max({MIN_SAMPLES}, 2**21 // values per sample))"

@@ -98,19 +98,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--data",
         metavar="X.npy",
-        help="--format v1 only (for now): calibration inputs (.npy, or .npz with x; as the "
-        "model takes them: NHWC for Keras, NCHW for --mindspore): the exponents are searched "
-        "on them, the chip simulator as judge, on the first min(512, max(32, 2**21 // values "
-        "per sample)) samples (at most 512 and about 2**21 input values: a 96x96x3 input "
-        "uses the first 75)",
+        help="calibration inputs (.npy, or .npz with x; as the model takes them: NHWC for "
+        "Keras, NCHW for --mindspore): the exponents (and bias corrections; --format espdl on "
+        "esp32p4 also per-channel filter exponents) are searched on them, the chip simulator "
+        "as judge, on the first min(512, max(32, 2**21 // values per sample)) samples for "
+        "--format v1 (at most 512 and about 2**21 input values: a 96x96x3 input uses the first "
+        "75), min(512, max(32, 2**18 // values per sample)) for --format espdl (a 48x48x3 "
+        "input uses the first 37, 96x96x3 the first 32)",
     )
     parser.add_argument(
         "--exponents",
         choices=("max", "search"),
         default=None,
-        help="--format v1 only (for now). max: each exponent covers its calibrated range (the "
-        "range rule); search: the exponents and bias corrections with the smallest chip "
-        "output error on --data (default: search with --data, else max)",
+        help="max: each exponent covers its calibrated range (the range rule); search: the "
+        "exponents and bias corrections (--format espdl on esp32p4: and per-channel filters) "
+        "with the smallest chip output error on --data, never more than the range rule's "
+        "(default: search with --data, else max)",
     )
     parser.add_argument(
         "--skip-unsupported", action="store_true", help="leave out layers ESP-DL v1 cannot take"
@@ -258,9 +261,8 @@ def _run_v3(args: argparse.Namespace) -> int:
     import numpy as np
 
     v1_only = {"--preview": args.preview, "--cpp": args.cpp, "--granularity": args.granularity}
-    v1_only.update({"--data": args.data, "--exponents": args.exponents})
     given = [flag for flag, value in v1_only.items() if value]
-    if given:  # the v3 file has per-tensor weights; its exponents come from record + sidecar
+    if given:  # per-channel filters in v3: searched with --data (esp32p4), not --granularity
         raise ExportError(f"{given[0]} is for --format v1")
     target = args.target or "esp32s3"
     if target not in ("esp32s3", "esp32p4", "c"):
@@ -271,7 +273,9 @@ def _run_v3(args: argparse.Namespace) -> int:
             test_input = np.load(args.test_input, allow_pickle=False)
         except (OSError, ValueError) as err:
             raise ExportError(f"{args.test_input}: cannot read the test input: {err}") from None
+    data = _search_data(args)
     export_espdl, model = _exporter(args)
+    _check_data(args, model, data)
     result = export_espdl(
         model,
         args.record,
@@ -283,6 +287,8 @@ def _run_v3(args: argparse.Namespace) -> int:
         test_input=test_input,
         skip_unsupported=args.skip_unsupported,
         overwrite=args.overwrite,
+        calibration_data=data,
+        exponents=args.exponents,
     )
     for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
@@ -292,6 +298,27 @@ def _run_v3(args: argparse.Namespace) -> int:
     for problem in result.skipped:
         print(f"skipped: {problem}")
     return 0
+
+
+def _search_data(args: argparse.Namespace):
+    """``--data`` (None without it); refuses ``--exponents search`` without it."""
+    if args.exponents == "search" and args.data is None:
+        raise ExportError("--exponents search scores candidates on calibration data: add --data")
+    return None if args.data is None else _calibration_inputs(args.data)
+
+
+def _check_data(args: argparse.Namespace, model, data) -> None:
+    """A Keras model's ``--data`` must fit its inputs: refused naming the file, before
+    anything is written."""
+    if data is None or not args.model:
+        return
+    from amct_bridge.errors import CalibrationError
+    from amct_bridge.keras.calibrate import check_data_shapes
+
+    try:
+        check_data_shapes(model, data)
+    except CalibrationError as err:
+        raise ExportError(f"{args.data}: {str(err).replace('data', 'array', 1)}") from None
 
 
 def _calibration_inputs(path: str):
@@ -335,18 +362,9 @@ def run(args: argparse.Namespace) -> int:
     if args.target in ("esp32p4", "c"):
         raise ExportError(f"--target {args.target} is an ESP-DL v3 target: add --format espdl")
     args.target = args.target or "esp32"
-    if args.exponents == "search" and args.data is None:
-        raise ExportError("--exponents search scores candidates on calibration data: add --data")
-    data = None if args.data is None else _calibration_inputs(args.data)
+    data = _search_data(args)
     export_espdl, model = _exporter(args)
-    if data is not None and args.model:  # named by file, before anything is written
-        from amct_bridge.errors import CalibrationError
-        from amct_bridge.keras.calibrate import check_data_shapes
-
-        try:
-            check_data_shapes(model, data)
-        except CalibrationError as err:
-            raise ExportError(f"{args.data}: {str(err).replace('data', 'array', 1)}") from None
+    _check_data(args, model, data)
     result = export_espdl(
         model,
         args.record,

@@ -42,7 +42,7 @@ import os
 from pathlib import Path
 
 from amct_bridge.errors import ExportError
-from amct_bridge.espdl.exponent_search import EXPONENT_RULES, CalibrationData
+from amct_bridge.espdl.exponent_search import CalibrationData, check_rule
 from amct_bridge.espdl.source import SourceLayer
 from amct_bridge.espdl.v1 import (
     ChipResult,
@@ -160,8 +160,7 @@ def export(
     if out_dir is not None:  # before a search of minutes, not after
         check_output_path(out_dir)
     layers = _resolve_layers(model_or_weights)
-    if exponents not in EXPONENT_RULES:
-        raise ExportError(f"exponents {exponents!r}: expected one of {', '.join(EXPONENT_RULES)}")
+    check_rule(exponents, calibration)
     options = {
         "record": _resolve_record(record),
         "stats": _resolve_stats(stats, record),
@@ -172,11 +171,6 @@ def export(
     }
     tuning = None
     if exponents == "search":
-        if calibration is None:
-            raise ExportError(
-                "exponents='search' scores candidates on calibration data: pass "
-                "calibration_data= (adapters' export_espdl) / --data (export-espdl)"
-            )
         from amct_bridge.espdl.v1.search import search_tuning
 
         tuning = search_tuning(

@@ -54,6 +54,26 @@ the v3 lowering registry, :mod:`amct_bridge.espdl.v3.lowering.registry`, dispatc
   ``attrs["perm"]`` with the batch axis. ``Matmul``: two activation inputs.
 - ``LayerNormalization``: ``gamma``, ``beta``; attrs ``axis`` (list), ``epsilon``,
   ``rms_scaling``. ``RMSNormalization``: ``scale``; attrs ``axis``, ``epsilon``.
+- keras.ops math (raw ops, kind = the op's class): ``Divide`` / ``TrueDivide`` / ``Power`` with
+  attrs ``scalar_operands`` (``(position, value)`` of a number operand) and ``const_operands``
+  (how many constant arrays, which no input names); ``Sqrt``, ``Exp``, ``Log``, ``Negative``;
+  reductions ``Max`` / ``Min`` / ``Sum`` / ``Mean``: attrs ``axis`` (None, an int or a tuple,
+  on the framework's channel-last tensor), ``keepdims``, ``initial``. ``Embedding``:
+  ``embeddings`` ``(rows, features)``; attrs ``mask_zero``, ``quantization_mode``.
+- ``GRU`` / ``LSTM`` / ``Bidirectional`` (of either): per direction (forward, then backward),
+  in the framework's gate order (Keras: GRU z, r, h; LSTM i, f, c, o), ``kernel``
+  ``[dirs, I, G·H]``, ``recurrent_kernel`` ``[dirs, H, G·H]``, optional ``bias`` (GRU
+  ``[dirs, 2, G·H]``: input then recurrent bias; LSTM ``[dirs, G·H]``); attrs ``cell`` ("GRU" /
+  "LSTM"), ``units``, ``return_sequences``, ``go_backwards``, ``reset_after`` (GRU),
+  ``activation``, ``recurrent_activation``, ``stateful``, ``return_state``, ``merge_mode``
+  (Bidirectional).
+- ``MultiHeadAttention``: inputs ``[query]`` (``attrs["self_attention"]``: ``mha(x, x)``),
+  ``[query, value]`` or ``[query, value, key]``; ``query_kernel`` / ``key_kernel``
+  ``(D, heads, key_dim)``, ``value_kernel`` ``(D, heads, value_dim)``, ``output_kernel``
+  ``(heads, value_dim, out)`` and optional ``*_bias``; attrs ``num_heads``, ``key_dim``,
+  ``value_dim``, ``attention_axes``, ``use_gate``, ``masked`` (what masks its scores, or None),
+  optional ``ranges`` (``{"query" | "key" | "value" | "scores" | "probs" | "context": (lo,
+  hi)}``, measured by the adapter; the query scaled by ``1/sqrt(key_dim)``).
 
 A framework layer that becomes two ESP-DL layers (SeparableConv2D -> depthwise_conv2d
 ``"sep/depthwise"`` + 1x1 conv2d ``"sep/pointwise"``, the record keys) gives both

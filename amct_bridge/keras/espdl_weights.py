@@ -35,12 +35,12 @@ import numpy as np
 
 from amct_bridge.errors import ExportError
 from amct_bridge.espdl import ExportResult, export
-from amct_bridge.espdl.exponent_search import CalibrationData
+from amct_bridge.espdl.exponent_search import CalibrationData, check_rule
 from amct_bridge.espdl.source import V1, SourceLayer, no_equivalent, runtime_name
 from amct_bridge.espdl.v3.export import V3ExportResult, export_layers_v3
 from amct_bridge.graph.ir import Graph, Node
 from amct_bridge.keras.float_outputs import float_outputs
-from amct_bridge.keras.graph import extract_graph, find_layer
+from amct_bridge.keras.graph import extract_graph_and_operations, find_layer
 from amct_bridge.keras.layers import class_name
 from amct_bridge.keras.simulate import by_keras_keys
 from amct_bridge.records.calibration import CalibrationStats, load_stats, sidecar_path
@@ -86,6 +86,7 @@ HINTS: dict[str, str] = {
     "QATObserve": "export strip_qat(qat_model) with the QAT record and sidecar, see docs/qat.md",
     "UpSampling2D": "ESP-DL v1 has no resize layer",
     "Softmax": "apply softmax on the host to the int outputs (it keeps the arg max)",
+    "SimpleRNN": "the ESP-DL v3 runtime's recurrent modules are GRU and LSTM: use one of them",
     "Rescaling": "with --skip-unsupported, scale the input on the host and quantize it with "
     "the first layer's input_exponent",
     "Normalization": "with --skip-unsupported, normalize the input on the host and quantize it "
@@ -268,6 +269,8 @@ def _runtime_attrs(layer: Any, node: Node) -> dict:
         attrs["perm"] = None if axes is None else tuple(int(a) for a in axes)
     if "scalar_operands" in node.params:  # (position, value): x + 3.0 and the like
         attrs["scalar_operands"] = list(node.params["scalar_operands"])
+    if node.params.get("const_operands"):  # x / np.array(...): an operand no input names
+        attrs["const_operands"] = int(node.params["const_operands"])
     for key in ("keepdims", "interpolation", "size", "cropping"):  # read by the v3 export
         value = getattr(layer, key, None) if layer is not None else None
         if isinstance(value, bool | str):
@@ -380,6 +383,8 @@ def _translate(layer: Any, node: Node, runtime: str) -> tuple[str, dict, dict]:
     reason = no_equivalent(f"Keras {kind}", runtime)
     if kind in HINTS and (runtime == V1 or kind not in _V1_HINTS):
         reason += f" ({HINTS[kind]})"
+    elif kind in V3_HINTS and runtime != V1:
+        reason += f" ({V3_HINTS[kind]})"
     # elementwise, shape-keeping input preprocessing: skipped, the host applies it
     attrs = {"reason": reason, "host_input": kind in HOST_INPUT_KINDS}
     try:  # what the v3 export reads (UpSampling2D size, Softmax axis...), if it reads
@@ -410,14 +415,205 @@ def _layer_scale(layer: Any, node: Node, runtime: str) -> tuple[str, dict, dict]
     return "unsupported", {"gamma": _to_numpy(layer.gamma)}, {"reason": reason}
 
 
+def _rnn_attrs(layer: Any) -> dict:
+    """What the v3 lowering reads of a Keras GRU / LSTM (its cell's settings)."""
+    cell = layer.cell
+
+    def name(fn) -> str:
+        return str(getattr(fn, "__name__", fn))
+
+    attrs = {
+        "cell": class_name(layer),
+        "units": int(layer.units),
+        "return_sequences": bool(layer.return_sequences),
+        "return_state": bool(layer.return_state),
+        "go_backwards": bool(layer.go_backwards),
+        "stateful": bool(layer.stateful),
+        "activation": name(cell.activation),
+        "recurrent_activation": name(cell.recurrent_activation),
+    }
+    if hasattr(cell, "reset_after"):
+        attrs["reset_after"] = bool(cell.reset_after)
+    return attrs
+
+
+def _rnn_weights(layers: list) -> dict:
+    """Kernels (and bias) of one GRU / LSTM per direction, stacked: ``[dirs, ...]``."""
+    cells = [x.cell for x in layers]
+    weights = {
+        "kernel": np.stack([_to_numpy(c.kernel) for c in cells]),
+        "recurrent_kernel": np.stack([_to_numpy(c.recurrent_kernel) for c in cells]),
+    }
+    if all(c.use_bias for c in cells):
+        weights["bias"] = np.stack([_to_numpy(c.bias) for c in cells])
+    return weights
+
+
+def _rnn(layer: Any, node: Node, runtime: str) -> tuple[str, dict, dict]:
+    """A Keras GRU / LSTM / Bidirectional for the v3 export (op ``unsupported``; weights per
+    direction in Keras' gate order, see amct_bridge.espdl.source)."""
+    kind = class_name(layer)
+    reason = no_equivalent(f"Keras {kind}", runtime)
+    if kind != "Bidirectional":
+        return "unsupported", _rnn_weights([layer]), {"reason": reason, **_rnn_attrs(layer)}
+    forward, backward = layer.forward_layer, layer.backward_layer
+    inner = class_name(forward)
+    if inner not in ("GRU", "LSTM"):
+        return "unsupported", {}, {"reason": reason, "cell": inner, "units": 0}
+    ahead, back = _rnn_attrs(forward), _rnn_attrs(backward)
+    walks = ahead.pop("go_backwards"), back.pop("go_backwards")
+    if ahead != back or walks[0] == walks[1]:
+        why = f"Bidirectional whose backward layer is not its forward {inner} run backwards"
+        return "unsupported", {}, {"reason": f"{why}: not translated for {runtime}"}
+    attrs = {"reason": reason, **ahead, "go_backwards": walks[0], "merge_mode": layer.merge_mode}
+    return "unsupported", _rnn_weights([forward, backward]), attrs
+
+
+def _embedding(layer: Any, node: Node, runtime: str) -> tuple[str, dict, dict]:
+    """An Embedding for the v3 export: its table (LoRA merged, as Keras reads it)."""
+    attrs = {
+        "reason": no_equivalent("Keras Embedding", runtime),
+        "mask_zero": bool(getattr(layer, "mask_zero", False)),
+        "quantization_mode": getattr(layer, "quantization_mode", None),
+    }
+    if attrs["quantization_mode"]:  # its embeddings are integers and scales: not read
+        return "unsupported", {}, attrs
+    return "unsupported", {"embeddings": _to_numpy(layer.embeddings)}, attrs
+
+
+#: keras.ops reductions the v3 export lowers: their ``axis`` / ``keepdims`` / ``initial``
+#: live on the operation, which the graph IR does not copy.
+REDUCTION_KINDS = ("Max", "Min", "Sum", "Mean")
+
+
+def _reduction_attrs(operation: Any) -> dict:
+    """``axis`` (None, int or tuple), ``keepdims``, ``initial`` of a keras.ops reduction."""
+    axis = getattr(operation, "axis", None)
+    if axis is not None and not isinstance(axis, int):
+        axis = tuple(int(a) for a in axis)
+    initial = getattr(operation, "initial", None)
+    return {
+        "axis": axis,
+        "keepdims": bool(getattr(operation, "keepdims", False)),
+        "initial": None if initial is None else float(initial),
+    }
+
+
+#: What to do instead, for layers the v3 export cannot read (v3 refusals only).
+V3_HINTS: dict[str, str] = {
+    "Lambda": "its Python function cannot be read; the ESP-DL v3 runtime has DepthToSpace, "
+    "Gather and the keras.ops math, but a Lambda's body is not translated: write it with "
+    "layers or keras.ops calls (a depth_to_space as Reshape + Permute + Reshape layers)",
+}
+
+
+def _mha_masked(layer: Any) -> str | None:
+    """What of a MultiHeadAttention's calls (or settings) masks its scores, if anything."""
+    if getattr(layer, "_sliding_window", None) is not None:
+        return "a sliding window"
+    for knode in getattr(layer, "_inbound_nodes", []):
+        kwargs = knode.arguments.kwargs
+        if kwargs.get("use_causal_mask"):
+            return "use_causal_mask"
+        for key in ("attention_mask", "query_mask", "value_mask", "key_mask"):
+            if kwargs.get(key) is not None:
+                return key
+    return None
+
+
+def _mha(layer: Any, node: Node, runtime: str) -> tuple[str, dict, dict]:
+    """A Keras MultiHeadAttention for the v3 export: its four projections' kernels and biases
+    (``query_kernel`` ``(D, heads, key_dim)``, ..., ``output_kernel``
+    ``(heads, value_dim, out)``) and settings; op ``unsupported``."""
+    reason = no_equivalent("Keras MultiHeadAttention", runtime)
+    weights = {}
+    for part, sub in (
+        ("query", layer.query_dense),
+        ("key", layer.key_dense),
+        ("value", layer.value_dense),
+        ("output", layer.output_dense),
+    ):
+        weights[f"{part}_kernel"] = _to_numpy(sub.kernel)
+        if getattr(sub, "bias", None) is not None:
+            weights[f"{part}_bias"] = _to_numpy(sub.bias)
+    scores = any(
+        n.arguments.kwargs.get("return_attention_scores")
+        for n in getattr(layer, "_inbound_nodes", [])
+    )
+    masked = _mha_masked(layer)
+    attrs = {
+        "reason": reason,
+        "num_heads": int(layer.num_heads),
+        "key_dim": int(layer.key_dim),
+        "value_dim": int(layer.value_dim or layer.key_dim),
+        "attention_axes": list(layer.attention_axes or [1]),
+        "use_gate": bool(getattr(layer, "_use_gate", False)),
+        "masked": "return_attention_scores" if scores and not masked else masked,
+        # mha(x, x): one input (so that its calibrated input range is the input's)
+        "self_attention": len(node.inputs) == 2 and node.inputs[0] == node.inputs[1],
+    }
+    return "unsupported", weights, attrs
+
+
+def attention_ranges(model: keras.Model, layers: list[SourceLayer], data: np.ndarray) -> int:
+    """Measure the tensors inside each MultiHeadAttention of ``layers`` on ``data`` (the
+    model's input): its inputs from a probe model, its query / key / value sublayers run on
+    them (the query times Keras' ``1/sqrt(key_dim)``), the scores, probabilities and context
+    in float64 numpy as Keras computes them; sets ``attrs["ranges"]``. Returns how many layers
+    were measured (a nested or shared one is not: it keeps the bounds, with a note).
+
+    Example:
+        >>> x = keras.Input((4, 6)); a = keras.layers.MultiHeadAttention(2, 3, name="a")(x, x)
+        >>> m = keras.Model(x, a); ls = source_layers(m, format="espdl")
+        >>> attention_ranges(m, ls, np.ones((2, 4, 6), "float32")), sorted(ls[1].attrs["ranges"])
+        (1, ['context', 'key', 'probs', 'query', 'scores', 'value'])
+    """
+    done = 0
+    for src in layers:
+        if src.kind != "MultiHeadAttention" or "num_heads" not in src.attrs:
+            continue
+        layer = find_layer(model, src.name.split("@")[0])
+        calls = getattr(layer, "_inbound_nodes", [])
+        if len(calls) != 1:
+            continue
+        try:  # the layer's inputs as tensors of this model (a nested model's are not)
+            probe = keras.Model(model.inputs, list(calls[0].input_tensors[:3]))
+        except ValueError:
+            continue
+        ins = probe.predict(np.asarray(data), verbose=0)
+        ins = ins if isinstance(ins, list) else [ins]
+        query, value = ins[0], ins[1]
+        key = ins[2] if len(ins) > 2 else value
+
+        def run(sub, x):
+            return np.asarray(keras.ops.convert_to_numpy(sub(x)), np.float64)
+
+        q = run(layer.query_dense, query) / np.sqrt(float(src.attrs["key_dim"]))
+        k, v = run(layer.key_dense, key), run(layer.value_dense, value)
+        scores = np.einsum("btnd,bsnd->bnts", q, k)
+        e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        probs = e / e.sum(axis=-1, keepdims=True)
+        context = np.einsum("bnts,bsnd->btnd", probs, v)
+        tensors = {"query": q, "key": k, "value": v, "scores": scores}
+        tensors.update(probs=probs, context=context)
+        src.attrs["ranges"] = {n: (float(t.min()), float(t.max())) for n, t in tensors.items()}
+        done += 1
+    return done
+
+
 #: Layers the ESP-DL v3 export lowers (amct_bridge.espdl.v3.lowering) and v1 refuses: what
 #: they are for the core (op ``unsupported``, the numbers the v3 lowering reads).
 V3_ONLY = {
+    "MultiHeadAttention": _mha,
+    "GRU": _rnn,
+    "LSTM": _rnn,
+    "Bidirectional": _rnn,
     "Conv2DTranspose": _conv_transpose,
     "Conv1DTranspose": _conv_transpose,
     "RMSNormalization": _rms_norm,
     "ELU": _elu,
     "LayerScale": _layer_scale,
+    "Embedding": _embedding,
 }
 
 
@@ -441,7 +637,7 @@ def source_layers(model: keras.Model, *, format: str = "v1") -> list[SourceLayer
         [('fc', 'dense'), ('r6', 'relu6')]
     """
     runtime = runtime_name(format)
-    graph = extract_graph(model)
+    graph, operations = extract_graph_and_operations(model)
     result = [
         SourceLayer(  # shape without the batch axis: the C++ app's input tensor
             _input_name(graph, tid),
@@ -467,10 +663,14 @@ def source_layers(model: keras.Model, *, format: str = "v1") -> list[SourceLayer
             result += parts
             continue
         op, weights, attrs = _translate(layer, node, runtime)
+        if not node.is_layer and node.kind in REDUCTION_KINDS:
+            attrs.update(_reduction_attrs(operations.get(node.layer)))
         if output:
             attrs["model_output"] = True
         if op == "dense":  # FullyConnected(flatten=...) in the C++ model
             attrs["input_rank"] = len(graph.tensors[node.inputs[0]].shape)
+        if attrs.get("self_attention"):  # mha(x, x): one input, read as query, key and value
+            inputs = inputs[:1]
         result.append(SourceLayer(node.name, op, inputs, node.kind, weights, attrs))
     return result
 
@@ -497,8 +697,12 @@ def export_espdl(
             (None: compute only, write nothing).
         format: ``"v1"`` (config.json + npy for convert.py) or ``"espdl"`` (ESP-DL v3).
         calibration_data: inputs (NHWC, as the model takes them; e.g. the calibration
-            batches): the exponents are then searched on them, the chip simulator as judge
-            (docs/espdl-export.md, "How exponents are chosen").
+            batches): the exponents and bias corrections (``"espdl"`` on esp32p4: and
+            per-channel filter exponents) are then searched on them, the format's chip
+            simulator as judge (docs/espdl-export.md, "How exponents are chosen").
+            ``format="espdl"``: also the ranges of the tensors inside MultiHeadAttention layers
+            (query, key, value, scores, context), measured by running their sublayers
+            (:func:`attention_ranges`); without it, bounds.
         exponents: "max" (the range rule) or "search"; default "search" with
             ``calibration_data``, else "max".
         **options: :func:`amct_bridge.espdl.export`'s options (stats, feature_type,
@@ -529,32 +733,44 @@ def export_espdl(
         rekeyed = by_keras_keys(model, record.layers)
         if rekeyed.keys() != record.layers.keys():
             record = Record(rekeyed, record.prune_records, flavor=record.flavor)
-    if format == "espdl" and (calibration_data is not None or exponents is not None):
-        raise ExportError(
-            "calibration_data / exponents search the ESP-DL v1 exponents; the v3 export takes "
-            "its exponents from the record and sidecar"
-        )
-    if format == "espdl":
-        return _export_v3(model, layers, record, out_dir, options)
+    attention = [x for x in layers if x.kind == "MultiHeadAttention"]
     rule = exponents or ("max" if calibration_data is None else "search")
+    calibration = None
     if rule == "search" and calibration_data is not None:
-        from amct_bridge.errors import CalibrationError
-        from amct_bridge.espdl.v1.head import chip_reference
-        from amct_bridge.keras.calibrate import check_data_shapes
-
-        try:  # refused, not searched-around: the user asked for a search on these inputs
-            check_data_shapes(model, np.asarray(calibration_data))
-        except CalibrationError as err:
-            raise ExportError(str(err).replace("data", "calibration_data", 1)) from None
-        from amct_bridge.espdl.v1.search import search_samples
-
-        x = search_samples(np.asarray(calibration_data, np.float32))
-        # a head whose softmax / sigmoid is left to the host: the chip computes (and the
-        # search and bias correction compare) its logits, not the probabilities
-        output, heads = chip_reference(layers, model.outputs[0]._keras_history.operation.name)
-        floats = lambda names: float_outputs(model, x, names, 64, linear=heads)  # noqa: E731
-        options["calibration"] = CalibrationData(x, floats, output, len(calibration_data))
+        calibration = _search_data(model, layers, calibration_data, format)
+    if format == "espdl":
+        if calibration_data is not None and attention:  # the ranges inside attention layers
+            attention_ranges(model, attention, np.asarray(calibration_data))
+        check_rule(rule, calibration)
+        return _export_v3(model, layers, record, out_dir, options, calibration)
+    if calibration is not None:
+        options["calibration"] = calibration
     return export(record, layers, out_dir, exponents=rule, **options)
+
+
+def _search_data(model: keras.Model, layers, calibration_data, format: str) -> CalibrationData:
+    """What an exponent search scores on (both formats): the first samples of
+    ``calibration_data`` (the format's sample rule), as the chip takes them, and the float
+    outputs of the model's layers on them."""
+    from amct_bridge.errors import CalibrationError
+    from amct_bridge.espdl.exponent_search import search_samples
+    from amct_bridge.espdl.v1.head import chip_reference
+    from amct_bridge.espdl.v3.search import V3_MAX_INPUT_VALUES
+    from amct_bridge.keras.calibrate import check_data_shapes
+
+    try:  # refused, not searched-around: the user asked for a search on these inputs
+        check_data_shapes(model, np.asarray(calibration_data))
+    except CalibrationError as err:
+        raise ExportError(str(err).replace("data", "calibration_data", 1)) from None
+    cap = {"espdl": V3_MAX_INPUT_VALUES}.get(format)
+    x = np.asarray(calibration_data, np.float32)
+    x = search_samples(x) if cap is None else search_samples(x, cap)
+    # a classifier head's softmax / sigmoid: the search and the bias correction compare its
+    # logits (v1 leaves the function to the host; v3's chip computes it from those logits)
+    output, heads = chip_reference(layers, model.outputs[0]._keras_history.operation.name)
+    floats = lambda names: float_outputs(model, x, names, 64, linear=heads)  # noqa: E731
+    chip_x = chip_input(model, x, layers) if format == "espdl" else x  # v3: host layers first
+    return CalibrationData(chip_x, floats, output, len(calibration_data), linear=heads)
 
 
 def chip_input(model: keras.Model, x: np.ndarray, layers: list[SourceLayer] | None = None):
@@ -575,8 +791,11 @@ def chip_input(model: keras.Model, x: np.ndarray, layers: list[SourceLayer] | No
     return x
 
 
-def _export_v3(model: keras.Model, layers, record, out, options: dict) -> V3ExportResult:
-    """The v3 export; a test input goes through the host-side Rescaling/Normalization first."""
+def _export_v3(
+    model: keras.Model, layers, record, out, options: dict, calibration=None
+) -> V3ExportResult:
+    """The v3 export (with ``calibration``: searched exponents, amct_bridge.espdl.v3.search);
+    a test input goes through the host-side Rescaling/Normalization first."""
     stats = options.pop("stats", None)
     if stats is not None and not isinstance(stats, CalibrationStats):
         stats = load_stats(stats)
@@ -586,6 +805,18 @@ def _export_v3(model: keras.Model, layers, record, out, options: dict) -> V3Expo
     unknown = set(options) - {"target", "feature_type", "seed", "skip_unsupported", "overwrite"}
     if unknown:
         raise ExportError(f"format 'espdl' does not take {', '.join(sorted(unknown))}")
+    if calibration is not None:
+        from amct_bridge.espdl.v3.search import export_searched
+
+        return export_searched(
+            layers,
+            out,
+            calibration=calibration,
+            record=record,
+            stats=stats,
+            test_input=test_input,
+            **options,
+        )
     return export_layers_v3(
         layers, out, record=record, stats=stats, test_input=test_input, **options
     )

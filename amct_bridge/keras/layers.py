@@ -132,6 +132,31 @@ RUNTIME: frozenset[str] = frozenset(
         "Maximum",
         "Minimum",
         "RMSNormalization",
+        # recurrent layers (GRU / LSTM modules): their input range and output range (h, whose
+        # exponent Y and Y_h share; the gate exponent is the op's own)
+        "GRU",
+        "LSTM",
+        "Bidirectional",
+        "SimpleRNN",  # refused by name (no such module), not lost in "no input range"
+        # a LayerNormalization first in a block reads the model input: its input range is
+        # the model input's exponent (MindSpore's nn.LayerNorm is observed the same way)
+        "LayerNormalization",
+        # its query input and output (the tensors inside: export_espdl's calibration_data)
+        "MultiHeadAttention",
+        # keras.ops math and reductions (raw ops) and Embedding (lowering/math.py): the output
+        # ranges give their exponents, the input range the model input's when they read it
+        "Divide",
+        "TrueDivide",
+        "Power",
+        "Sqrt",
+        "Exp",
+        "Log",
+        "Negative",
+        "Max",
+        "Min",
+        "Sum",
+        "Mean",
+        "Embedding",
     }
 )
 

@@ -129,8 +129,8 @@ ACTIVATIONS: frozenset[str] = frozenset(
 _ACTIVATION_CLASSES = {getattr(nn, name): name for name in ACTIVATIONS if hasattr(nn, name)}
 
 #: Coefficient-free kinds whose output range the sidecar keeps (ESP-DL runtimes need them).
-#: ``Add`` / ``Concatenate`` / the global pools (``ops.mean`` / ``ReduceMax`` over H, W) are
-#: graph-IR operations (functional ops), never cells.
+#: ``Add`` / ``Concatenate`` / ``Matmul`` / the global pools (``ops.mean`` / ``ReduceMax`` over
+#: H, W) are graph-IR operations (functional ops), never cells.
 RUNTIME: frozenset[str] = frozenset(
     {
         "Add",
@@ -145,6 +145,9 @@ RUNTIME: frozenset[str] = frozenset(
         "AveragePooling1D",
         "AdaptiveAvgPool1d",
         "AdaptiveMaxPool1d",
+        # a functional ops.matmul / x @ y of two activations (attention): the ESP-DL v3
+        # MatMul's output exponent (seen through q @ kᵀ * scale too: session._through_scalar)
+        "Matmul",
     }
 )
 

@@ -2,7 +2,9 @@
 fake-quantized MindSpore network.
 
 The network runs NCHW, the chip NHWC: the inputs are transposed for the chip and every 4-D cell
-output for the per-layer comparison (a 1-D network's NCW maps: NWC). A Flatten cell's output is
+output for the per-layer comparison (a 1-D network's NCW maps: NWC; a Transformer's token
+sequences (N, T, D), :func:`amct_bridge.mindspore.graph.sequence_layout`, as they are, as the
+export's input layout ``"NTD"`` says). A Flatten cell's output is
 left out of that comparison (NCHW flattens channel-major, the chip's Flatten pixel-major; the
 Dense after it is compared, its rows being reordered by the export). A cell called at several
 sites per forward pass is compared per site (``relu``, ``relu@1``: its k-th call of a pass is
@@ -30,16 +32,11 @@ from mindspore import nn
 from amct_bridge.errors import ExportError
 from amct_bridge.espdl.evaluation import Evaluation, chip_network, evaluate_export
 from amct_bridge.espdl.v3.evaluation import evaluate_espdl_model, is_espdl_file
+from amct_bridge.mindspore.espdl_weights import chip_data
 from amct_bridge.mindspore.float_outputs import float_outputs
+from amct_bridge.mindspore.graph import extract_graph, sequence_layout
 from amct_bridge.mindspore.simulation import simulate
 from amct_bridge.records.model import Record
-
-
-def _chip_layout(x: np.ndarray) -> np.ndarray:
-    """NCHW -> NHWC, NCW (an nn.Conv1d network's input) -> NWC: what the chip takes."""
-    if x.ndim == 3:
-        return x.transpose(0, 2, 1)
-    return x.transpose(0, 2, 3, 1) if x.ndim == 4 else x
 
 
 def evaluate_espdl(
@@ -68,13 +65,18 @@ def evaluate_espdl(
         >>> # see the module docstring
     """
     x = np.asarray(x, np.float32)
-    x_chip = _chip_layout(x)  # the chip runs NHWC (NWC)
     v3 = is_espdl_file(export_dir)  # ESP-DL v3: the .espdl file and its simulator
+    graph, seq = None, False  # ESP-DL v1 exports no token net (it refuses Dense on them)
+    if v3:
+        graph = extract_graph(net, x[:1])
+        seq = sequence_layout(graph, dict(net.cells_and_names()))
+    # the chip runs NHWC (NWC); tokens (N, T, D) as they are (source_layers' input layout)
+    x_chip = chip_data(x, "NTD" if seq else "")
     if v3 and input_exponent is not None:
         raise ExportError(f"{export_dir}: an .espdl file runs at its own input exponent")
     # v1: the chip graph before the network meets data of another shape
     chip = None if v3 else chip_network(export_dir, x_chip)
-    floats, float_scores, reasons, output = float_outputs(net, x, batch_size)
+    floats, float_scores, reasons, output, _ = float_outputs(net, x, batch_size, graph=graph)
     fq = None
     if record is not None:
         outputs = simulate(net, record, x, batch_size=batch_size).outputs

@@ -26,8 +26,10 @@ for a Keras twin):
   operands (``y + 3.0``, ``y / 6.0`` as ``y * (1 / 6.0)``: ``attrs["scalar_operands"]``), the
   global pools' ``keepdims``, ``nn.Upsample`` / ``ops.interpolate`` / resize primitives as
   UpSampling2D, ``nn.Conv2dTranspose`` (kernel ``(in, out, kH, kW)`` -> ``(kH, kW, out, in)``),
-  the exact ``nn.GELU``, and sequences ``(N, T, D)`` (:func:`sequence_layout`: tokens, which
-  the chip holds as they are, for nn.Dense / nn.LayerNorm over the features).
+  ``nn.GELU`` (exact: ``"gelu"``; the tanh approximation: ``"gelu_tanh"``), and sequences
+  ``(N, T, D)`` (:func:`sequence_layout`: tokens, which the chip holds as they are, for
+  nn.Dense / nn.LayerNorm over the features, ``ops.transpose`` and the functional
+  ``ops.matmul`` / ``x @ y`` / ``ops.BatchMatMul`` of two of them: the core's ``Matmul``).
 
 Anything else becomes an ``unsupported`` layer with the reason (the exporter refuses it, or
 leaves it out with ``skip_unsupported``). The network is not modified.
@@ -57,7 +59,7 @@ from amct_bridge.espdl.source import V1, SourceLayer, no_equivalent, runtime_nam
 from amct_bridge.espdl.v3.export import V3ExportResult, export_layers_v3
 from amct_bridge.graph.ir import Graph, Node
 from amct_bridge.mindspore.float_outputs import float_outputs
-from amct_bridge.mindspore.graph import extract_graph
+from amct_bridge.mindspore.graph import extract_graph, sequence_layout
 from amct_bridge.mindspore.graph_cells import dense_activation
 from amct_bridge.mindspore.weights import batch_norm_params, bias_of, kernel_of
 from amct_bridge.records import load
@@ -244,13 +246,13 @@ def _dense_activation(cell: Any, runtime: str) -> dict:
     the core fuses, leaves to the host or refuses it by that name); an activation the graph
     has no name for keeps its class name (``"Mish"``), refused with it. A GELU is Keras'
     ``"gelu"`` (erf) only when not approximated: ``nn.Dense(activation="gelu")`` runs
-    ``nn.GELU()``, the tanh form, which gets its own name (refused by it, not computed as
-    another function)."""
+    ``nn.GELU()``, the tanh form, which is the core's ``"gelu_tanh"`` (its own table, not
+    the erf one)."""
     name = dense_activation(cell)
     if name == "linear":
         return {"activation": None}
     if name == "gelu" and _gelu_tanh(cell.activation):
-        return {"activation": "GELU(approximate=True), the tanh approximation"}
+        return {"activation": "gelu_tanh"}
     if name == "leaky_relu":
         return {"activation": name, "alpha": float(cell.activation.alpha)}
     if isinstance(cell.activation, nn.PReLU):
@@ -264,18 +266,14 @@ def _gelu_tanh(cell: Any) -> bool:
 
 
 def _gelu(cell: Any, runtime: str) -> Translated:
-    """nn.GELU: the exact (erf) one is Keras' ``Activation("gelu")``, which the v3 export
-    tabulates; the tanh approximation is refused by name (another function)."""
+    """nn.GELU: the exact (erf) one is Keras' ``Activation("gelu")``, the tanh approximation
+    (``approximate=True``, the default) the core's ``"gelu_tanh"``; the v3 export tabulates
+    either as the function it is."""
     reason = no_equivalent("MindSpore nn.GELU", runtime)
     if runtime == V1:
         return _unsupported(reason)
-    if _gelu_tanh(cell):
-        return _unsupported(
-            f"nn.GELU(approximate=True) computes the tanh approximation of GELU; the {runtime} "
-            "export tabulates the exact (erf) GELU only: build the cell with approximate=False "
-            "(the two differ by less than 1e-3)"
-        )
-    return "unsupported", {}, {"reason": reason, "activation": "gelu", "kind": "Activation"}
+    name = "gelu_tanh" if _gelu_tanh(cell) else "gelu"
+    return "unsupported", {}, {"reason": reason, "activation": name, "kind": "Activation"}
 
 
 def _flatten_input(graph: Graph, tid: str) -> tuple[int, ...] | None:
@@ -440,12 +438,8 @@ def _functional(node: Node, graph: Graph, runtime: str, seq: bool) -> Translated
         return "runtime", {}, {"keeps_exponent": RUNTIME_KINDS[kind], "keepdims": keep}
     if _is_flatten(graph, node):
         return _flatten(node, graph, seq)
-    if kind == "Matmul" and len(shapes) == 2:
-        return _unsupported(
-            f"functional {prim} of two activations (x @ y): the {runtime} runtime has MatMul, "
-            "which this exporter does not write yet (a MatMul of an activation by a weight is "
-            "an nn.Dense, which it writes)"
-        )
+    if kind == "Matmul" and len(shapes) == 2 and not node.params.get("const_operands"):
+        return _matmul(node, shapes, runtime, seq)
     return _unsupported(
         f"{no_equivalent(f'functional {prim}', runtime)} here (tensors are NCHW in MindSpore, "
         "NHWC on the chip)"
@@ -454,22 +448,56 @@ def _functional(node: Node, graph: Graph, runtime: str, seq: bool) -> Translated
 
 def _sequence_op(node: Node, graph: Graph, shapes: list, prim: str) -> Translated | None:
     """A functional op on a sequence (N, T, D), which the chip holds as it is: ``ops.mean``
-    over T (the 1-D global pool of the chip's (W, C) view) and a swap of T and D
-    (``x.swapaxes(1, 2)``: Permute); None: the op is translated as for any tensor."""
+    over T (the 1-D global pool of the chip's (W, C) view) and ``ops.transpose`` /
+    ``x.swapaxes(1, 2)`` (the core's ``Transpose`` with ``perm``, as Keras gives
+    ``keras.ops.transpose``: the core refuses a perm that moves the batch axis, naming it);
+    None: the op is translated as for any tensor."""
     out = graph.tensors[node.outputs[0]].shape
     axes = tuple(node.params.get("axis") or ())
     if node.kind == "Mean" and axes == (-2,):
         kind = "GlobalAveragePooling1D"
         attrs = {"keepdims": len(out) == 3, "kind": kind, "rank": 1}
         return "runtime", {}, {"keeps_exponent": RUNTIME_KINDS[kind], **attrs}
-    if node.kind == "Transpose" and tuple(node.params.get("axes") or ()) == (0, 2, 1):
-        return "runtime", {}, {"keeps_exponent": True, "kind": "Permute", "dims": (2, 1)}
     if node.kind == "Transpose":
-        return _unsupported(
-            f"functional {prim} with axes {node.params.get('axes')} of a sequence (N, T, D): "
-            "the ESP-DL v3 export takes the swap of T and D, (0, 2, 1), only"
-        )
+        perm = node.params.get("axes")
+        attrs = {"reason": no_equivalent(f"functional {prim}", "ESP-DL v3"), "kind": "Transpose"}
+        return "unsupported", {}, {**attrs, "perm": None if perm is None else tuple(perm)}
     return None
+
+
+def _matmul(node: Node, shapes: list, runtime: str, seq: bool) -> Translated:
+    """A functional ``ops.matmul`` / ``x @ y`` / ``ops.BatchMatMul`` of two activations for the
+    v3 export: the core's ``Matmul`` (as Keras gives ``keras.ops.matmul``) on sequences
+    (N, T, D), which the chip holds as MindSpore does. ``attrs["transpose"]``: the primitive's
+    (transpose_a, transpose_b), written as Transpose layers before it (:func:`source_layers`)."""
+    prim = node.params.get("primitive", node.kind)
+    if runtime == V1:
+        return _unsupported(no_equivalent(f"functional {prim} of two activations (x @ y)", V1))
+    if not seq or any(len(s) != 3 for s in shapes):
+        return _unsupported(
+            f"functional {prim} of shapes {shapes[0]} and {shapes[1]}: the {runtime} export "
+            "writes the product of two token tensors (N, T, D) (attention's q @ kᵀ and "
+            "attn @ v), which the chip holds as MindSpore does; MindSpore's NCHW (NCW) maps are "
+            "NHWC (NWC) on the chip, so their last axes differ"
+        )
+    attrs = {"reason": no_equivalent(f"functional {prim}", runtime), "kind": "Matmul"}
+    return "unsupported", {}, {**attrs, "transpose": node.params.get("transpose", (False, False))}
+
+
+def _transposed_operands(layer: SourceLayer) -> list[SourceLayer]:
+    """The Transpose layers ``<matmul>/transpose_a`` / ``/transpose_b`` a ``BatchMatMul``
+    with transpose flags reads (the core's MatMul takes A and B as they are); ``layer``'s
+    inputs are pointed at them."""
+    flags = layer.attrs.pop("transpose", (False, False))
+    parts = []
+    for k, flag in enumerate(flags):
+        if flag:
+            name = f"{layer.name}/transpose_{'ab'[k]}"
+            attrs = {"reason": layer.attrs["reason"], "perm": (0, 2, 1)}
+            operand = [layer.inputs[k]]
+            parts.append(SourceLayer(name, "unsupported", operand, "Transpose", {}, attrs))
+            layer.inputs[k] = name
+    return parts
 
 
 def _elementwise(node: Node, shapes: list[tuple[int, ...]], runtime: str) -> Translated:
@@ -648,43 +676,6 @@ def _chip_shape(shape: tuple[int, ...], seq: bool) -> tuple[int, ...]:
     return (shape[2], shape[3], shape[1]) if len(shape) == 4 else tuple(shape[1:])
 
 
-#: Kinds that read a rank-3 tensor as NCW (channels on axis 1): nn.Conv1d, the 1-D pools,
-#: nn.BatchNorm1d, ``ops.mean`` over W.
-_NCW_KINDS = (
-    "Conv1D",
-    "MaxPooling1D",
-    "AveragePooling1D",
-    "BatchNormalization",
-    "GlobalAveragePooling2D",
-    "GlobalMaxPooling2D",
-)
-
-
-def sequence_layout(graph: Graph, cells: dict[str, Any]) -> bool:
-    """Whether the network's rank-3 tensors are sequences ``(N, T, D)`` (a Transformer's
-    tokens: features last, which the chip holds as they are) rather than NCW maps (nn.Conv1d:
-    transposed to the chip's NWC): an nn.Dense or an nn.LayerNorm over the last axis reads a
-    rank-3 tensor, and no 1-D conv, pool or BatchNorm1d does.
-
-    Example:
-        >>> from mindspore import nn
-        >>> net = nn.SequentialCell([nn.LayerNorm((8,)), nn.Dense(8, 4)])
-        >>> sequence_layout(extract_graph(net, (1, 6, 8)), dict(net.cells_and_names()))
-        True
-    """
-    tokens = ncw = False
-    for node in graph:
-        if 3 not in [len(graph.tensors[t].shape) for t in node.inputs]:
-            continue
-        cell = cells.get(node.layer) if node.is_layer else None
-        last_axis = isinstance(cell, nn.LayerNorm) and int(cell.begin_norm_axis) % 3 == 2
-        if node.kind == "Dense" or last_axis:
-            tokens = True
-        elif node.kind in _NCW_KINDS:
-            ncw = True
-    return tokens and not ncw
-
-
 def _layout(shape: tuple[int, ...], seq: bool) -> str:
     """The input's MindSpore layout, which ``test_input`` and chip data are transposed from."""
     if len(shape) == 3:
@@ -731,7 +722,10 @@ def source_layers(net: nn.Cell, sample_input: Any, *, format: str = "v1") -> lis
         inputs = [_input_name(graph, t) for t in node.inputs]
         if node.is_layer:  # a functional op keeps repeats: x * x squares, concat(x, x) doubles
             inputs = list(dict.fromkeys(inputs))
-        result.append(SourceLayer(node.name, op, inputs, kind, weights, attrs))
+        layer = SourceLayer(node.name, op, inputs, kind, weights, attrs)
+        if kind == "Matmul":
+            result += _transposed_operands(layer)
+        result.append(layer)
     return result
 
 
@@ -793,8 +787,10 @@ def export_espdl(
         sample_input: input shape (``(1, 3, 16, 16)``), array or Tensor, for the graph.
         stats: calibration sidecar (object or path); default ``<record>.calib.json``.
         format: ``"v1"`` or ``"espdl"`` (ESP-DL v3).
-            the exponents are then searched on them, the chip simulator as judge
-            (docs/espdl-export.md, "How exponents are chosen").
+        calibration_data: inputs (as the network takes them, NCHW): the exponents and bias
+            corrections (``"espdl"`` on esp32p4: and per-channel filter exponents) are then
+            searched on them, the format's chip simulator as judge (docs/espdl-export.md,
+            "How exponents are chosen").
         exponents: "max" (the range rule) or "search"; default "search" with
             ``calibration_data``, else "max".
         **options: :func:`amct_bridge.espdl.export`'s options (feature_type, granularity,
@@ -824,35 +820,45 @@ def export_espdl(
                 f"record keys that are not cells of {type(net).__name__} (is this the network the "
                 f"record was made for?): {listing}"
             )
-    if format == "espdl" and (calibration_data is not None or exponents is not None):
-        raise ExportError(
-            "calibration_data / exponents search the ESP-DL v1 exponents; the v3 export takes "
-            "its exponents from the record and sidecar"
-        )
     stats = _call_sites(stats, layers)
+    rule = exponents or ("max" if calibration_data is None else "search")
+    calibration = None
+    if rule == "search" and calibration_data is not None:
+        calibration = _search_data(net, layers, calibration_data, format)
     if format == "espdl":
+        from amct_bridge.espdl.exponent_search import check_rule
+
+        check_rule(rule, calibration)
         test_input = options.pop("test_input", None)
         if test_input is not None:
             test_input = chip_data(np.asarray(test_input), layers[0].attrs.get("layout", ""))
-        return export_layers_v3(
-            layers, out_dir, record=record, stats=stats, test_input=test_input, **options
-        )
-    rule = exponents or ("max" if calibration_data is None else "search")
-    if rule == "search" and calibration_data is not None:
-        from amct_bridge.espdl.exponent_search import CalibrationData
-        from amct_bridge.espdl.v1.head import chip_reference
-        from amct_bridge.espdl.v1.search import search_samples
+        v3 = {"record": record, "stats": stats, "test_input": test_input, **options}
+        if calibration is not None:
+            from amct_bridge.espdl.v3.search import export_searched
 
-        x = search_samples(np.asarray(calibration_data, np.float32))
-        # a head whose softmax / sigmoid is left to the host: the chip computes (and the
-        # search and bias correction compare) its logits, not the probabilities
-        output, linear = chip_reference(layers, _output_cell(layers))
-        floats = float_outputs(net, x, 64, linear=linear).floats  # NHWC, by cell call site
-        x_chip = x.transpose(0, 2, 3, 1) if x.ndim == 4 else x  # the chip runs NHWC
-        if x.ndim == 3:  # NCW -> NWC
-            x_chip = x.transpose(0, 2, 1)
-        options["calibration"] = CalibrationData(x_chip, floats, output, len(calibration_data))
+            return export_searched(layers, out_dir, calibration=calibration, **v3)
+        return export_layers_v3(layers, out_dir, **v3)
+    if calibration is not None:
+        options["calibration"] = calibration
     return export(record, layers, out_dir, stats=stats, exponents=rule, **options)
+
+
+def _search_data(net: nn.Cell, layers: list[SourceLayer], calibration_data: Any, format: str):
+    """What an exponent search scores on (both formats): the first samples of
+    ``calibration_data`` (the format's sample rule), as the chip takes them (NHWC), and the
+    float outputs of the network's cells on them (NHWC, by cell call site)."""
+    from amct_bridge.espdl.exponent_search import CalibrationData, search_samples
+    from amct_bridge.espdl.v1.head import chip_reference
+    from amct_bridge.espdl.v3.search import V3_MAX_INPUT_VALUES
+
+    x = np.asarray(calibration_data, np.float32)
+    x = search_samples(x, V3_MAX_INPUT_VALUES) if format == "espdl" else search_samples(x)
+    # a classifier head's softmax / sigmoid: the search and the bias correction compare its
+    # logits (v1 leaves the function to the host; v3's chip computes it from those logits)
+    output, linear = chip_reference(layers, _output_cell(layers))
+    floats = float_outputs(net, x, 64, linear=linear).floats
+    chip_x = chip_data(x, layers[0].attrs.get("layout", ""))
+    return CalibrationData(chip_x, floats, output, len(calibration_data), linear=linear)
 
 
 def chip_data(x: np.ndarray, layout: str) -> np.ndarray:

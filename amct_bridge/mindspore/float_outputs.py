@@ -1,6 +1,9 @@
 """Float outputs of a MindSpore network's cell call sites (NHWC where 4-D), for comparing with
 the chip: the ESP-DL evaluation (:mod:`amct_bridge.mindspore.espdl_eval`) and the exponent
-search of the export (:mod:`amct_bridge.mindspore.espdl_weights`) both read them.
+search of the export (:mod:`amct_bridge.mindspore.espdl_weights`) both read them. Rank-3
+tensors are NCW maps (nn.Conv1d: NWC on the chip) unless the network's are token sequences
+(N, T, D) (:func:`amct_bridge.mindspore.graph.sequence_layout`), which the chip holds as
+they are.
 
 A cell called at several sites per forward pass is named per site (``relu``, ``relu@1``: its
 k-th call of a pass is site k, as the graph names them); a functional op (``x + y``,
@@ -22,8 +25,9 @@ from typing import Any, NamedTuple
 import numpy as np
 from mindspore import Tensor, nn
 
+from amct_bridge.graph.ir import Graph
 from amct_bridge.mindspore.cells import leaf_cells
-from amct_bridge.mindspore.graph import extract_graph
+from amct_bridge.mindspore.graph import extract_graph, sequence_layout
 from amct_bridge.mindspore.hooks import first_tensor, pynative_inference, recorded
 
 __all__ = ["FloatRun", "float_outputs", "functional_outputs"]
@@ -38,6 +42,8 @@ class FloatRun(NamedTuple):
         reasons: why a call site has no float output (a Flatten of an NCHW map, an op no cell
             reads alone).
         output: the graph name of the node computing the network's first output (None: none).
+        sequence: the network's rank-3 tensors are tokens (N, T, D), kept as they are (else
+            NCW maps, given NWC).
 
     Example:
         >>> FloatRun({}, np.zeros(1), {}, None).output is None
@@ -48,6 +54,7 @@ class FloatRun(NamedTuple):
     scores: Any
     reasons: dict[str, str]
     output: str | None
+    sequence: bool = False
 
 
 def float_outputs(
@@ -55,6 +62,7 @@ def float_outputs(
     x: np.ndarray,
     batch: int = 64,
     linear: frozenset[str] | set[str] = frozenset(),
+    graph: Graph | None = None,
 ) -> FloatRun:
     """Run ``net`` (PyNative, inference; mode and training state put back) on ``x`` (NCHW as the
     network takes it) in batches of ``batch``, recording every leaf cell call site and the
@@ -66,6 +74,8 @@ def float_outputs(
 
     A Flatten of an NCHW map is left out with a reason: NCHW flattens channel-major, the chip
     pixel-major (the Dense after it, its rows reordered by the export, is compared).
+
+    ``graph``: the network's graph on inputs shaped as ``x`` (default: extracted here).
 
     Example:
         >>> from collections import OrderedDict
@@ -82,6 +92,9 @@ def float_outputs(
         True
     """
     cells = leaf_cells(net)
+    if graph is None:
+        graph = extract_graph(net, x[:1])  # the export needed it too: it compiles
+    seq = sequence_layout(graph, dict(net.cells_and_names()))
     finals = []
     with pynative_inference(net), recorded(cells, inputs=True) as (outs, ins):
         for start in range(0, len(x), batch):
@@ -97,10 +110,10 @@ def float_outputs(
         for site in range(calls):  # per pass: site 0, 1, ... in call order
             name = key if site == 0 else f"{key}@{site}"
             inputs = np.concatenate(ins[key][site::calls])
-            site_inputs[name] = _nhwc(inputs)
+            site_inputs[name] = _nhwc(inputs, seq)
             if (
                 isinstance(cells[key], nn.Flatten)
-                and inputs.ndim in (3, 4)
+                and (inputs.ndim == 4 or inputs.ndim == 3 and not seq)
                 and inputs[0, 0].size > 1
             ):
                 # NCHW (NCW) flattens channel-major, the chip pixel-major (the Dense after it,
@@ -112,20 +125,25 @@ def float_outputs(
                 reasons[name] = f"no linear part of a {type(cells[key]).__name__} (only nn.Dense)"
                 continue
             if name in linear:
-                floats[name] = _nhwc(_linear_part(cells[key], inputs))
+                floats[name] = _nhwc(_linear_part(cells[key], inputs), seq)
                 continue
-            floats[name] = _nhwc(np.concatenate(values[site::calls]))
-    functional, output = functional_outputs(net, x[:1], site_inputs, reasons)
+            floats[name] = _nhwc(np.concatenate(values[site::calls]), seq)
+    functional, output = functional_outputs(net, x[:1], site_inputs, reasons, graph)
     floats.update(functional)
-    return FloatRun(floats, np.concatenate(finals), reasons, output)
+    return FloatRun(floats, np.concatenate(finals), reasons, output, seq)
 
 
 def functional_outputs(
-    net: nn.Cell, sample: np.ndarray, site_inputs: dict[str, np.ndarray], reasons: dict[str, str]
+    net: nn.Cell,
+    sample: np.ndarray,
+    site_inputs: dict[str, np.ndarray],
+    reasons: dict[str, str],
+    graph: Graph | None = None,
 ) -> tuple[dict[str, np.ndarray], str | None]:
     """A functional op's output is the input of the cell site reading it (``add_op0`` feeds
-    ``relu@1``): the graph of ``net`` on ``sample`` says which. An op no cell reads alone gets
-    a line in ``reasons``. Also returns the name of the node computing the network's output.
+    ``relu@1``): the graph of ``net`` on ``sample`` (or ``graph``, that graph) says which. An
+    op no cell reads alone gets a line in ``reasons``. Also returns the name of the node
+    computing the network's output.
 
     Example:
         >>> from mindspore import nn
@@ -140,7 +158,8 @@ def functional_outputs(
         >>> [(k, v.tolist()) for k, v in out.items()], output
         ([('add_op0', [[5.0, 6.0]])], 'relu')
     """
-    graph = extract_graph(net, sample)  # the export needed it too: it compiles
+    if graph is None:
+        graph = extract_graph(net, sample)  # the export needed it too: it compiles
     producer = graph.producer_of(graph.outputs[0]) if graph.outputs else None
     out = {}
     for node in graph.nodes:
@@ -167,9 +186,9 @@ def _linear_part(cell: nn.Dense, inputs: np.ndarray) -> np.ndarray:
     return out + cell.bias.asnumpy() if cell.has_bias else out
 
 
-def _nhwc(value: np.ndarray) -> np.ndarray:
+def _nhwc(value: np.ndarray, seq: bool = False) -> np.ndarray:
     """NCHW -> NHWC for a 4-D array, NCW -> NWC for a 3-D one (an nn.Conv1d map: the chip's
-    layouts); others as they are."""
+    layouts), unless ``seq``: tokens (N, T, D), as the chip holds them; others as they are."""
     if value.ndim == 3:
-        return value.transpose(0, 2, 1)
+        return value if seq else value.transpose(0, 2, 1)
     return value.transpose(0, 2, 3, 1) if value.ndim == 4 else value

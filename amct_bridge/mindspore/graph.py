@@ -26,6 +26,9 @@ How primitives become nodes:
   and the first node reading its output (MindIR scopes of functional ops are not reliable:
   every ``x + y`` of a network may carry the first block's scope). An op whose output is a
   model output, or that reads only model inputs, belongs to the top cell.
+- A cell call reading the input-side Reshape of another cell's call reads the tensor before it:
+  MindSpore's compiler merges identical primitives, so ``q(h)``, ``k(h)``, ``v(h)`` on tokens
+  share one ``Reshape(h, (-1, D))`` scoped under ``q`` (:meth:`_Builder.through`).
 - Unknown primitives and cells get a kind no rule knows (``"mindspore:<name>"``): discovery
   stops there with UNKNOWN_OP. Tensors are NCHW (``TensorInfo.channel_axis`` = 1 - rank).
 
@@ -80,6 +83,43 @@ def extract_graph(net: ms.nn.Cell, sample_input: Any) -> Graph:
     cells = dict(net.cells_and_names())
     prims, input_shapes, outputs = export_primitives(net, sample_input)
     return _Builder(net, cells, prims).build(input_shapes, outputs)
+
+
+#: Kinds that read a rank-3 tensor as NCW (channels on axis 1): nn.Conv1d, the 1-D pools,
+#: nn.BatchNorm1d, ``ops.mean`` over W.
+_NCW_KINDS = (
+    "Conv1D",
+    "MaxPooling1D",
+    "AveragePooling1D",
+    "BatchNormalization",
+    "GlobalAveragePooling2D",
+    "GlobalMaxPooling2D",
+)
+
+
+def sequence_layout(graph: Graph, cells: dict[str, Any]) -> bool:
+    """Whether the network's rank-3 tensors are sequences ``(N, T, D)`` (a Transformer's
+    tokens: features last, which the chip holds as they are) rather than NCW maps (nn.Conv1d:
+    transposed to the chip's NWC): an nn.Dense or an nn.LayerNorm over the last axis reads a
+    rank-3 tensor, and no 1-D conv, pool or BatchNorm1d does.
+
+    Example:
+        >>> from mindspore import nn
+        >>> net = nn.SequentialCell([nn.LayerNorm((8,)), nn.Dense(8, 4)])
+        >>> sequence_layout(extract_graph(net, (1, 6, 8)), dict(net.cells_and_names()))
+        True
+    """
+    tokens = ncw = False
+    for node in graph:
+        if 3 not in [len(graph.tensors[t].shape) for t in node.inputs]:
+            continue
+        cell = cells.get(node.layer) if node.is_layer else None
+        last_axis = isinstance(cell, ms.nn.LayerNorm) and int(cell.begin_norm_axis) % 3 == 2
+        if node.kind == "Dense" or last_axis:
+            tokens = True
+        elif node.kind in _NCW_KINDS:
+            ncw = True
+    return tokens and not ncw
 
 
 def tensor_info(shape: tuple[int, ...]) -> TensorInfo:
@@ -306,11 +346,37 @@ class _Builder:
             node.shared = by_layer[node.layer] > 1
         return self.graph
 
+    def through(self, v: tuple, reader: int) -> tuple:
+        """The value a cell call ``reader`` reads for ``v``: when ``v`` is the input-side
+        Reshape of another cell's call (a Dense on (N, T, D) flattens its input first), the
+        tensor before it. MindSpore's compiler merges identical primitives (CSE): ``q(h)``,
+        ``k(h)``, ``v(h)`` share one ``Reshape(h, (-1, D))``, scoped under ``q``, so ``k`` and
+        ``v`` would seem to read ``q``'s inside; each Dense flattens ``h`` itself."""
+        if self.owner[reader] is None:
+            return v  # a functional op reads what it reads
+        while v[0] == "node" and self.group_of[v[1]] != reader:
+            prim, call = self.prims[v[1]], self.group_of[v[1]]
+            if self.owner[call] is None or prim.op not in _VIEW_OPS:
+                break
+            inside = any(
+                u[1] == prim.index
+                for i in self.calls[call]
+                for u in _node_values(self.prims[i].inputs)
+            )
+            ins = _tensor_values(prim.inputs)
+            if not inside or len(ins) != 1:
+                break  # the call's own output (its last Reshape): a tensor it computes
+            v = ins[0]
+        return v
+
     def call_outputs(self, outputs: list[tuple]) -> list[list[tuple[int, int]]]:
         """(prim, output index) pairs each call exposes, in first-use order."""
         used: list[list[tuple[int, int]]] = [[] for _ in self.calls]
         for p in self.prims:
             for v in _node_values(p.inputs):
+                v = self.through(v, self.group_of[p.index])
+                if v[0] != "node":
+                    continue
                 key = (v[1], v[2])
                 call = self.group_of[v[1]]
                 if call != self.group_of[p.index] and key not in used[call]:
@@ -329,6 +395,7 @@ class _Builder:
             for v in _tensor_values(self.prims[i].inputs):
                 if v[0] == "node" and self.group_of[v[1]] == c:
                     continue
+                v = self.through(v, c)
                 if v not in ins:
                     ins.append(v)
         return ins
@@ -486,6 +553,11 @@ class _Builder:
         elif kind in ("Transpose",):
             params["const_operands"] = 0
             params["axes"] = next((tuple(c) for c in consts if isinstance(c, tuple)), None)
+        elif kind == "Matmul":
+            # MatMul / BatchMatMul(transpose_a, transpose_b): two bool inputs after the
+            # operands (ops.BatchMatMul(transpose_b=True)(q, k) is q @ kᵀ); MatMulExt has none
+            flags = [bool(v[1]) for v in prim.inputs[2:4] if v[0] == "const"]
+            params["transpose"] = tuple((*flags, False, False)[:2])
         elif kind in ("Reshape", "Flatten") or axes is not None:
             params["const_operands"] = 0
             if axes is not None:
@@ -584,6 +656,9 @@ def _tensor_values(values: list[tuple]) -> list[tuple]:
 _STRAY = frozenset(
     {"Add", "AddExt", "AddN", "Sub", "SubExt", "Mul", "Muls", "Div", "RealDiv", "Divs", "Concat"}
 )
+
+#: Shape-only primitives a cell call may start with (see _Builder.through).
+_VIEW_OPS = frozenset({"Reshape", "ExpandDims"})
 
 #: Element-wise kinds whose operands may be scalars (``x + 3.0``).
 _ELEMENTWISE = ("Add", "Subtract", "Multiply", "Divide", "Maximum", "Minimum")

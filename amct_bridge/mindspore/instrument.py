@@ -130,7 +130,8 @@ class Instrumentation:
 
     Args:
         net: the network (top-level cell) whose cell tree holds the observed cells.
-        points: the tensors to observe; ``layer`` is the cell, ``role`` "input" or "output".
+        points: the tensors to observe; ``layer`` is the cell, ``role`` "input" or "output"
+            (a float ``inner``: the cell sees the tensor times it, :class:`Summary`).
         steps_per_read: batch ends between two reads (each probe's ring holds
             ``steps_per_read * calls`` rows).
         compiled: other top-level cells whose compiled graphs must be rebuilt on install and
@@ -168,6 +169,7 @@ class Instrumentation:
             structure_key(net),
             tuple(
                 (id(p.layer), p.role, p.bins, p.channel_axis, p.channels, max(1, p.calls))
+                + (p.inner if isinstance(p.inner, int | float) else None,)  # a Summary's scale
                 for p in self.points
             ),
             self.steps_per_read,

@@ -40,7 +40,10 @@ class Summary:
 
     Args:
         prefix: unique Parameter name prefix.
-        point: the observed point (``bins``, ``channel_axis``, ``channels`` are used).
+        point: the observed point (``bins``, ``channel_axis``, ``channels`` are used; a float
+            ``inner`` is a scale: the cell sees the observed tensor times it, e.g. the output
+            of a functional ``q @ kᵀ`` that reaches the Softmax cell as ``(q @ kᵀ) * 0.35``,
+            so the summary is of the seen tensor divided by it).
         slots: ring rows.
 
     Example:
@@ -53,6 +56,8 @@ class Summary:
         self.slots = int(slots)
         self.bins = int(point.bins)
         self.channel_axis = point.channel_axis
+        inner = point.inner
+        self.scale = float(inner) if isinstance(inner, int | float) and inner != 1 else None
         self.mm = _param(np.zeros((slots, ROW), np.float64), f"{prefix}.minmax")
         self.hist = self.acc = self.grid = self.chan = None
         if self.bins:
@@ -69,13 +74,14 @@ class Summary:
 
     def spec(self, first: int) -> tuple:
         """Static description for :func:`_summarise`: the buffers' indices in the probe's
-        ParameterTuple (-1: absent), starting at ``first``, then bins and channel axis."""
+        ParameterTuple (-1: absent), starting at ``first``, then bins, channel axis and scale
+        (None: none)."""
         index, out = first, []
         for p in (self.mm, self.hist, self.acc, self.grid, self.chan):
             out.append(index if p is not None else -1)
             index += p is not None
         axis = -1 if self.channel_axis is None else int(self.channel_axis)
-        return (*out, self.bins, axis)
+        return (*out, self.bins, axis, self.scale)
 
 
 def _summarise(x, slot, within, bufs, spec):
@@ -83,10 +89,12 @@ def _summarise(x, slot, within, bufs, spec):
     ``bufs``; ``within``: the call is within the limit and may bin onto the grid. Returns the
     health flag (0, or NaN when ``x`` holds a NaN or an infinity, or its sum overflows: then
     the host reads the rows, which tell)."""
-    mm, hist_ring, acc, grid_i, chan_i, bins, axis = spec
+    mm, hist_ring, acc, grid_i, chan_i, bins, axis, scale = spec
     if x.dtype != ms.float32:
         x = ops.cast(x, ms.float32)
     x = ops.stop_gradient(x)
+    if scale is not None:  # the tensor before a multiplication by a constant (Summary)
+        x = x / scale
     # reduce the flat view over its one axis: on CPU, ReduceMin/Max/Sum over all axes of an
     # N-d tensor took ~10x as long as over axis 0 of the same data flattened (benchmark
     # ResNet: most of the calibrated eval step's extra time); the values are the same

@@ -119,7 +119,8 @@ class Session(CalibrationSession):
         self.sample_input = sample_input
         self.compiled: list = []
         self._weights = MindSporeWeights()
-        self._homes: dict[tuple[str, str], tuple[Any, str]] = {}  # op point -> (cell, role)
+        # op point -> (cell, role, scale: the cell sees the op's tensor times it, None: 1)
+        self._homes: dict[tuple[str, str], tuple[Any, str, float | None]] = {}
         self.written: Record | None = None  # the last record written (see write)
         self.forget_graphs(*compiled)
 
@@ -231,14 +232,14 @@ class Session(CalibrationSession):
         """Functional Add / concat ops whose input and output a single-call cell observes."""
         single = {n.layer: n for n in graph if n.is_layer and n.layer in layers and not n.shared}
 
-        def home(tid: str) -> tuple[Any, str] | None:
+        def home(tid: str) -> tuple[Any, str, float | None] | None:
             producer = graph.producer_of(tid)
             if producer is not None and producer.layer in single and producer.outputs[0] == tid:
-                return layers[producer.layer].handle, "output"
+                return layers[producer.layer].handle, "output", None
             for reader in graph.consumers_of(tid):
                 if reader.layer in single and reader.inputs == [tid]:
-                    return layers[reader.layer].handle, "input"
-            return None
+                    return layers[reader.layer].handle, "input", None
+            return _through_scalar(graph, tid, home)
 
         ops: dict[str, LayerDesc] = {}
         for node in graph:
@@ -256,8 +257,9 @@ class Session(CalibrationSession):
     def _on_cell(self, point: Point) -> Point:
         if isinstance(point.layer, nn.Cell):
             return point
-        cell, role = self._homes[(point.key, point.role)]
-        return replace(point, layer=cell, role=role)
+        cell, role, scale = self._homes[(point.key, point.role)]
+        # scale: the cell sees the op's output times it; the probe divides it back out
+        return replace(point, layer=cell, role=role, inner=scale)
 
     # ---- output -------------------------------------------------------------------------------
 
@@ -334,6 +336,34 @@ class Session(CalibrationSession):
             self.observed, self.batches = mine
         agree(group.gather, error, "writing the record (rank 0)")
         return self._written(built.record, flavor, record_path)
+
+
+def _through_scalar(graph: Graph, tid: str, home) -> tuple[Any, str, float | None] | None:
+    """Where a tensor no cell touches is seen when it reaches a cell through a multiplication
+    or division by a nonzero constant (attention's ``q @ kᵀ * 0.35`` before its nn.Softmax):
+    ``home`` of the product, with ``scale`` the factor the cell sees the tensor times (the
+    probe divides it back out: min and max of ``y / c`` are those of ``x`` for ``y = x * c``).
+    None when no such reader exists."""
+    for reader in graph.consumers_of(tid):
+        scalars = reader.params.get("scalar_operands") or []
+        if reader.is_layer or reader.inputs != [tid] or len(scalars) != 1:
+            continue
+        (position, value), kind = scalars[0], reader.kind
+        if value == 0.0 or reader.params.get("const_operands") or kind not in _SCALING:
+            continue
+        if kind == "Divide" and position != 1:
+            continue  # c / x is no scaling
+        found = home(reader.outputs[0])
+        if found is None:
+            continue
+        cell, role, inner = found
+        factor = value if kind == "Multiply" else 1.0 / value
+        return cell, role, factor * (1.0 if inner is None else inner)
+    return None
+
+
+#: Functional kinds that scale a tensor by a constant operand (see _through_scalar).
+_SCALING = ("Multiply", "Divide")
 
 
 def input_count(net, columns: int) -> int:

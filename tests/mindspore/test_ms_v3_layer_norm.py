@@ -11,9 +11,10 @@ stopping at "model input 'input0': no calibrated range". Two tiny nets:
 
 Both are calibrated by MindSpore and exported for esp32s3 and esp32p4 at s8 and s16; the written
 file passes ``espdl-run --check`` and at s16 the simulated chip follows the net's float output
-within 1 % of its range. A Transformer-like block (LayerNorm, q / k / v, softmax(q kᵀ) v,
-GELU MLP) is refused for the real reasons only: the MatMul of two activations and the tanh
-GELU, with the LayerNorm, the Dense layers and the transpose of k translated.
+within 1 % of its range. QAT likewise: the QAT cell of that LayerNorm tracks its input too, so
+the QAT sidecar gives the model input's range. ``espdl-eval`` of the token net's ``.espdl``
+gives the chip the (N, T, D) data as it is and compares each cell's output as it is (not as NCW
+maps). A whole Transformer block: tests/mindspore/test_ms_v3_attention.py.
 """
 
 from __future__ import annotations
@@ -21,14 +22,18 @@ from __future__ import annotations
 import json
 
 import mindspore as ms
+import mindspore.dataset as ds
 import numpy as np
 import pytest
 from mindspore import nn, ops
+from mindspore.train import Model
 from ms_v3_helpers import COMBOS, chip_error, export_checked
 
 import amct_bridge.mindspore as ams
-from amct_bridge.errors import ExportError
+from amct_bridge.cli import main
+from amct_bridge.espdl.evaluation import snr_db
 from amct_bridge.espdl.v3 import simulate_espdl
+from amct_bridge.mindspore.qat import quantize_aware, save_qat_record, strip_qat
 from amct_bridge.records import load
 from amct_bridge.records.calibration import sidecar_path
 
@@ -125,45 +130,6 @@ def test_layer_norm_first_exports_and_follows_the_net(calibrated, tmp_path, targ
         assert err <= 0.01 * span, (err, span)
 
 
-class Block(nn.Cell):
-    """A parallel Transformer block (GPT-J / PaLM): x + attention(LN(x)) + MLP(LN(x))."""
-
-    def __init__(self, d: int = 8) -> None:
-        super().__init__()
-        self.ln = nn.LayerNorm((d,))
-        self.q, self.k, self.v = nn.Dense(d, d), nn.Dense(d, d), nn.Dense(d, d)
-        self.softmax = nn.Softmax(-1)
-        self.proj = nn.Dense(d, d)
-        self.fc1, self.gelu, self.fc2 = nn.Dense(d, 2 * d), nn.GELU(), nn.Dense(2 * d, d)
-
-    def construct(self, x):
-        h = self.ln(x)
-        a = self.softmax(ops.matmul(self.q(h), self.k(h).swapaxes(1, 2)) * 0.35)
-        return x + self.proj(ops.matmul(a, self.v(h))) + self.fc2(self.gelu(self.fc1(h)))
-
-
-def test_transformer_block_is_refused_for_the_real_reasons_only(tmp_path):
-    net = Block()
-    net.set_train(False)
-    x = np.random.default_rng(0).uniform(-1, 1, (4, 8, 8)).astype(np.float32)
-    record = tmp_path / "record.txt"
-    ams.calibrate(net, x, record, algorithm="minmax")
-    with pytest.raises(ExportError) as err:
-        ams.export_espdl(net, record, tmp_path / "b.espdl", sample_input=(1, 8, 8),
-                         format="espdl", target="esp32s3", feature_type="s16")  # fmt: skip
-    lines = [ln.strip() for ln in str(err.value).splitlines()[1:] if ln.strip().startswith("layer")]
-    assert [ln.split(":")[0] for ln in lines] == [
-        "layer 'matmulext_op0' (MatMulExt)",
-        "layer 'gelu' (GELU)",
-    ]
-    assert "of two activations" in lines[0] and "runtime has MatMul" in lines[0]
-    assert "tanh approximation" in lines[1] and "approximate=False" in lines[1]
-    assert not (tmp_path / "b.espdl").exists()
-    # every other layer (LayerNorm, q / k / v, the transpose of k, fc1) was translated: a
-    # refused one would be a line of its own; the rest only read the two
-    assert "and 7 layer(s) that read or fuse into them" in str(err.value)
-
-
 class TokenSoftmax(nn.Cell):
     """(N, T, D) tokens: LayerNorm, Dense, softmax over the last axis (per token)."""
 
@@ -193,3 +159,73 @@ def test_token_softmax_is_per_token(tmp_path):
     chip = simulate_espdl(model, q.astype(np.int16), "esp32p4").outputs[model.outputs[0].name]
     want = net(ms.Tensor((q * step).astype(np.float32))).asnumpy()
     assert np.abs(chip - want).max() <= 0.01  # probabilities: range 1
+
+
+@pytest.mark.parametrize("mode", ["pynative"], indirect=True)
+def test_qat_layer_norm_first_observes_the_model_input(mode, tmp_path):
+    """quantize_aware of the token net: its nn.LayerNorm reads the model input, which no other
+    cell observes; the QAT cell tracks the LayerNorm's input too, so the QAT sidecar gives the
+    model input's range (before: "model input 'input0': no calibrated range") and the stripped
+    net exports."""
+    net = _net("tokens")
+    x = _x("tokens")
+    y = np.random.default_rng(1).integers(0, 5, len(x)).astype(np.int32)
+    qat = quantize_aware(net, ema_decay=0.0, sample_input=(1, 8, 8))
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    data = ds.NumpySlicesDataset((x, y), column_names=["x", "y"], shuffle=False).batch(len(x))
+    Model(qat, loss, nn.SGD(qat.trainable_params(), 0.0)).train(1, data)  # weights kept
+    record = tmp_path / "qat.txt"
+    save_qat_record(qat, record)
+    entry = json.loads(sidecar_path(record).read_text())["layers"]["ln"]
+    # ema_decay 0, one batch: the range of that batch, here all of x
+    assert (entry["input"]["min"], entry["input"]["max"]) == pytest.approx((x.min(), x.max()))
+    plain = strip_qat(qat)
+    res, model = export_checked(plain, record, tmp_path / "q.espdl", x, "esp32p4", "s16")
+    assert res.exponents["input0"][1] == "sidecar input range of 'ln'"
+    err, span = chip_error(model, plain, x, "esp32p4")
+    assert err <= 0.01 * span, (err, span)
+
+
+def token_net() -> nn.Cell:
+    """The token net (``--mindspore test_ms_v3_layer_norm.py:token_net``)."""
+    return _net("tokens")
+
+
+def test_espdl_eval_of_a_token_net_compares_tokens_as_they_are(tmp_path, capsys):
+    """``espdl-eval`` of the token net's ``.espdl``: the data (N, T, D) goes to the chip as it
+    is (the export's input layout "NTD"; T = D here, so transposing it as NCW would run and
+    compare the wrong values). The figures are recomputed here: the chip's from the simulator
+    on the untransposed data, a layer's SNR from the cell's own output."""
+    net = token_net()
+    x = _x("tokens", 32)
+    y = net(ms.Tensor(x)).asnumpy().argmax(axis=1)  # float accuracy 1 by construction
+    record = tmp_path / "record.txt"
+    ams.calibrate(net, x, record, algorithm="minmax")
+    out = tmp_path / "t.espdl"
+    _, model = export_checked(net, record, out, x, "esp32p4", "s8")
+    ms.save_checkpoint(net, str(tmp_path / "w.ckpt"))
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    argv = ["espdl-eval", "--export", str(out), "--mindspore", f"{__file__}:token_net"]
+    argv += ["--ckpt", str(tmp_path / "w.ckpt")]
+    argv += ["--data", str(tmp_path / "x.npy"), "--labels", str(tmp_path / "y.npy")]
+    capsys.readouterr()
+    assert main(argv) == 0, capsys.readouterr().err
+    lines = capsys.readouterr().out.splitlines()
+    figures = {k: v.split()[0] for k, _, v in (ln.partition(":") for ln in lines[1:4])}
+    step = 2.0 ** model.inputs[0].exponent
+    q = np.clip(np.rint(x / step), -128, 127).astype(np.int8)  # esp32p4 rounds half to even
+    sim = simulate_espdl(model, q, "esp32p4")
+    info = model.outputs[0]
+    chip = sim.outputs[info.name] * 2.0**info.exponent
+    assert float(figures["float accuracy"]) == 1.0
+    assert float(figures["chip accuracy"]) == pytest.approx(np.mean(chip.argmax(1) == y), abs=1e-4)
+    ev = ams.evaluate_espdl(out, net, x, y)
+    rows = {e.name: e for e in ev.layers}
+    for name, cell in (("ln", net.ln), ("fc1", net.fc1)):
+        ref = cell(ms.Tensor(x if name == "ln" else net.ln(ms.Tensor(x)).asnumpy())).asnumpy()
+        e = next(v.exponent for v in model.value_info if v.name == name)
+        got = sim.values[name] * 2.0**e
+        assert ref.shape == got.shape == (32, 8, ref.shape[-1])
+        assert rows[name].snr_db == pytest.approx(snr_db(ref, got), rel=1e-9), name
+        assert rows[name].snr_db > 20.0, name  # tokens against tokens: s8's error only

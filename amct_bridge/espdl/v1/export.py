@@ -163,7 +163,9 @@ def _output_exponents(
     warnings: dict[str, list[str]] = {}
     for chain in chains:
         finder.warnings.clear()
-        if chain.head.attrs.get("host_activation"):  # the sidecar has the probabilities' range
+        searched = (chain.last, "output") in finder.overrides  # the logits' too (search.py)
+        if chain.head.attrs.get("host_activation") and not searched:
+            # the sidecar has the probabilities' range
             found[chain.last] = _logit_exponent(chain, finder)
         else:
             found[chain.last] = finder.output_exponent(chain)

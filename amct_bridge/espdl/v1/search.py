@@ -38,13 +38,21 @@ from typing import Any
 import numpy as np
 
 from amct_bridge.errors import ExportError
-from amct_bridge.espdl.exponent_search import (
+from amct_bridge.espdl.exponent_search import (  # noqa: F401 (the sample rule's names stay here)
+    MAX_INPUT_VALUES,
+    MAX_SAMPLES,
+    MIN_SAMPLES,
     SEARCH_SPAN,
     Tuning,
     bias_offsets,
-    channel_errors,
     coordinate_search,
+    describe_changes,
+    kept_offsets,
     relative_error,
+    sample_cap,
+    sample_rule,
+    search_note,
+    search_samples,
 )
 from amct_bridge.espdl.v1 import chip as chip_sim
 from amct_bridge.espdl.v1.chip import ChipTensor
@@ -53,51 +61,6 @@ from amct_bridge.espdl.v1.network import INPUT, REQUANTIZING, WEIGHTED, Network
 from amct_bridge.espdl.v1.network import network_from_result as _network
 
 Key = tuple[str, str]
-#: At most this many calibration samples are simulated per candidate...
-MAX_SAMPLES = 512
-#: ... and about this many input values in all (a 96x96x3 model gets 75 samples), but never
-#: fewer than MIN_SAMPLES: every candidate is a chip run over them.
-MAX_INPUT_VALUES = 2**21
-MIN_SAMPLES = 32
-_POWER = MAX_INPUT_VALUES.bit_length() - 1  # 21, as the rule is said
-
-
-def search_samples(x: np.ndarray) -> np.ndarray:
-    """The first samples of ``x`` a search scores on (see :data:`MAX_INPUT_VALUES`).
-
-    Example:
-        >>> search_samples(np.zeros((1000, 8, 8, 1))).shape[0], search_samples(
-        ...     np.zeros((100, 96, 96, 3))).shape[0]
-        (512, 75)
-    """
-    return x[: sample_cap(int(np.prod(np.shape(x)[1:])) or 1)]
-
-
-def sample_cap(per_sample: int) -> int:
-    """How many samples a search scores on, for inputs of ``per_sample`` values each:
-    ``min(MAX_SAMPLES, max(MIN_SAMPLES, MAX_INPUT_VALUES // per_sample))``.
-
-    Example:
-        >>> sample_cap(96 * 96 * 3), sample_cap(8 * 8), sample_cap(10**7)
-        (75, 512, 32)
-    """
-    return min(MAX_SAMPLES, max(MIN_SAMPLES, MAX_INPUT_VALUES // max(1, int(per_sample))))
-
-
-def sample_rule(per_sample: int) -> str:
-    """The rule :func:`search_samples` follows, in words, for inputs of ``per_sample`` values
-    (the export's warning and ``--data``'s help say it).
-
-    Example:
-        >>> print(sample_rule(96 * 96 * 3))
-        the search takes the first min(512, max(32, 2**21 // values per sample)) samples given:
-        75 at 27648 values per sample
-    """
-    return (
-        f"the search takes the first min({MAX_SAMPLES}, max({MIN_SAMPLES}, 2**{_POWER} // "
-        f"values per sample)) samples given: {sample_cap(per_sample)} at {per_sample} values "
-        "per sample"
-    )
 
 
 def _source(layer: Any) -> str:
@@ -286,19 +249,6 @@ def _expand(values: dict[Key, int], keys: dict[Key, list[Key]]) -> dict[Key, int
     return {k: v for var, v in values.items() for k in keys[var]}
 
 
-def _changes(start: dict[Key, int], best: dict[Key, int]) -> str:
-    moved = [
-        f"{name or 'model input'} {side} {start[(name, side)]}->{v}"
-        for (name, side), v in best.items()
-        if v != start[(name, side)]
-    ]
-    return ", ".join(moved) if moved else "none"
-
-
-def _db(err: float) -> str:
-    return "inf" if err == 0 else f"{-10 * np.log10(err):.1f}"
-
-
 def search_tuning(
     layers: list,
     x: np.ndarray,
@@ -373,12 +323,18 @@ def search_tuning(
     if bias_correction:  # what the new exponents' floors and steps leave
         best_error = _correct_biases(judge, tuning, refs, error, best_error)
     per_sample = int(np.prod(x.shape[1:])) or 1
+    biases = tuning.bias_offsets
     tuning.notes.append(
-        f"exponents searched on {len(x)} of {given} calibration samples "
-        f"({sample_rule(per_sample)}; "
-        f"{tried} candidates, the chip simulator as judge): output SNR {_db(base_error)} dB "
-        f"with the range rule, {_db(best_error)} dB searched; changed: {_changes(start, best)}"
-        + (f"; biases corrected: {', '.join(tuning.bias_offsets)}" if tuning.bias_offsets else "")
+        search_note(
+            len(x),
+            given,
+            per_sample,
+            tried,
+            "the chip simulator",
+            (base_error, best_error),
+            describe_changes(start, best),
+            extra=f"; biases corrected: {', '.join(biases)}" if biases else "",
+        )
     )
     return tuning
 
@@ -392,7 +348,7 @@ def _correct_biases(
 ) -> float:
     """Add each conv/dense's per-channel mean chip error to its bias, in execution order,
     where it lowers that channel's error; undo it all if the output error grows."""
-    kept = dict(tuning.bias_offsets)
+    before = dict(tuning.bias_offsets)
     net, chip = judge.run(tuning)
     for layer in [x for x in net.layers if x.kind in WEIGHTED]:
         source = _source(layer)
@@ -405,16 +361,14 @@ def _correct_biases(
         previous = tuning.bias_offsets.get(layer.source, np.zeros_like(offset))
         trial = Tuning(tuning.exponents, {**tuning.bias_offsets, layer.source: previous + offset})
         _, trial_chip = judge.run(trial)
-        before = channel_errors(ref, got)
-        after = channel_errors(ref, trial_chip[layer.name].to_float())
-        keep = after < before
-        if not keep.any():
+        kept = kept_offsets(ref, got, trial_chip[layer.name].to_float(), offset)
+        if kept is None:
             continue
-        tuning.bias_offsets[layer.source] = previous + np.where(keep, offset, 0.0)
-        chip = trial_chip if keep.all() else judge.run(tuning)[1]
+        tuning.bias_offsets[layer.source] = previous + kept
+        chip = trial_chip if np.array_equal(kept, offset) else judge.run(tuning)[1]
     new_err = error(chip)
     if new_err > err:
         tuning.bias_offsets.clear()
-        tuning.bias_offsets.update(kept)
+        tuning.bias_offsets.update(before)
         return err
     return new_err

@@ -128,11 +128,14 @@ def preactivation_range(
         low, high = scale * logit(y_lo), scale * logit(y_hi)
     elif activation == "hard_sigmoid":
         low, high = 6 * y_lo - 3, 6 * y_hi - 3
-    elif activation in ("swish", "silu", "gelu", "hard_swish", "hard_silu"):
+    elif activation in ("swish", "silu", "gelu", "gelu_tanh", "hard_swish", "hard_silu"):
         if activation in ("swish", "silu"):
             fn = lambda x: x * _sigmoid(x)  # noqa: E731
         elif activation == "gelu":
             fn = lambda x: 0.5 * x * (1 + math.erf(x / math.sqrt(2)))  # noqa: E731
+        elif activation == "gelu_tanh":  # GELU's tanh approximation (MindSpore nn.GELU())
+            c = math.sqrt(2 / math.pi)
+            fn = lambda x: 0.5 * x * (1 + math.tanh(c * (x + 0.044715 * x**3)))  # noqa: E731
         else:
             fn = lambda x: x * min(max(x + 3, 0), 6) / 6  # noqa: E731
         high = _invert_increasing(fn, max(y_hi, 0.0), 0.0, max(b_hi, 1.0)) if y_hi > 0 else 0.0

@@ -54,6 +54,7 @@ from amct_bridge.espdl.checks import (
     check_sidecar_model,
     sidecar_of_another_record,
 )
+from amct_bridge.espdl.exponent_search import Tuning
 from amct_bridge.espdl.plan import Chain, Problem, consumers_map
 from amct_bridge.espdl.source import WEIGHT_OPS, ZERO_PADDING_KINDS, SourceLayer, zero_padding
 from amct_bridge.espdl.v3.lowering import Emitter, V3Layer, chain_head, lowering_for, no_lowering
@@ -121,6 +122,8 @@ class V3ExportResult:
     layers: list[V3Layer]
     exponents: dict[str, tuple[int, str]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    #: source layer -> the tensor holding its output (a conv chain: under its last member)
+    tensors: dict[str, str] = field(default_factory=dict)
 
     @property
     def skipped(self) -> list[Problem]:
@@ -312,6 +315,7 @@ def export_layers_v3(
     seed: int = 0,
     skip_unsupported: bool = False,
     overwrite: bool = False,
+    tuning: Tuning | None = None,
 ) -> V3ExportResult:
     """Export ``layers`` (execution order) as an ESP-DL v3 model; write it to ``out`` (a
     ``.espdl`` path; None: compute only).
@@ -329,6 +333,9 @@ def export_layers_v3(
         seed: seed of the default test input.
         skip_unsupported: leave refused layers out (listed) instead of failing.
         overwrite: replace an existing ``out``.
+        tuning: exponents, per-channel filters and bias corrections searched on calibration
+            data (:func:`amct_bridge.espdl.v3.search.search_tuning_v3`) that replace the
+            range rule's where they say; None: the range rule.
 
     Example:
         >>> export_layers_v3([], None, target="esp32")  # doctest: +ELLIPSIS
@@ -355,6 +362,9 @@ def export_layers_v3(
 
     chains, fused = _plan(layers, skip_fusion)
     em = Emitter(layers, record, stats, bits, target, chains, fused)
+    if tuning is not None:
+        em.tune(tuning)
+        em.notes += tuning.notes
     if stats is not None:
         em.notes += sidecar_of_another_record(record, stats)
         em.notes += _sidecar_strangers(layers, stats)
@@ -415,6 +425,7 @@ def export_layers_v3(
         report,
         em.sources,
         em.notes,
+        dict(em.tensor_of),
     )
     if out is not None:
         write_espdl(model, out)

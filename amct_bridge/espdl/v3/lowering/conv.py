@@ -25,7 +25,8 @@ from amct_bridge.espdl.v3.exponents import (
 from amct_bridge.espdl.v3.lowering.activation import ACTIVATION_OPS, activation
 from amct_bridge.espdl.v3.lowering.emitter import Emitter, no_lowering, pair, same_pads
 from amct_bridge.espdl.v3.model import filter_file_order
-from amct_bridge.quant.espdl import auto_exponent
+from amct_bridge.espdl.v3.ops.conv import PER_CHANNEL_TARGETS
+from amct_bridge.quant.espdl import auto_exponent, channel_exponents
 from amct_bridge.quant.fold import fold_batchnorm
 
 __all__ = ["HOST_KINDS", "lower_chain", "lower_conv_transpose", "lower_input", "transpose_pads"]
@@ -36,7 +37,14 @@ HOST_KINDS = ("Rescaling", "Normalization")
 
 def lower_input(em: Emitter, layer: SourceLayer, ins: list[str]) -> None:
     """A model input: its exponent from the first calibrated range reading it."""
-    shape = [1, *[int(s) for s in layer.attrs.get("shape") or ()]]
+    dims = tuple(layer.attrs.get("shape") or ())
+    if any(d is None or int(d) < 1 for d in dims):  # keras.Input((None, 10)): a variable length
+        raise ExportError(
+            f"model input {layer.name!r}: shape {dims} has a dimension of unknown size; the "
+            "ESP-DL v3 runtime runs fixed shapes: build the model for export with a fixed "
+            "size (e.g. keras.Input((steps, features)))"
+        )
+    shape = [1, *[int(s) for s in dims]]
     probe, seen = layer.name, {layer.name}
     while True:  # host preprocessing: the chip input is its output
         users = em.consumers.get(probe, [])
@@ -177,10 +185,15 @@ def _emit_chain(em: Emitter, chain: Chain, x: str, kernel: np.ndarray, geometry=
             "activations: see docs/espdl-v3.md); apply it in a layer of its own",
         )
         return
+    tuned = em.tuning  # the search's choices (empty: the range rule)
+    offset = tuned.bias_offsets.get(head.name)
+    if offset is not None:  # corrects the chip's mean error on the calibration data
+        bias = (np.zeros(n) if bias is None else bias) + np.asarray(offset, np.float64)
     try:
         e_w = auto_exponent(w, em.bits, name=f"{head.name} filter")
     except QuantError as err:
         raise ExportError(f"layer {head.name!r}: {err}") from None
+    e_w = int(tuned.exponents.get((head.name, "filter"), e_w))
     limit = 2 ** (bias_bits(em.target, em.bits) - 1) - 1
     if bias is not None:
         peak = float(np.abs(bias).max(initial=0.0))
@@ -216,12 +229,17 @@ def _emit_chain(em: Emitter, chain: Chain, x: str, kernel: np.ndarray, geometry=
         e_out = em.range_exp(*pre, head.name)
         out_src = f"pre-activation range of {separate} (from {found[1]})"
         out_rng = pre
+        if (head.name, "preactivation") in tuned.exponents:
+            e_out = int(tuned.exponents[(head.name, "preactivation")])
+            out_src = f"searched on the calibration data (pre-activation of {head.name!r})"
     else:
         e_out, out_src, out_rng = found
     e_out, raised = keep_mac_shift(e_in, e_w, e_out)
     if raised:
         out_src += f"; raised to {e_out} for mac_shift >= 0 (e_in {e_in} + e_w {e_w})"
-    wq = em.quantize(w, e_w)
+    if head.name in tuned.per_channel:
+        e_w = _channel_exponents(em, head.name, w, bias, e_in, e_w, e_out, limit)
+    wq = em.quantize(w, np.reshape(e_w, (-1, 1, 1, 1)))
     stored, note = filter_file_order(wq[:, 0] if one_d else wq, n if depthwise else 1, em.target)
     name = head.name
     fname = em.init(f"{name}/filter", stored, e_w, note)
@@ -272,6 +290,33 @@ def _emit_chain(em: Emitter, chain: Chain, x: str, kernel: np.ndarray, geometry=
     else:
         em.tensor_of[chain.last] = out_name
         em.done(head, "exported", [name])
+
+
+#: The largest per-channel shift ``e_out - e_w[c] - e_in`` written (the kernels shift 32-bit
+#: accumulator lanes; the suite's per-channel files stay below 16).
+MAX_CHANNEL_SHIFT = 31
+
+
+def _channel_exponents(em, name, w, bias, e_in: int, e_w: int, e_out: int, limit: int):
+    """One filter exponent per output channel (the PIE-V2 chips' per-channel Conv/Gemm, as
+    esp-ppq writes for esp32p4): each channel's automatic exponent, never above the tensor's
+    ``e_w`` (so ``mac_shift >= 0`` holds on every channel), its shift at most
+    :data:`MAX_CHANNEL_SHIFT`, raised where the channel's bias (at ``e_in + e_w[c]``) would not
+    fit its lanes; an all-zero channel takes ``e_w``."""
+    if em.target not in PER_CHANNEL_TARGETS:
+        raise ExportError(
+            f"layer {name!r}: per-channel filter exponents run on "
+            f"{', '.join(PER_CHANNEL_TARGETS)} only, not {em.target}"
+        )
+    flat = w.reshape(w.shape[0], -1)
+    lowest = e_out - e_in - MAX_CHANNEL_SHIFT
+    exps = channel_exponents(flat, 0, em.bits, min_exponent=lowest, name=f"{name} filter")
+    exps = np.where(np.abs(flat).max(axis=1) > 0, np.minimum(exps, e_w), e_w).astype(np.int64)
+    if bias is not None:
+        peak = np.abs(bias)
+        while (over := peak * 2.0 ** -(e_in + exps) > limit).any():  # the lanes' width
+            exps = exps + over
+    return exps
 
 
 def transpose_pads(size: int, kernel: int, stride: int, padding: str) -> tuple[int, int, int]:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from amct_bridge.errors import ExportError, QuantError
+from amct_bridge.espdl.exponent_search import Tuning
 from amct_bridge.espdl.exponents import ExponentFinder
 from amct_bridge.espdl.plan import Chain, consumers_map
 from amct_bridge.espdl.source import PASS_THROUGH, WEIGHT_OPS, ZERO_PADDING_KINDS, SourceLayer
@@ -155,6 +156,7 @@ class Emitter:
         self.inputs: list[str] = []
         self.host: list[str] = []  # model inputs and the host-side layers right after them
         self.luts = 0
+        self.tuning = Tuning()  # searched choices (tune); empty: the range rule
 
     # --- bookkeeping
 
@@ -175,12 +177,21 @@ class Emitter:
         self.nodes.append(Node(name, op, list(inputs), list(outputs), attributes))
 
     def init(self, name, data, exp=0, doc="UNK") -> str:
-        """An initializer (a rank-0 value becomes ``[1]``: the loader crashes on empty dims)."""
+        """An initializer (a rank-0 value becomes ``[1]``: the loader crashes on empty dims);
+        ``exp`` one exponent, or a sequence (one per output channel: esp32p4's filters)."""
         data = np.asarray(data)
         if data.ndim == 0:
             data = data.reshape(1)
-        self.inits[name] = Tensor(name, data, [int(exp)], f"layout ==> {doc}")
+        exps = [int(e) for e in np.ravel(exp)]
+        self.inits[name] = Tensor(name, data, exps, f"layout ==> {doc}")
         return name
+
+    def tune(self, tuning: Tuning) -> None:
+        """Export with the searched ``tuning`` (amct_bridge.espdl.v3.search) instead of the
+        range rule where it says: exponents by sidecar key, filter / pre-activation exponents,
+        per-channel filters and bias corrections by conv/dense."""
+        self.tuning = tuning
+        self.finder.overrides = tuning.exponents  # read only
 
     def shape_init(self, name: str, dims) -> str:
         """An int64 shape / axes / index constant."""

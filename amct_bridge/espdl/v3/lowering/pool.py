@@ -1,6 +1,7 @@
 """Lowerings of pools: ``MaxPool``, ``AveragePool``, ``GlobalAveragePool`` (1-D pools as the
 runtime's native 1-D ops); a global max pool is a ``MaxPool`` over the whole map (the runtime
-has no GlobalMaxPool).
+has no GlobalMaxPool). An average pool whose "same" padding pads is an ``AveragePool`` (which
+divides by the whole kernel at the borders) times a constant border factor (``Mul``).
 
 Example:
     >>> from amct_bridge.espdl.source import SourceLayer
@@ -12,11 +13,20 @@ Example:
 
 from __future__ import annotations
 
+import numpy as np
+
 from amct_bridge.errors import ExportError
 from amct_bridge.espdl.source import AVERAGE_KINDS, SourceLayer
 from amct_bridge.espdl.v3.lowering.emitter import Emitter, pair, same_pads
+from amct_bridge.quant.espdl import auto_exponent
 
-__all__ = ["lower_avgpool", "lower_global_pool", "lower_maxpool", "pool_geometry"]
+__all__ = [
+    "border_counts",
+    "lower_avgpool",
+    "lower_global_pool",
+    "lower_maxpool",
+    "pool_geometry",
+]
 
 
 def pool_geometry(layer: SourceLayer, shape: list[int]) -> tuple[dict, list[int]]:
@@ -57,24 +67,57 @@ def lower_maxpool(em: Emitter, layer: SourceLayer, ins: list[str]) -> None:
     em.keep(layer, "MaxPool", ins, shape, attrs)
 
 
+def border_counts(size: int, kernel: int, stride: int, before: int, out: int) -> np.ndarray:
+    """How many real (unpadded) cells each output position's window covers along one axis.
+
+    Example:
+        >>> border_counts(4, 3, 1, 1, 4).tolist()
+        [2, 3, 3, 2]
+    """
+    start = np.arange(out) * stride - before
+    return np.minimum(start + kernel, size) - np.maximum(start, 0)
+
+
+def _border_ratio(attrs: dict, shape: list[int], out: list[int]) -> np.ndarray:
+    """``kernel area / real cells`` per output position, shaped to broadcast over channels:
+    ``[1, Ho, Wo, 1]`` (1-D: ``[1, Wo, 1]``)."""
+    rank = len(shape) - 2
+    pads, kernel, strides = attrs["pads"], attrs["kernel_shape"], attrs["strides"]
+    counts = [
+        border_counts(shape[1 + i], kernel[i], strides[i], pads[i], out[1 + i]) for i in range(rank)
+    ]
+    real = counts[0] if rank == 1 else np.outer(counts[0], counts[1])
+    ratio = float(np.prod(kernel)) / real
+    return ratio.reshape(1, *ratio.shape, 1)
+
+
 def lower_avgpool(em: Emitter, layer: SourceLayer, ins: list[str]) -> None:
-    """AveragePooling1D/2D: ``AveragePool`` (refused where "same" padding pads)."""
+    """AveragePooling1D/2D: ``AveragePool``; with "same" padding that pads, ``AveragePool``
+    with the pads (the runtime divides by the whole kernel there) then a ``Mul`` by the
+    constant ``kernel area / real cells`` per position (``[1, Ho, Wo, 1]``, broadcast over the
+    channels): Keras' average of the real cells. Inside the map the factor is 1 and the
+    output is the AveragePool's; at the borders it is rounded twice (at most ``(r + 1) / 2``
+    steps off for a factor ``r``)."""
     attrs, shape = pool_geometry(layer, em.shapes[ins[0]])
-    if any(attrs["pads"]):
-        em.refuse(
-            layer,
-            "AveragePooling2D with 'same' padding that pads: the v3 runtime's AveragePool "
-            "reads no count_include_pad and divides by the whole kernel at the borders "
-            "(dl_module_average_pool.hpp, dl_base_pool2d.hpp avg_pool_area), Keras by the "
-            "real cells only (use 'valid' padding)",
-        )
-        return
-    attrs["count_include_pad"] = 1
+    attrs["count_include_pad"] = 1  # what the runtime computes, whatever the file says
     x = ins[0]
     e, src, rng = em.out_exp(layer, (em.exps[x], f"the input's ({x!r})"))
-    em.node(layer.name, "AveragePool", [x], [layer.name], attrs)
-    em.tensor(layer.name, e, src, shape, rng)
-    em.output(layer, layer.name)
+    name = layer.name
+    if not any(attrs["pads"]):
+        em.node(name, "AveragePool", [x], [name], attrs)
+        em.tensor(name, e, src, shape, rng)
+        em.output(layer, name)
+        return
+    pooled = f"{name}/pool"
+    em.node(pooled, "AveragePool", [x], [pooled], attrs)
+    # |sum / area| <= |Keras' average|: the output's exponent never saturates the pool
+    em.tensor(pooled, e, f"{src} (the whole-kernel average before the border factor)", shape, rng)
+    ratio = _border_ratio(attrs, em.shapes[x], shape)
+    e_r = auto_exponent(ratio, em.bits, name=f"{name} border factor")
+    factor = em.init(f"{name}/border_factor", em.quantize(ratio, e_r), e_r)
+    em.node(name, "Mul", [pooled, factor], [name])
+    em.tensor(name, e, src, shape, rng)
+    em.output(layer, name, [pooled, name])
 
 
 def lower_global_pool(em: Emitter, layer: SourceLayer, ins: list[str]) -> None:

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 from amct_bridge.espdl.source import PASS_THROUGH, SourceLayer
 from amct_bridge.espdl.v3.lowering import activation as act
-from amct_bridge.espdl.v3.lowering import arith, attention, conv, norm, pool, shape
+from amct_bridge.espdl.v3.lowering import arith, attention, conv, norm, pool, rnn, shape
+from amct_bridge.espdl.v3.lowering import math as math_ops
 from amct_bridge.espdl.v3.lowering.emitter import Emitter, no_lowering
 
 __all__ = ["LOWERINGS", "Lowering", "chain_head", "lowering_for", "no_lowering"]
@@ -97,7 +98,7 @@ LOWERINGS: tuple[Lowering, ...] = (
     Lowering(tuple(k for k in PASS_THROUGH if k != "Activation"), (), act.lower_passthrough),
     Lowering(conv.HOST_KINDS, (), conv.lower_host),
     Lowering(("MaxPooling2D", "MaxPooling1D"), ("MaxPool",), pool.lower_maxpool),
-    Lowering(("AveragePooling2D", "AveragePooling1D"), ("AveragePool",), pool.lower_avgpool),
+    Lowering(("AveragePooling2D", "AveragePooling1D"), ("AveragePool", "Mul"), pool.lower_avgpool),
     Lowering(
         ("GlobalAveragePooling2D", "GlobalAveragePooling1D"),
         ("GlobalAveragePool", "Flatten"),
@@ -120,6 +121,11 @@ LOWERINGS: tuple[Lowering, ...] = (
     Lowering(("Permute",), ("Transpose",), shape.lower_permute),
     Lowering(("Transpose",), ("Transpose",), shape.lower_transpose),
     Lowering(("Matmul",), ("MatMul",), attention.lower_matmul),
+    Lowering(
+        ("MultiHeadAttention",),
+        ("Gemm", "Reshape", "Transpose", "MatMul", "Softmax", "QuantizeLinear"),
+        attention.lower_attention,
+    ),
     Lowering(("ZeroPadding2D", "ZeroPadding1D"), ("Pad",), shape.lower_pad),
     Lowering(("Cropping2D", "Cropping1D"), ("Slice",), shape.lower_cropping),
     Lowering(
@@ -127,6 +133,16 @@ LOWERINGS: tuple[Lowering, ...] = (
     ),
     Lowering(("LayerNormalization", "LayerNorm"), ("LayerNormalization",), norm.lower_layer_norm),
     Lowering(("RMSNormalization",), ("RMSNormalization",), norm.lower_rms_norm),
+    # keras.ops math and reductions (raw ops, named by class) and Embedding: lowering/math.py
+    Lowering(("Divide", "TrueDivide"), ("Div",), math_ops.lower_divide),
+    Lowering(("Power",), ("Pow",), math_ops.lower_power),
+    Lowering(("Sqrt", "Exp", "Log"), ("Sqrt", "Exp", "Log"), math_ops.lower_unary),
+    Lowering(("Negative",), ("Neg",), math_ops.lower_negative),
+    Lowering(
+        tuple(math_ops.REDUCE_OPS), tuple(math_ops.REDUCE_OPS.values()), math_ops.lower_reduce
+    ),
+    Lowering(("Embedding",), ("Reshape", "LUT", "Concat"), math_ops.lower_embedding),
+    Lowering(rnn.RNN_KINDS, ("GRU", "LSTM", "ReverseSequence", "Reshape"), rnn.lower_rnn),
 )
 
 _BY_OP = {op: entry for entry in LOWERINGS for op in entry.source_ops}
