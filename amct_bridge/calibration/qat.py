@@ -20,6 +20,12 @@ Sidecar rules (the calibration callback's format, ``algorithm: "qat-ema"`` / ``"
   sites clips every site's input at one range, the :func:`union_range` of its sites' ranges:
   the record holds one ``scale_d`` / ``offset_d`` per layer, applied at every site.
 
+Power-of-two QAT (``power_of_two=True``, docs/qat.md): every tensor the ESP-DL chip holds gets
+one power-of-two quantizer, at its producer (:func:`pow2_plan` says which node quantizes
+what, from the graph); a quantized layer's entry is ``scale_d = 2^e_in``, ``offset_d = 0``,
+``scale_w = [2^e_w]`` (:func:`pow2_factors`) and each tensor's sidecar range is the range
+whose export exponent is the trained one (:func:`pow2_tensor_range`).
+
 Example:
     >>> clipped(TensorRange(-1.0, 9.0), TensorRange(0.0, 6.0)).to_dict()
     {'min': 0.0, 'max': 6.0, 'observed_min': -1.0, 'observed_max': 9.0}
@@ -36,7 +42,8 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 from numpy.typing import ArrayLike
 
@@ -45,16 +52,20 @@ from amct_bridge.errors import QuantError, ValidationError
 from amct_bridge.graph.ir import Graph
 from amct_bridge.quant.arq import arq_scales
 from amct_bridge.quant.factors import FLT_EPSILON, activation_factors, raw_activation_scale
-from amct_bridge.quant.qat import DST_TYPES
+from amct_bridge.quant.qat import DST_TYPES, keeps_values, pow2_range, weight_exponent
 from amct_bridge.records import dumps, validate
 from amct_bridge.records.calibration import CalibrationStats, TensorRange
 from amct_bridge.records.model import LayerFactors, Record
 
 __all__ = [
+    "Pow2Plan",
     "algorithm_name",
     "call_sites",
     "clipped",
     "layer_factors",
+    "pow2_factors",
+    "pow2_plan",
+    "pow2_tensor_range",
     "shared_layers",
     "site_names",
     "tensor_range",
@@ -193,14 +204,179 @@ def layer_factors(
     return f
 
 
-def algorithm_name(modes: set[str] | list[str]) -> str:
+def algorithm_name(modes: set[str] | list[str], *, power_of_two: bool = False) -> str:
     """The sidecar's ``algorithm`` for the activation range modes used.
 
     Example:
-        >>> algorithm_name({"ema"})
-        'qat-ema'
+        >>> algorithm_name({"ema"}), algorithm_name({"learned"}, power_of_two=True)
+        ('qat-ema', 'qat-pow2-learned')
     """
-    return "qat-" + ",".join(sorted(set(modes)))
+    return ("qat-pow2-" if power_of_two else "qat-") + ",".join(sorted(set(modes)))
+
+
+# --- power-of-two QAT ---------------------------------------------------------------------------
+
+#: Layer kinds that join tensors at one exponent: the ESP-DL v3 export requantizes each input to
+#: the output's exponent (``RequantizeLinear``) before the integer Add / Sub / Concat.
+REQUANTIZING: frozenset[str] = frozenset({"Add", "Subtract", "Concatenate"})
+#: Activations a quantized layer computes inside that the chip fuses (one tensor, no
+#: pre-activation tensor of its own).
+FUSED_ACTIVATIONS: frozenset[str] = frozenset({"linear", "relu", ""})
+
+
+def _is_softmax(kind: str, params: Mapping) -> bool:
+    return kind == "Softmax" or params.get("activation") == "softmax"
+
+
+@dataclass
+class Pow2Plan:
+    """Where power-of-two QAT quantizes (node names of the graph IR: a layer's key, ``key@k``
+    for its k-th call).
+
+    Attributes:
+        source: node -> the node whose quantizer holds its output's values: itself (its own
+            quantizer), the quantizer upstream of a value-keeping node (a ReLU after a conv:
+            one tensor, one exponent on the chip), or None (float: a Softmax output, a layer
+            QAT does not wrap).
+        input_source: quantized node -> the quantizer of the tensor it reads, or None when it
+            quantizes its input itself (the model input, a raw op's output).
+        requantize: nodes with a quantizer whose inputs go to the output's exponent first
+            (Add, Subtract, Concatenate, as the export writes them).
+        preactivation: quantized node -> the activation it computes inside that the chip runs
+            as its own node (its pre-activation tensor is not trained: a warning).
+
+    Example:
+        >>> Pow2Plan({"c": "c", "r": "c"}, {"c": None}).own
+        ['c']
+    """
+
+    source: dict[str, str | None] = field(default_factory=dict)
+    input_source: dict[str, str | None] = field(default_factory=dict)
+    requantize: set[str] = field(default_factory=set)
+    preactivation: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def own(self) -> list[str]:
+        """Nodes with a quantizer of their own, in graph order."""
+        return [n for n, src in self.source.items() if src == n]
+
+
+def pow2_plan(
+    graph: Graph,
+    quantized: Iterable[str],
+    observed: Iterable[str],
+    *,
+    identity: Iterable[str] = (),
+    bias_after: Mapping[str, str] | None = None,
+) -> Pow2Plan:
+    """Which node quantizes which tensor in power-of-two QAT: one quantizer per tensor the
+    chip holds, at its producer, so each tensor has one exponent, as on the chip.
+
+    Args:
+        graph: the float model's graph IR.
+        quantized, observed: layer keys wrapped to quantize (conv, dense, average pool) and to
+            observe (activations, Add / Concatenate / Multiply, pools, unfolded BN).
+        identity: layer keys that pass their input on (a BN folded into the layer before).
+        bias_after: quantized node -> the observed node that adds its folded bias (MindSpore's
+            folded BN): the latter quantizes that tensor, the quantized node does not.
+
+    Rules, in graph order: a quantized node quantizes its output (not when ``bias_after``
+    names it) and reads its input from the producer's quantizer, else quantizes the input
+    itself; an observed node keeps its input's quantizer when it keeps values
+    (:func:`amct_bridge.quant.qat.keeps_values`: ReLU, max pools, Flatten...) and that input
+    has one, has none when it is a Softmax nobody reads (float on the chip), else its own; any
+    other node passes its input's quantizer on when it keeps values, else has none.
+
+    Example:
+        >>> from amct_bridge.graph.ir import Graph, Node, TensorInfo
+        >>> g = Graph(tensors={t: TensorInfo((None, 4)) for t in "xabc"}, inputs=["x"])
+        >>> g.add_node(Node("fc", "fc", "Dense", "MatMul", ["x"], ["a"]))
+        >>> g.add_node(Node("relu", "relu", "ReLU", "Relu", ["a"], ["b"]))
+        >>> g.add_node(Node("out", "out", "Dense", "MatMul", ["b"], ["c"]))
+        >>> plan = pow2_plan(g, ["fc", "out"], ["relu"])
+        >>> plan.own, plan.source["relu"], plan.input_source
+        (['fc', 'out'], 'fc', {'fc': None, 'out': 'fc'})
+    """
+    quantized, observed, identity = set(quantized), set(observed), set(identity)
+    bias_after = dict(bias_after or {})
+    plan = Pow2Plan()
+    for node in graph.nodes:
+        producer = graph.producer_of(node.inputs[0]) if node.inputs else None
+        upstream = plan.source.get(producer.name) if producer is not None else None
+        read = any(graph.consumers_of(t) for t in node.outputs)
+        if node.layer in quantized:
+            plan.input_source[node.name] = upstream
+            act = str(node.params.get("activation") or "")
+            if act not in FUSED_ACTIVATIONS:
+                plan.preactivation[node.name] = act
+            float_out = _is_softmax(node.kind, node.params) and not read
+            own = node.name not in bias_after and not float_out
+            plan.source[node.name] = node.name if own else None
+        elif node.layer in observed:
+            if keeps_values(node.kind, node.params) and upstream is not None:
+                plan.source[node.name] = upstream
+            elif _is_softmax(node.kind, node.params) and not read:
+                plan.source[node.name] = None
+            else:
+                plan.source[node.name] = node.name
+                if node.kind in REQUANTIZING and len(node.inputs) > 1:
+                    plan.requantize.add(node.name)
+        elif node.layer in identity or keeps_values(node.kind, node.params):
+            plan.source[node.name] = upstream
+        else:
+            plan.source[node.name] = None
+    return plan
+
+
+def pow2_tensor_range(exponent: int, lo: float, hi: float, seen: float) -> TensorRange | None:
+    """The sidecar range of a tensor trained at ``exponent``: :func:`amct_bridge.quant.qat.
+    pow2_range` (from 0 when the tensor's EMA ``[lo, hi]`` never went below 0), the EMA as
+    ``observed_min`` / ``observed_max``; None when no training batch reached it.
+
+    Example:
+        >>> pow2_tensor_range(-4, 0.0, 5.1, 3).to_dict()
+        {'min': 0.0, 'max': 7.9375, 'observed_min': 0.0, 'observed_max': 5.1}
+    """
+    if seen <= 0:
+        return None
+    low, high = pow2_range(exponent, negative=float(lo) < 0.0)
+    return TensorRange(low, high, float(lo), float(hi))
+
+
+def pow2_factors(
+    key: str,
+    exponent: int,
+    seen: float,
+    kernel: ArrayLike | None = None,
+    *,
+    skip_fusion: bool | None = None,
+    part: str = "input",
+) -> LayerFactors:
+    """The QAT record entry of one part trained with power-of-two exponents: ``scale_d =
+    2^e_in``, ``offset_d = 0``, ``scale_w = [2^e_w]`` (one: per tensor, ``e_w`` the export's
+    automatic exponent of the kernel, :func:`amct_bridge.quant.qat.weight_exponent`),
+    ``dst_type`` INT8.
+
+    Raises:
+        QuantError: the input was never observed (``seen <= 0``).
+
+    Example:
+        >>> import numpy as np
+        >>> f = pow2_factors("fc", -5, 3, np.float32([[1.0, -0.5]]))
+        >>> f.scale_d, f.offset_d, f.scale_w, f.dst_type
+        (0.03125, 0, [0.015625], 'INT8')
+    """
+    if seen <= 0:
+        raise QuantError(
+            f"layer {key!r}: its {part} range was never observed; train at least one step first"
+        )
+    f = LayerFactors(scale_d=2.0 ** int(exponent), offset_d=0, dst_type="INT8")
+    if kernel is not None:
+        f.scale_w = [2.0 ** weight_exponent(kernel)]
+        f.offset_w = [0]
+        if skip_fusion:
+            f.skip_fusion = True
+    return f
 
 
 def write_qat_outputs(

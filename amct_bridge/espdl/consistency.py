@@ -14,6 +14,7 @@ Example:
     >>> check_scale_w("c", LayerFactors(scale_w=[1 / 127, 0.5 / 128]), w, 3)  # fits: None
     >>> print(check_scale_w("c", LayerFactors(scale_w=[0.02]), w, 3))  # doctest: +ELLIPSIS
     layer 'c': record scale_w differs from the model's (folded) weights by up to 154%: ...
+    >>> check_scale_w("c", LayerFactors(scale_w=[2.0**-6]), w, 3)  # power-of-two QAT: None
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 
 from amct_bridge.errors import ExportError
 from amct_bridge.quant.arq import row_scales
+from amct_bridge.quant.espdl import auto_exponent
 from amct_bridge.records.model import LayerFactors
 
 #: Relative difference above which scale_w and the weights are said to disagree.
@@ -60,6 +62,8 @@ def check_scale_w(
             f"layer {name!r}: record has {scales.size} scale_w values but the layer has {channels} "
             "output channels: was the record made for this model?"
         )
+    if scales.size == 1 and scales[0] == 2.0 ** auto_exponent(filt, 8):
+        return None  # power-of-two QAT (docs/qat.md): 2^e, the filter's own ESP-DL exponent
     # a QAT record's dst_type (INT4) sets the weights' grid; otherwise AMCT's INT8 weights
     bits = 4 if (factors.dst_type or "").upper() == "INT4" else 8
     ref = arq_scales(filt, None if scales.size == 1 else axis, bits)

@@ -28,6 +28,7 @@ _LAZY = {
     "FoldedBatchNorm": "amct_bridge.keras.qat.layers",
     "QATObserve": "amct_bridge.keras.qat.layers",
     "QATQuant": "amct_bridge.keras.qat.layers",
+    "link_quantizers": "amct_bridge.keras.qat.model",
     "qat_record": "amct_bridge.keras.qat.model",
     "quantize_aware": "amct_bridge.keras.qat.model",
     "save_qat_record": "amct_bridge.keras.qat.model",

@@ -36,6 +36,7 @@ from amct_bridge.errors import QuantError
 from amct_bridge.keras.layers import class_name, quant_parts
 from amct_bridge.quant.factors import FLT_EPSILON, quant_limits
 from amct_bridge.quant.layouts import LAYOUTS
+from amct_bridge.quant.qat import LOG2_T_MAX, LOG2_T_MIN, log2_qmax
 
 
 def divide_exact(a, b):
@@ -155,6 +156,111 @@ def arq_fake_quant(kernel, layout: str, bits: int, *, channel_wise: bool):
     """
     scale = ops.stop_gradient(arq_scale(kernel, layout, bits, channel_wise=channel_wise))
     return fake_quant(kernel, scale, 0.0, bits)
+
+
+# --- power-of-two fake quantization (power_of_two=True; amct_bridge.quant.qat's reference) ---
+
+
+def _identity_grad(*args, upstream=None):
+    return args[0] if upstream is None else upstream
+
+
+@ops.custom_gradient
+def _floor_half(x):
+    return ops.floor(x + 0.5), _identity_grad
+
+
+@ops.custom_gradient
+def _ceil(x):
+    return ops.ceil(x), _identity_grad
+
+
+def round_half_up_ste(x):
+    """``floor(x + 0.5)`` (esp32s3's and the C kernels' rounding) with the identity gradient.
+
+    A custom gradient, not ``x + stop_gradient(floor(x + 0.5) - x)``: TF's graph optimizer
+    rewrites that sum (``(x + f) - x``), which is then not ``f`` exactly: seen as 1.7 % of a
+    layer's values one step off the chip's in ``predict`` while eager calls were exact.
+
+    Example:
+        >>> import numpy as np
+        >>> np.asarray(round_half_up_ste(np.float32([0.5, -0.5, 2.49]))).tolist()
+        [1.0, 0.0, 2.0]
+    """
+    return _floor_half(x)
+
+
+def log2_of_absmax(lo, hi):
+    """``log2(max(|lo|, |hi|))`` in float32 within ``[LOG2_T_MIN, LOG2_T_MAX]`` (a threshold's
+    start; :func:`amct_bridge.quant.qat.log2_threshold`), a constant for the gradient.
+
+    Example:
+        >>> float(log2_of_absmax(-4.0, 2.0))
+        2.0
+    """
+    top = ops.maximum(ops.abs(ops.cast(lo, "float32")), ops.abs(ops.cast(hi, "float32")))
+    return ops.stop_gradient(ops.clip(ops.log2(top), LOG2_T_MIN, LOG2_T_MAX))
+
+
+def threshold_exponent(log2_t, bits: int = 8):
+    """The exponent of the threshold ``2^log2_t`` (float32 tensor): ``ceil(log2_t - log2_qmax)``
+    forward (:func:`amct_bridge.quant.qat.threshold_exponent`), gradient 1 (TQT's straight-
+    through ceil), so ``log2_t`` learns through the scale ``2^e``.
+
+    Example:
+        >>> import numpy as np
+        >>> float(threshold_exponent(np.float32(np.log2(6.0))))
+        -4.0
+    """
+    return _ceil(ops.cast(log2_t, "float32") - float(log2_qmax(bits)))
+
+
+def fake_quant_pow2(x, exponent, bits: int = 8):
+    """``clip(round_half_up(x / 2^e), qmin, qmax) * 2^e`` (:func:`amct_bridge.quant.qat.
+    fake_quant_pow2`): STE round, true clip gradient, and through ``2^e`` the gradient TQT
+    gives ``log2 t`` (``round(x/s) - x/s`` inside the range, ``qmin`` / ``qmax`` outside).
+    Computed in float32, returned in ``x``'s dtype; dividing by a power of two is exact.
+
+    Example:
+        >>> import numpy as np
+        >>> np.asarray(fake_quant_pow2(np.float32([0.3, -0.375, 100.0]), -3.0)).tolist()
+        [0.25, -0.375, 15.875]
+    """
+    qmin, qmax = quant_limits(bits)
+    dtype = getattr(x, "dtype", "float32")
+    scale = ops.power(2.0, ops.cast(exponent, "float32"))
+    q = ops.clip(round_half_up_ste(ops.cast(x, "float32") / scale), qmin, qmax)
+    return ops.cast(q * scale, dtype)
+
+
+def weight_exponent(kernel, bits: int = 8):
+    """The export's automatic exponent of a whole kernel (``max |w|`` fits in ``2^(b-1) - 1``
+    steps; 0 for zeros; :func:`amct_bridge.quant.qat.weight_exponent`), exact: float64, the
+    ``log2`` corrected by comparisons. A float32 constant for the gradient.
+
+    Example:
+        >>> import numpy as np
+        >>> [float(weight_exponent(np.float32(k))) for k in ([[0.5, -1.0]], [127.0], [0.0])]
+        [-6.0, 0.0, 0.0]
+    """
+    qmax = float(quant_limits(bits)[1])
+    top = ops.cast(ops.max(ops.abs(ops.stop_gradient(kernel))), "float64")
+    safe = ops.maximum(top, 1e-300)
+    e = ops.ceil(ops.log2(safe / qmax))
+    e = ops.where(top > qmax * ops.power(2.0, e), e + 1.0, e)  # log2 an ulp low
+    e = ops.where(top <= qmax * ops.power(2.0, e - 1.0), e - 1.0, e)  # an ulp high
+    return ops.cast(ops.where(top > 0, e, 0.0), "float32")
+
+
+def pow2_weight_fake_quant(kernel, bits: int = 8):
+    """A kernel fake-quantized at its :func:`weight_exponent` (per tensor; STE on the kernel).
+
+    Example:
+        >>> import numpy as np
+        >>> np.asarray(pow2_weight_fake_quant(np.float32([1.0, 0.3, -0.01]))).tolist()
+        [1.0, 0.296875, -0.015625]
+    """
+    return fake_quant_pow2(kernel, weight_exponent(kernel, bits), bits)
 
 
 # --- the per-layer table ------------------------------------------------------------------------
@@ -282,9 +388,17 @@ def layer_spec(layer: keras.layers.Layer) -> LayerSpec | None:
     )
 
 
-def finish(layer: keras.layers.Layer, y):
-    """Add ``layer``'s bias and apply its activation to the output ``y`` of its linear op."""
+def finish(layer: keras.layers.Layer, y, bias_exponent=None):
+    """Add ``layer``'s bias and apply its activation to the output ``y`` of its linear op.
+
+    ``bias_exponent`` (power-of-two QAT: ``e_in + e_w``): the bias as the chip stores it,
+    rounded half up to that grid (not clipped: int32; STE).
+    """
     bias = getattr(layer, "bias", None)
+    if bias is not None and bias_exponent is not None:
+        scale = ops.power(2.0, ops.cast(bias_exponent, "float32"))
+        grid = round_half_up_ste(ops.cast(bias, "float32") / scale) * scale
+        bias = ops.cast(grid, bias.dtype)  # mixed precision: back to the compute dtype
     if bias is not None:
         if getattr(layer, "data_format", "channels_last") == "channels_first":
             bias = ops.reshape(bias, (1, -1) + (1,) * (len(y.shape) - 2))

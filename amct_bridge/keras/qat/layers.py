@@ -14,6 +14,13 @@ every node keeps its own range, named ``relu``, ``relu@1``... as the calibration
 them. A quantized layer at several nodes keeps a range per node too but clips every node at
 their union (``learned``: one range): the record holds one scale_d / offset_d per layer.
 
+With ``power_of_two=True`` (docs/qat.md, "Power-of-two QAT") a tensor's quantizer is a
+threshold ``t`` (a ``<tensor>_log2t`` weight holding ``log2 t``; trainable, TQT, or set from the
+EMA) whose exponent ``ceil(log2 t - log2 127)`` gives the scale ``2^e``; :class:`QATQuant`
+quantizes its input (unless ``input_source`` names the node whose quantizer already did),
+its kernels (per tensor, the export's exponent) and its output; :class:`QATObserve` quantizes
+its output when ``quantize_output`` (requantizing an Add's inputs first when ``requantize``).
+
 Example:
     >>> import keras
     >>> QATQuant(keras.layers.Dense(2), dst_type="INT4", name="fc").dst_type
@@ -30,11 +37,16 @@ from amct_bridge.calibration.qat import layer_factors, union_range
 from amct_bridge.errors import QuantError
 from amct_bridge.keras.qat.fake_quant import (
     arq_fake_quant,
+    fake_quant_pow2,
     fake_quant_range,
     finish,
     layer_spec,
+    log2_of_absmax,
+    threshold_exponent,
+    weight_exponent,
 )
-from amct_bridge.quant.qat import RANGE_MODES, check_options
+from amct_bridge.quant.qat import RANGE_MODES, THRESHOLD_WARMUP, check_options
+from amct_bridge.quant.qat import threshold_exponent as _exponent
 from amct_bridge.records.model import LayerFactors
 
 __all__ = ["RANGE_MODES", "FoldedBatchNorm", "QATObserve", "QATQuant"]
@@ -170,6 +182,99 @@ def range_values(variables) -> list[tuple[float, float, float]]:
     return [(float(a), float(b), float(c)) for a, b, c in zip(lo, hi, seen, strict=True)]
 
 
+def add_threshold_weight(layer: keras.layers.Layer, name: str, *, trainable: bool):
+    """The ``log2 t`` weight of one power-of-two quantizer of ``layer`` (``<name>_log2t``).
+
+    Example:
+        >>> # used by QATQuant.build and QATObserve.build with power_of_two
+    """
+    return layer.add_weight(
+        name=f"{name}_log2t",
+        shape=(),
+        initializer="zeros",
+        trainable=trainable,
+        aggregation="mean",
+        autocast=False,
+    )
+
+
+def track_pow2(x, lo_var, hi_var, seen, log2t, decay: float, learned: bool):
+    """One training step of a power-of-two quantizer: the EMA of ``x``'s min/max moves (the
+    sidecar's ``observed_min`` / ``observed_max``) and ``log2 t`` is, learned, the mean of
+    the first ``THRESHOLD_WARMUP`` batches' ``log2 max|x|`` then the trained weight (its
+    gradient flows back through the returned value), or, ``ema``, ``log2`` of the EMA's
+    ``max(|lo|, |hi|)``. Returns ``log2 t``.
+
+    Example:
+        >>> # see QATQuant with power_of_two
+    """
+    n = ops.cast(seen, "float32")  # batches seen before this one
+    batch_t = log2_of_absmax(ops.min(x), ops.max(x))
+    lo, hi = track_ema(x, lo_var, hi_var, seen, decay)
+    if not learned:
+        t = log2_of_absmax(lo, hi)
+        log2t.assign(t)
+        return t
+    # the running mean of the first batches' log2 max|x| (THRESHOLD_WARMUP), then trained
+    t = ops.where(n < THRESHOLD_WARMUP, log2t + (batch_t - log2t) / (n + 1.0), log2t)
+    log2t.assign(ops.stop_gradient(t))
+    return log2t + ops.stop_gradient(t - log2t)
+
+
+def track_start(log2t, variables, lo: float, hi: float) -> None:
+    """Start a power-of-two quantizer at the range ``[lo, hi]`` (``init_record``): ``log2 t``
+    from its absolute maximum, the EMA at it, counted as the threshold's warm-up batches (the
+    calibration is its start).
+
+    Example:
+        >>> # quantize_aware(model, power_of_two=True, init_record="ptq.txt")
+    """
+    from amct_bridge.quant.qat import log2_threshold
+
+    log2t.assign(np.float32(log2_threshold(lo, hi)))
+    lo_var, hi_var, seen = variables
+    lo_var.assign(np.full(lo_var.shape, lo, np.float32))
+    hi_var.assign(np.full(hi_var.shape, hi, np.float32))
+    seen.assign(np.full(seen.shape, float(THRESHOLD_WARMUP), np.float32))
+
+
+def exponent_of(log2t) -> int:
+    """The exponent a ``log2 t`` weight gives (float32 arithmetic, as the graph computes it).
+
+    Example:
+        >>> exponent_of(np.float32(np.log2(6.0)))
+        -4
+    """
+    return _exponent(float(np.asarray(log2t)))
+
+
+def quantize_pow2(
+    x,
+    variables,
+    log2t,
+    training,
+    *,
+    decay: float,
+    learned: bool,
+    bits: int = 8,
+    with_exponent: bool = False,
+):
+    """``x`` fake-quantized by one power-of-two quantizer (``variables``: its EMA ``(lo, hi,
+    seen)``); in inference before any training step ``x`` passes unchanged. With
+    ``with_exponent``: ``(y, e)``, ``e`` a constant for the gradient (a bias's grid).
+
+    Example:
+        >>> # see QATQuant / QATObserve with power_of_two
+    """
+    if training:
+        e = threshold_exponent(track_pow2(x, *variables, log2t, decay, learned), bits)
+        y = fake_quant_pow2(x, e, bits)
+    else:
+        e = threshold_exponent(log2t, bits)
+        y = ops.where(variables[2] > 0, fake_quant_pow2(x, e, bits), x)
+    return (y, ops.stop_gradient(e)) if with_exponent else y
+
+
 @keras.saving.register_keras_serializable(package="amct_bridge")
 class QATObserve(keras.layers.Wrapper):
     """Runs its layer unchanged and, while training, tracks an EMA of the output's min/max.
@@ -178,22 +283,49 @@ class QATObserve(keras.layers.Wrapper):
     (Add, Concatenate, pools) and unfolded BatchNormalization in it: the QAT sidecar needs their
     output ranges for the ESP-DL export. :func:`~amct_bridge.keras.qat.strip_qat` unwraps them.
 
+    Power-of-two QAT (``quantize_output``, one call site): the output is fake-quantized with
+    a learned (``activation_range="learned"``) or EMA threshold; ``requantize`` (Add,
+    Subtract, Concatenate) fake-quantizes each input at the output's exponent first, as the
+    chip requantizes them. ``sources``: per call site, the node whose quantizer holds this
+    layer's output values (a ReLU after a conv: the conv), for the sidecar.
+
     Example:
         >>> QATObserve(keras.layers.ReLU(), name="relu").name
         'relu'
     """
 
-    def __init__(self, layer, ema_decay=0.99, sites=1, **kwargs):
+    def __init__(
+        self,
+        layer,
+        ema_decay=0.99,
+        sites=1,
+        quantize_output=False,
+        requantize=False,
+        activation_range="ema",
+        sources=None,
+        **kwargs,
+    ):
         super().__init__(layer, **kwargs)
         self.ema_decay = float(ema_decay)
         self.sites = int(sites)
+        self.quantize_output = bool(quantize_output)
+        self.requantize = bool(requantize)
+        self.activation_range = activation_range
+        self.sources = None if sources is None else list(sources)
+        if self.quantize_output and self.sites > 1:
+            raise QuantError(f"layer {layer.name!r}: power-of-two quantizer at several nodes")
 
     def build(self, input_shape=None):
         super().build(input_shape)
         self.output_range = add_range_weights(self, "output", trainable=False, sites=self.sites)
         self.calls = add_call_counter(self, self.sites)
+        if self.quantize_output:
+            learned = self.activation_range == "learned"
+            self.output_log2t = add_threshold_weight(self, "output", trainable=learned)
 
     def call(self, inputs, training=None, **kwargs):
+        if self.quantize_output:
+            return self._call_pow2(inputs, training, **kwargs)
         y = self.layer(inputs, training=training, **kwargs)
         if training and self.sites > 1:
             _, hot = next_site(self.calls, self.sites)
@@ -202,11 +334,41 @@ class QATObserve(keras.layers.Wrapper):
             track_ema(y, *self.output_range, self.ema_decay)
         return y
 
+    def _call_pow2(self, inputs, training, **kwargs):
+        y = self.layer(inputs, training=training, **kwargs)
+        learned = self.activation_range == "learned"
+        if training:
+            t = track_pow2(y, *self.output_range, self.output_log2t, self.ema_decay, learned)
+        else:
+            t = self.output_log2t
+        e = threshold_exponent(t)
+        if self.requantize and isinstance(inputs, (list, tuple)):
+            # the chip's RequantizeLinear: each input at the output's exponent, then the op
+            y = self.layer([fake_quant_pow2(v, e) for v in inputs], training=training, **kwargs)
+        out = fake_quant_pow2(y, e)
+        return out if training else ops.where(self.output_range[2] > 0, out, y)
+
+    def exponent(self) -> int:
+        """The power-of-two exponent of the output (``quantize_output``).
+
+        Example:
+            >>> # qat.get_layer("swish").exponent()
+        """
+        return exponent_of(self.output_log2t)
+
     def compute_output_shape(self, input_shape):
         return self.layer.compute_output_shape(input_shape)
 
     def get_config(self):
-        return {**super().get_config(), "ema_decay": self.ema_decay, "sites": self.sites}
+        return {
+            **super().get_config(),
+            "ema_decay": self.ema_decay,
+            "sites": self.sites,
+            "quantize_output": self.quantize_output,
+            "requantize": self.requantize,
+            "activation_range": self.activation_range,
+            "sources": self.sources,
+        }
 
 
 @keras.saving.register_keras_serializable(package="amct_bridge")
@@ -224,6 +386,12 @@ class QATQuant(keras.layers.Wrapper):
         sites: nodes of the model that call this layer (module docstring): each keeps its own
             output EMA and (``ema``) input EMA; every node clips at the union of the input
             EMAs (``learned``: one range, started at the union of the first step's nodes).
+        power_of_two: ESP-DL's power-of-two format (module docstring): symmetric int8,
+            thresholds learned (``learned``) or from the EMA, kernels per tensor.
+        input_source: power_of_two: the node whose quantizer already quantized this layer's
+            input (it then passes as it is), None: this layer quantizes it.
+        quantize_output: power_of_two: quantize the output too (off for a Softmax nobody
+            reads: float on the chip).
 
     Example:
         >>> import keras
@@ -241,12 +409,22 @@ class QATQuant(keras.layers.Wrapper):
         channel_wise=True,
         skip_fusion=None,
         sites=1,
+        power_of_two=False,
+        input_source=None,
+        quantize_output=True,
         **kwargs,
     ):
         super().__init__(layer, **kwargs)
         self.sites = int(sites)
         self.site_input = self.sites > 1 and activation_range == "ema"
-        self.bits = check_options(dst_type, activation_range, ema_decay)
+        self.bits = check_options(
+            dst_type, activation_range, ema_decay, power_of_two=bool(power_of_two)
+        )
+        self.power_of_two = bool(power_of_two)
+        self.input_source = input_source
+        self.quantize_output = bool(quantize_output)
+        if self.power_of_two and self.sites > 1:
+            raise QuantError(f"layer {layer.name!r}: power_of_two at several nodes")
         self.dst_type = dst_type
         self.activation_range = activation_range
         self.ema_decay = float(ema_decay)
@@ -260,19 +438,26 @@ class QATQuant(keras.layers.Wrapper):
     def build(self, input_shape=None):
         super().build(input_shape)
         trainable = self.activation_range == "learned"
+        ranges_trainable = trainable and not self.power_of_two  # power of two: log2t instead
         # a separable conv (1-D or 2-D: two kernels) also clips its depthwise output
         names = ["input"] + (["mid"] if len(self.spec.kernels) > 1 else [])
         per_site = self.sites if self.site_input else 1
         self.ranges = {
-            name: add_range_weights(self, name, trainable=trainable, sites=per_site)
+            name: add_range_weights(self, name, trainable=ranges_trainable, sites=per_site)
             for name in names
         }
         # The output range is only observed (EMA, never a clip): the ESP-DL export needs it in
         # the sidecar (a chain output feeding an Add, the model output); see qat.sidecar.
         self.output_range = add_range_weights(self, "output", trainable=False, sites=self.sites)
         self.calls = add_call_counter(self, self.sites)
+        if self.power_of_two:  # EMAs above stay (sidecar, batches); thresholds besides
+            own = names if self.input_source is None else names[1:]  # else its producer's
+            tracked = own + (["output"] if self.quantize_output else [])
+            self.log2t = {n: add_threshold_weight(self, n, trainable=trainable) for n in tracked}
 
     def call(self, inputs, training=None):
+        if self.power_of_two:
+            return self._call_pow2(inputs, training)
         site = hot = None
         if training and self.sites > 1:
             site, hot = next_site(self.calls, self.sites)
@@ -292,6 +477,55 @@ class QATQuant(keras.layers.Wrapper):
         elif training:
             track_ema(y, *self.output_range, self.ema_decay)
         return y
+
+    def _call_pow2(self, inputs, training):
+        learned = self.activation_range == "learned"
+        grid = {}  # exponent of each quantized input ("input", "mid"), for the bias
+
+        def quantize(v, name):
+            y, grid[name] = quantize_pow2(
+                v, self.ranges[name], self.log2t[name], training,
+                decay=self.ema_decay, learned=learned, with_exponent=True,
+            )  # fmt: skip
+            return y
+
+        if self.input_source is None:
+            x = quantize(inputs, "input")
+        else:  # already on its producer's grid: only its EMA (the sidecar's observed range)
+            if training:
+                track_ema(inputs, *self.ranges["input"], self.ema_decay)
+            x = inputs
+            source = getattr(self, "_source_log2t", None)  # link_quantizers
+            if source is not None:
+                grid["input"] = ops.stop_gradient(threshold_exponent(source))
+        if self.spec.op is None:  # average pooling
+            y = self.layer(x)
+        else:
+            kernels, e_w = {}, None
+            for attr, _ in self.spec.kernels:
+                kernel = getattr(self.layer, attr)
+                e_w = weight_exponent(kernel)
+                kernels[attr] = fake_quant_pow2(kernel, e_w)
+            y = self.spec.op(self.layer, x, kernels, lambda v: quantize(v, "mid"))
+            e_in = grid.get("mid" if "mid" in self.ranges else "input")
+            y = finish(self.layer, y, None if e_in is None else e_in + e_w)
+        if self.quantize_output:
+            return quantize_pow2(
+                y, self.output_range, self.log2t["output"], training,
+                decay=self.ema_decay, learned=learned,
+            )  # fmt: skip
+        if training:
+            track_ema(y, *self.output_range, self.ema_decay)
+        return y
+
+    def exponent(self, name: str) -> int:
+        """The power-of-two exponent tensor ``name`` ("input", "mid", "output") is quantized at
+        (:func:`amct_bridge.quant.qat.threshold_exponent` of its ``log2 t``).
+
+        Example:
+            >>> # qat.get_layer("conv").exponent("output")
+        """
+        return exponent_of(self.log2t[name])
 
     def _quantize_activation(self, x, name, training, site=None, hot=None):
         lo_var, hi_var, seen = self.ranges[name]
@@ -361,6 +595,9 @@ class QATQuant(keras.layers.Wrapper):
             "channel_wise": self.channel_wise,
             "skip_fusion": self.skip_fusion,
             "sites": self.sites,
+            "power_of_two": self.power_of_two,
+            "input_source": self.input_source,
+            "quantize_output": self.quantize_output,
         }
 
     def factors(self, key: str) -> dict[str, LayerFactors]:

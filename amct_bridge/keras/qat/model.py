@@ -32,6 +32,12 @@ range for the sidecar the ESP-DL export reads. A layer called at several nodes o
 (one ReLU layer used twice) keeps a range per node, named ``relu``, ``relu@1``... in the sidecar
 as in the calibration sidecar (:mod:`amct_bridge.keras.qat.layers`).
 
+``power_of_two=True`` trains with ESP-DL's format instead (docs/qat.md, "Power-of-two QAT"):
+every tensor the chip holds gets one symmetric int8 quantizer with scale ``2^e``, ``e`` from a
+learned threshold (TQT) or the EMA, placed by :func:`amct_bridge.calibration.qat.pow2_plan`;
+kernels per tensor at the export's own exponent. The record and sidecar then carry ranges
+whose export exponents are exactly the trained ones.
+
 Example:
     >>> import keras, numpy as np
     >>> m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="fc")])
@@ -50,12 +56,19 @@ import os
 import keras
 import numpy as np
 
-from amct_bridge.calibration.qat import call_sites, shared_layers, write_qat_outputs
+from amct_bridge.calibration.qat import (
+    call_sites,
+    pow2_factors,
+    pow2_plan,
+    shared_layers,
+    write_qat_outputs,
+)
 from amct_bridge.errors import QuantError
-from amct_bridge.keras.layers import is_activation, is_batch_norm, is_runtime
+from amct_bridge.keras.layers import class_name, is_activation, is_batch_norm, is_runtime
+from amct_bridge.keras.plan import walk_layers
 from amct_bridge.keras.qat.fake_quant import layer_spec
 from amct_bridge.keras.qat.layers import RANGE_MODES, FoldedBatchNorm, QATObserve, QATQuant
-from amct_bridge.keras.qat.sidecar import qat_stats
+from amct_bridge.keras.qat.sidecar import input_quantizer, pow2_quantizers, qat_stats
 from amct_bridge.keras.qat.strip import strip_qat
 from amct_bridge.keras.rewrite import (
     batchnorm_after,
@@ -76,6 +89,7 @@ __all__ = [
     "FoldedBatchNorm",
     "QATObserve",
     "QATQuant",
+    "link_quantizers",
     "qat_record",
     "qat_stats",
     "quantize_aware",
@@ -95,24 +109,30 @@ def _warn_float_layers(model: keras.Model, quantizable: set[str]) -> None:
     warn_unquantized(unquantized_layers(desc, quantizable), tuple(QUANTIZABLE))
 
 
+#: Keras layers power-of-two QAT observes besides the calibration's (their outputs are chip
+#: tensors with an exponent of their own: the SE block's gating, a difference).
+POW2_OBSERVED: frozenset[str] = frozenset({"Multiply", "Subtract"})
+
+
 def quantize_aware(
     model: keras.Model,
     dst_type: str = "INT8",
     *,
-    activation_range: str = "ema",
+    activation_range: str | None = None,
     ema_decay: float = 0.99,
     activation_offset: bool = True,
     channel_wise: bool = True,
     skip_layers: tuple[str, ...] | list[str] = (),
     fold_batchnorm: bool = True,
     init_record: Record | str | os.PathLike | None = None,
+    power_of_two: bool = False,
 ) -> keras.Model:
     """A trainable copy of ``model`` with fake-quantized inputs and kernels (module docstring).
 
     Args:
         model: a built Sequential or functional model (nested models allowed). Not modified.
         dst_type: "INT8" (default) or "INT4": bit width of activations and weights.
-        activation_range: "ema" (default) or "learned".
+        activation_range: "ema" or "learned"; default "ema", "learned" with ``power_of_two``.
         ema_decay: EMA momentum for ``activation_range="ema"`` (default 0.99).
         activation_offset: asymmetric activation factors (AMCT default True).
         channel_wise: per-output-channel weight scales for convolutions (AMCT default True).
@@ -121,7 +141,16 @@ def quantize_aware(
         init_record: a PTQ record (path or Record, Keras-keyed): its scale_d / offset_d set the
             starting input ranges, so the first training step already quantizes with
             calibrated ranges (AMCT's ``UlqInitializer(record)``); layers it omits start from
-            their first batch.
+            their first batch. With ``power_of_two`` its sidecar (``<record>.calib.json``, if
+            there) also starts every output threshold at its calibrated range.
+        power_of_two: train with ESP-DL's power-of-two format (docs/qat.md): symmetric int8,
+            scale ``2^e`` with ``e = ceil(log2 t - log2 127)`` of a threshold ``t`` per tensor
+            (TQT: ``log2 t`` trained through the straight-through ceil, or set from the EMA
+            with ``activation_range="ema"``), at every tensor the chip holds (layer inputs,
+            outputs, activations, Add / Multiply / pools), kernels per tensor at the export's
+            automatic exponent, rounding half up (esp32s3, C kernels). ``activation_offset``
+            and ``channel_wise`` do not apply. The ESP-DL export then reproduces the trained
+            quantization.
 
     Returns:
         An uncompiled ``keras.Model``; compile and ``fit`` it, then :func:`save_qat_record`.
@@ -133,7 +162,9 @@ def quantize_aware(
     Example:
         >>> qat = quantize_aware(model, dst_type="INT4", skip_layers=["logits"])  # doctest: +SKIP
     """
-    check_options(dst_type, activation_range, ema_decay)
+    if activation_range is None:
+        activation_range = "learned" if power_of_two else "ema"
+    check_options(dst_type, activation_range, ema_decay, power_of_two=power_of_two)
     layers = quantizable_layers(model)
     unknown = sorted(set(skip_layers) - set(layers))
     if unknown:
@@ -149,9 +180,10 @@ def quantize_aware(
     from amct_bridge.keras.graph import extract_graph
 
     try:
-        sites = call_sites(extract_graph(model))  # layer key -> its nodes' names, if several
+        graph = extract_graph(model)
     except GraphError:
-        sites = {}  # an unbuilt or subclassed model: clone_with below says why it cannot
+        graph = None  # an unbuilt or subclassed model: clone_with below says why it cannot
+    sites = call_sites(graph)  # layer key -> its nodes' names, if several
     shared_quantized = shared_layers(sites, sorted(chosen))
     if shared_quantized:
         log.warning(
@@ -172,17 +204,33 @@ def quantize_aware(
         dst_type=dst_type,
         activation_range=activation_range,
         ema_decay=ema_decay,
-        activation_offset=activation_offset,
-        channel_wise=channel_wise,
+        activation_offset=activation_offset and not power_of_two,
+        channel_wise=channel_wise and not power_of_two,
     )
+
+    everything = walk_layers(model)
+    observed = {
+        k
+        for k, layer in everything.items()
+        if k not in chosen
+        and id(layer) not in folded
+        and (_observed(layer) or k in layers or (power_of_two and _pow2_observed(layer)))
+    }
+    roles = {}
+    if power_of_two:
+        folded_keys = {k for k, layer in everything.items() if id(layer) in folded}
+        roles = _pow2_roles(model, graph, chosen, observed, folded_keys, sites, activation_range)
 
     def make_layer(key, layer):
         if id(layer) in folded:
             return FoldedBatchNorm(name=layer.name)
         n = len(sites.get(key, [key]))
         # its output range goes to the sidecar (a skip_layers layer too: the export needs it)
-        if key not in chosen and (_observed(layer) or key in layers):
-            return QATObserve(plain_copy(layer), ema_decay=ema_decay, sites=n, name=layer.name)
+        if key in observed:
+            return QATObserve(
+                plain_copy(layer), ema_decay=ema_decay, sites=n, name=layer.name,
+                **roles.get(key, {}),
+            )  # fmt: skip
         if key not in chosen:
             return plain_copy(layer)
         config = layer.get_config()
@@ -190,7 +238,8 @@ def quantize_aware(
             config["use_bias"] = True
         skip = True if key in bns and not fold_batchnorm else None
         inner = layer.__class__.from_config(config)
-        return QATQuant(inner, skip_fusion=skip, sites=n, name=layer.name, **options)
+        extra = roles.get(key, {})
+        return QATQuant(inner, skip_fusion=skip, sites=n, name=layer.name, **options, **extra)
 
     clone, pairs = clone_with(model, make_layer)
     for key, (orig, new) in pairs.items():
@@ -201,8 +250,74 @@ def quantize_aware(
         elif orig.weights and id(orig) not in folded:
             copy_weights(orig, new)
     if init_record is not None:
-        _init_ranges(clone, init_record)
+        if power_of_two:
+            _init_pow2(clone, init_record)
+        else:
+            _init_ranges(clone, init_record)
+    if power_of_two:
+        link_quantizers(clone)
     return clone
+
+
+def link_quantizers(qat_model: keras.Model) -> keras.Model:
+    """Give each power-of-two QAT layer whose input another layer quantizes (``input_source``)
+    that quantizer's threshold, so its bias is rounded to the chip's grid ``e_in + e_w``.
+    :func:`quantize_aware` does it; a QAT model loaded from ``.keras`` needs it again before
+    it trains or predicts (unlinked, its biases stay float: within a step's fraction
+    ``2^-(mac_shift+1)`` of the chip's). Returns the model.
+
+    Example:
+        >>> # qat = link_quantizers(keras.saving.load_model("qat.keras"))
+    """
+    quantizers = pow2_quantizers(qat_model)
+    for layer in _qat_layers(qat_model).values():
+        if layer.power_of_two and layer.input_source is not None:
+            # not tracked as this layer's weight: it is the producer's
+            object.__setattr__(layer, "_source_log2t", quantizers[layer.input_source][0])
+    return qat_model
+
+
+def _pow2_roles(model, graph, chosen, observed, folded_keys, sites, activation_range) -> dict:
+    """Per layer key, the power-of-two options of its wrapper (:func:`pow2_plan`'s roles);
+    refuses what one exponent per layer cannot train."""
+    if graph is None:
+        raise QuantError(
+            f"power_of_two: model {model.name!r} has no graph (subclassed?): the quantizers "
+            "are placed along the graph"
+        )
+    plan = pow2_plan(graph, chosen, observed, identity=folded_keys)
+    if plan.preactivation:
+        log.warning(
+            "quantize_aware(%s, power_of_two=True): %s compute an activation inside that the "
+            "chip runs as a node of its own: the tensor before it gets the exponent the export "
+            "derives, not a trained one (use a separate Activation layer to train it)",
+            model.name,
+            ", ".join(f"{k!r} ({a})" for k, a in plan.preactivation.items()),
+        )
+    roles: dict[str, dict] = {}
+    for key in sorted(chosen | observed):
+        nodes = sites.get(key, [key])
+        own = [n for n in nodes if plan.source.get(n) == n]
+        if len(nodes) > 1 and (key in chosen or own):
+            raise QuantError(
+                f"power_of_two: layer {key!r} is called at several nodes ({', '.join(nodes)}), "
+                "each needing an exponent of its own, and a layer holds one: give each node a "
+                "layer of its own"
+            )
+        if key in chosen:
+            roles[key] = dict(
+                power_of_two=True,
+                input_source=plan.input_source.get(key),
+                quantize_output=plan.source.get(key) == key,
+            )
+        else:
+            roles[key] = dict(
+                quantize_output=bool(own),
+                requantize=key in plan.requantize,
+                activation_range=activation_range,
+                sources=[plan.source.get(n) for n in nodes],
+            )
+    return roles
 
 
 def _init_ranges(qat_model: keras.Model, init_record: Record | str | os.PathLike) -> None:
@@ -230,6 +345,44 @@ def _init_ranges(qat_model: keras.Model, init_record: Record | str | os.PathLike
         lo_var.assign(np.full(lo_var.shape, lo, np.float32))
         hi_var.assign(np.full(hi_var.shape, hi, np.float32))
         seen.assign(np.full(seen.shape, 1.0, np.float32))
+
+
+def _init_pow2(qat_model: keras.Model, init_record: Record | str | os.PathLike) -> None:
+    """Power-of-two thresholds from a PTQ record (each quantized part's input: the range its
+    scale_d / offset_d encode) and its sidecar when there is one (every quantized output: its
+    calibrated output range), as TQT starts from a calibration."""
+    from amct_bridge.errors import RecordError
+    from amct_bridge.keras.qat.layers import track_start
+    from amct_bridge.records import load
+    from amct_bridge.records.calibration import load_stats, sidecar_path
+
+    record = init_record if isinstance(init_record, Record) else load(init_record)
+    quantizers = pow2_quantizers(qat_model)
+    parts = {}
+    for key, layer in _qat_layers(qat_model).items():
+        for i in range(len(layer.ranges)):  # "input", then "mid" (separable)
+            own = input_quantizer(key, layer, quantizers) if i == 0 else quantizers[f"{key}:mid"]
+            parts[layer.spec.key(key, i)] = own
+    unknown = [k for k in record.layers if k not in parts]
+    if unknown:
+        raise RecordError(
+            f"init_record: keys name no quantized layer of {qat_model.name!r}: {unknown}; "
+            f"quantized: {list(parts)}"
+        )
+    if not isinstance(init_record, Record) and os.path.exists(sidecar_path(init_record)):
+        for node, entry in load_stats(sidecar_path(init_record)).layers.items():
+            if node in quantizers and entry.output is not None:
+                track_start(*quantizers[node], entry.output.min, entry.output.max)
+    for key, f in record.layers.items():
+        if f.scale_d is not None and f.offset_d is not None:
+            lo, hi = record_range(
+                f.scale_d, f.offset_d, bits_of(f.dst_type or f.act_type or "INT8")
+            )
+            track_start(*parts[key], lo, hi)
+
+
+def _pow2_observed(layer: keras.layers.Layer) -> bool:
+    return class_name(layer) in POW2_OBSERVED
 
 
 def _observed(layer: keras.layers.Layer) -> bool:
@@ -287,9 +440,36 @@ def qat_record(qat_model: keras.Model) -> Record:
     if not layers:
         raise QuantError(f"model {qat_model.name!r} has no QAT layer: use quantize_aware(model)")
     record = Record(flavor="inner")
+    quantizers = pow2_quantizers(qat_model) if any(x.power_of_two for x in layers.values()) else {}
     for key, layer in layers.items():
-        record.layers.update(layer.factors(key))
+        if layer.power_of_two:
+            record.layers.update(_pow2_factors(key, layer, quantizers))
+        else:
+            record.layers.update(layer.factors(key))
     return record
+
+
+def _pow2_factors(key: str, layer: QATQuant, quantizers: dict) -> dict:
+    """Record entries of a power-of-two QAT layer (a separable conv: two parts)."""
+    from amct_bridge.keras.qat.layers import exponent_of
+
+    inputs = [input_quantizer(key, layer, quantizers)]
+    if "mid" in layer.ranges:
+        inputs.append(quantizers[f"{key}:mid"])
+    attrs = [attr for attr, _ in layer.spec.kernels] or [None]
+    entries = {}
+    for i, ((log2t, rng), attr) in enumerate(zip(inputs, attrs, strict=True)):
+        kernel = None if attr is None else np.asarray(getattr(layer.layer, attr), np.float32)
+        seen = float(np.max(np.asarray(rng[2])))  # batches its quantizer saw
+        entries[layer.spec.key(key, i)] = pow2_factors(
+            key,
+            exponent_of(log2t),
+            seen,
+            kernel,
+            skip_fusion=bool(layer.skip_fusion) and attr == layer.spec.kernels[-1][0],
+            part="mid" if i else "input",
+        )
+    return entries
 
 
 def save_qat_record(qat_model: keras.Model, path: str | os.PathLike) -> Record:

@@ -21,6 +21,11 @@ model) are not layers and get no entry: the exporter then bounds an Add2D by its
 (docs/espdl-export.md). Entries are in execution order; nested models are keyed
 ``"outer/inner"``.
 
+Power-of-two QAT (``power_of_two=True``): every tensor's ``min`` / ``max`` is the range of the
+quantizer that holds it (:func:`amct_bridge.calibration.qat.pow2_tensor_range`: the ESP-DL
+export's rule gives back the trained exponent), its EMA the observed range; a value-keeping
+layer (ReLU, max pool) gets its input quantizer's range, a layer's input its producer's.
+
 Example:
     >>> import keras, numpy as np
     >>> from amct_bridge.keras.qat import quantize_aware
@@ -38,13 +43,25 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from amct_bridge.calibration.qat import algorithm_name, clipped, site_names, tensor_range
+from amct_bridge.calibration.qat import (
+    algorithm_name,
+    clipped,
+    pow2_tensor_range,
+    site_names,
+    tensor_range,
+)
 from amct_bridge.errors import QuantError
 from amct_bridge.keras.layers import class_name
-from amct_bridge.keras.qat.layers import FoldedBatchNorm, QATObserve, QATQuant, range_values
+from amct_bridge.keras.qat.layers import (
+    FoldedBatchNorm,
+    QATObserve,
+    QATQuant,
+    exponent_of,
+    range_values,
+)
 from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange
 
-__all__ = ["qat_stats"]
+__all__ = ["input_quantizer", "pow2_quantizers", "qat_stats"]
 
 
 def _range(variables) -> TensorRange | None:
@@ -80,6 +97,8 @@ def qat_stats(qat_model: keras.Model) -> CalibrationStats:
         >>> stats.layers["relu1"].output.max  # doctest: +SKIP
         3.91
     """
+    if any(isinstance(x, QATQuant) and x.power_of_two for _, x in _walk(qat_model, "")):
+        return _pow2_stats(qat_model)
     stats = CalibrationStats(algorithm="qat", batches=0)
     readers, producer_of = _links(qat_model)
     found: list[QATQuant] = []
@@ -111,6 +130,36 @@ def qat_stats(qat_model: keras.Model) -> CalibrationStats:
     return stats
 
 
+def pow2_quantizers(qat_model: keras.Model) -> dict[str, tuple]:
+    """Node -> ``(log2t weight, (lo, hi, seen) EMA weights)`` of every power-of-two quantizer
+    of a QAT model, by the node whose output it quantizes (a quantized layer's input
+    quantizer under ``"<key>:input"``, a separable conv's depthwise output under
+    ``"<key>:mid"``).
+
+    Example:
+        >>> # pow2_quantizers(qat)["c1"] -> the output quantizer of layer c1
+    """
+    found = {}
+    for key, layer in _walk(qat_model, ""):
+        if isinstance(layer, QATQuant) and layer.power_of_two:
+            for name, var in layer.log2t.items():
+                rng = layer.output_range if name == "output" else layer.ranges[name]
+                found[key if name == "output" else f"{key}:{name}"] = (var, rng)
+        elif isinstance(layer, QATObserve) and layer.quantize_output:
+            found[key] = (layer.output_log2t, layer.output_range)
+    return found
+
+
+def input_quantizer(key: str, layer: QATQuant, quantizers: dict) -> tuple:
+    """The quantizer of a power-of-two QAT layer's input: its own, or its producer's.
+
+    Example:
+        >>> # input_quantizer("c2", qat.get_layer("c2"), pow2_quantizers(qat))
+    """
+    name = f"{key}:input" if layer.input_source is None else layer.input_source
+    return quantizers[name]
+
+
 def _walk(model: keras.Model, prefix: str):
     """``(key, layer)`` of every layer, nested models' inside (``"outer/inner"``), in order."""
     for layer in model.layers:
@@ -138,3 +187,60 @@ def _quant_entries(layer: QATQuant, key: str, site: int, output, stats: Calibrat
         part_key = layer.spec.key(key, i) if i < len(layer.spec.keys) else key
         after = part_input(names[i + 1]) if i + 1 < len(names) else output
         stats.layers[part_key] = LayerStats(kind, input=part_input(name), output=after)
+
+
+def _values(variables) -> tuple[float, float, float]:
+    return tuple(float(np.max(np.asarray(v))) for v in variables)
+
+
+def _pow2_range(quantizer, ema) -> TensorRange | None:
+    """The range of a tensor held by ``quantizer`` (``(log2t, EMA weights)``), ``ema`` its own
+    ``(lo, hi, seen)``."""
+    log2t, variables = quantizer
+    seen = min(_values(variables)[2], ema[2])
+    return pow2_tensor_range(exponent_of(log2t), ema[0], ema[1], seen)
+
+
+def _pow2_stats(qat_model: keras.Model) -> CalibrationStats:
+    """:func:`qat_stats` of a power-of-two QAT model (module docstring)."""
+    quantizers = pow2_quantizers(qat_model)
+    _, producer_of = _links(qat_model)
+    stats = CalibrationStats(algorithm="qat", batches=0)
+    outputs: dict[str, TensorRange | None] = {}
+    found: list[QATQuant] = []
+    for key, layer in _walk(qat_model, ""):
+        if isinstance(layer, QATQuant):
+            found.append(layer)
+            ema_in = range_values(layer.ranges["input"])[0]
+            ranges = [_pow2_range(input_quantizer(key, layer, quantizers), ema_in)]
+            if "mid" in layer.ranges:
+                ranges.append(_pow2_range(quantizers[f"{key}:mid"], _values(layer.ranges["mid"])))
+            ema_out = _values(layer.output_range)
+            out = (
+                _pow2_range(quantizers[key], ema_out)
+                if layer.quantize_output
+                else tensor_range(*ema_out)
+            )
+            kind = class_name(layer.layer)
+            for i, rng in enumerate(ranges):
+                after = ranges[i + 1] if i + 1 < len(ranges) else out
+                stats.layers[layer.spec.key(key, i)] = LayerStats(kind, input=rng, output=after)
+            outputs[key] = out
+        elif isinstance(layer, QATObserve):
+            rows = range_values(layer.output_range)
+            sources = layer.sources or [None] * len(rows)
+            for site, row, source in zip(site_names(key, layer.sites), rows, sources, strict=True):
+                if layer.quantize_output:
+                    out = _pow2_range(quantizers[key], row)
+                elif source is not None:
+                    out = _pow2_range(quantizers[source], row)
+                else:
+                    out = tensor_range(*row)
+                stats.layers[site] = LayerStats(class_name(layer.layer), output=out)
+                outputs[site] = out
+        elif isinstance(layer, FoldedBatchNorm):
+            outputs[key] = outputs.get(producer_of.get(key, ""))
+            stats.layers[key] = LayerStats("BatchNormalization", output=outputs[key])
+    stats.algorithm = algorithm_name({x.activation_range for x in found}, power_of_two=True)
+    stats.batches = max(int(_values(x.ranges["input"])[2]) for x in found)
+    return stats

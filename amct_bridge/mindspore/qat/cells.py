@@ -18,6 +18,14 @@ check the calls per step match the graph's sites. A quantized cell
 called at several sites keeps its sites' input EMAs apart too, but clips every site at their
 union (the record holds one scale_d / offset_d per cell); a learned range is one pair.
 
+With ``power_of_two`` (docs/qat.md, "Power-of-two QAT") a quantizer is a ``<tensor>_log2t``
+Parameter holding ``log2 t`` of a threshold ``t`` (trained, TQT, or set from the EMA), its
+exponent ``ceil(log2 t - log2 127)``: :class:`QATQuant` quantizes its input (unless its
+producer's quantizer already did: ``quantize_input=False``), its weight (per tensor, the
+export's exponent) and its output (unless a folded BN adds its bias after it);
+:class:`QATObserve` its output, :class:`QATObserveInput` also its input (a functional op's
+output), each when told to.
+
 Example:
     >>> import numpy as np
     >>> from mindspore import Tensor, nn
@@ -35,7 +43,17 @@ from mindspore.nn.layer.conv import _deconv_output_length
 
 from amct_bridge.calibration.qat import union_range
 from amct_bridge.errors import QuantError
-from amct_bridge.mindspore.qat.fake_quant import arq_fake_quant, fake_quant_range, limits
+from amct_bridge.mindspore.qat.fake_quant import (
+    arq_fake_quant,
+    fake_quant_pow2,
+    fake_quant_range,
+    limits,
+    log2_of_absmax,
+    round_half_up_ste,
+    threshold_exponent,
+    weight_exponent,
+)
+from amct_bridge.quant.qat import THRESHOLD_WARMUP
 
 __all__ = [
     "OUT_AXIS",
@@ -147,6 +165,51 @@ def track_ema(x, lo_p, hi_p, seen_p, decay: float, rest: float):
     return lo, hi
 
 
+def threshold_param(key: str, tensor: str, *, trainable: bool) -> Parameter:
+    """The ``log2 t`` Parameter of one power-of-two quantizer (``<cell>.qat.<tensor>_log2t``).
+
+    Example:
+        >>> threshold_param("conv1", "output", trainable=True).name
+        'conv1.qat.output_log2t'
+    """
+    return Parameter(
+        Tensor(np.float32(0.0)), name=f"{key}.qat.{tensor}_log2t", requires_grad=trainable
+    )
+
+
+def track_pow2(x, lo_p, hi_p, seen_p, log2t_p, decay: float, rest: float, learned: bool):
+    """One training step of a power-of-two quantizer: the EMA of ``x`` moves (the sidecar's
+    observed range); ``log2 t`` is, learned, the mean of the first ``THRESHOLD_WARMUP``
+    batches' ``log2 max|x|`` then the trained Parameter (its gradient flows back through the
+    returned value), or, ``ema``, ``log2`` of the EMA's ``max(|lo|, |hi|)``. Returns the
+    exponent ``ceil(log2 t - log2 127)``."""
+    n = seen_p + 0.0  # batches seen before this one (read before the EMA counts this one)
+    batch_lo, batch_hi = batch_range(x)
+    lo, hi = track_ema(x, lo_p, hi_p, seen_p, decay, rest)
+    if learned:
+        # the running mean of the first batches' log2 max|x| (THRESHOLD_WARMUP), then trained
+        mean = log2t_p + (log2_of_absmax(batch_lo, batch_hi) - log2t_p) / (n + 1.0)
+        t = ops.select(n < THRESHOLD_WARMUP, mean, log2t_p)
+        # GRAPH_MODE drops the EMA's assigns when nothing uses what it returns
+        t = ops.depend(ops.depend(t, lo), hi)
+        ops.assign(log2t_p, ops.stop_gradient(t))
+        return threshold_exponent(log2t_p + ops.stop_gradient(t - log2t_p))
+    t = log2_of_absmax(lo, hi)
+    ops.assign(log2t_p, t)
+    return threshold_exponent(t)
+
+
+def quantize_pow2(x, lo_p, hi_p, seen_p, log2t_p, training: bool, decay, rest, learned):
+    """``(x fake-quantized by one power-of-two quantizer, its exponent)``; in inference before
+    any training step ``x`` passes unchanged."""
+    if training:
+        e = track_pow2(x, lo_p, hi_p, seen_p, log2t_p, decay, rest, learned)
+        return fake_quant_pow2(x, e), ops.stop_gradient(e)
+    e = threshold_exponent(log2t_p)
+    y = ops.select(ops.broadcast_to(seen_p > 0.0, x.shape), fake_quant_pow2(x, e), x)
+    return y, e
+
+
 def track_ema_site(x, lo_p, hi_p, seen_p, site, hot, decay: float, rest: float):
     """:func:`track_ema` of call site ``site`` (int32 scalar; ``hot``: its one-hot bool mask)
     in per-site Parameters ``[n]``: the same float32 arithmetic on that site's entry, the other
@@ -226,7 +289,13 @@ class QATObserve(_Sites, nn.Cell):
     """
 
     def __init__(
-        self, cell: nn.Cell, key: str, ema_decay: float = 0.99, sites: list[str] | None = None
+        self,
+        cell: nn.Cell,
+        key: str,
+        ema_decay: float = 0.99,
+        sites: list[str] | None = None,
+        quantize_output: bool = False,
+        learned: bool = False,
     ) -> None:
         super().__init__(auto_prefix=False)
         self.insert_child_to_cell("cell", cell)
@@ -237,15 +306,35 @@ class QATObserve(_Sites, nn.Cell):
         self.out_min, self.out_max, self.out_seen = range_params(
             key, "output", trainable=False, sites=self.n_sites
         )
+        # power-of-two QAT (one call site): the output's quantizer
+        self.quantize_output = bool(quantize_output)
+        self.learned = bool(learned)
+        # a folded BN whose bias the quantized cell before it adds (link_folded_bias)
+        self.passthrough = False
+        if self.quantize_output:
+            if self.shared:
+                raise QuantError(f"cell {key!r}: a power-of-two quantizer at several sites")
+            self.out_log2t = threshold_param(key, "output", trainable=self.learned)
 
     def _tracked_params(self):
         return [("output", (self.out_min, self.out_max, self.out_seen))]
+
+    def _out_pow2(self, y):
+        yq, _ = quantize_pow2(
+            y, self.out_min, self.out_max, self.out_seen, self.out_log2t, self.training,
+            self.decay, self.rest, self.learned,
+        )  # fmt: skip
+        return yq
 
     def construct(self, *inputs):
         """The cell's output; its range is tracked in training."""
         if self.counting:
             self._count()
+        if self.passthrough:
+            return self._out_pow2(inputs[0])
         y = self.cell(*inputs)
+        if self.quantize_output:
+            return self._out_pow2(y)
         if self.training:
             if self.shared:
                 site, hot = self._site()
@@ -272,12 +361,25 @@ class QATObserveInput(QATObserve):
     """
 
     def __init__(
-        self, cell: nn.Cell, key: str, ema_decay: float = 0.99, sites: list[str] | None = None
+        self,
+        cell: nn.Cell,
+        key: str,
+        ema_decay: float = 0.99,
+        sites: list[str] | None = None,
+        quantize_output: bool = False,
+        learned: bool = False,
+        quantize_input: bool = False,
     ) -> None:
-        super().__init__(cell, key, ema_decay, sites)
+        super().__init__(cell, key, ema_decay, sites, quantize_output, learned)
         self.in_min, self.in_max, self.in_seen = range_params(
             key, "input", trainable=False, sites=self.n_sites
         )
+        # power-of-two QAT: the functional op's output (this cell's input) is quantized here
+        self.quantize_input = bool(quantize_input)
+        if self.quantize_input:
+            if self.shared:
+                raise QuantError(f"cell {key!r}: a power-of-two quantizer at several sites")
+            self.in_log2t = threshold_param(key, "input", trainable=self.learned)
 
     def _tracked_params(self):
         return [("input", (self.in_min, self.in_max, self.in_seen)), *super()._tracked_params()]
@@ -286,6 +388,8 @@ class QATObserveInput(QATObserve):
         """The cell's output; its input and output ranges are tracked in training."""
         if self.counting:
             self._count()
+        if self.quantize_input or self.quantize_output:
+            return self._construct_pow2(*inputs)
         if not self.training:
             return self.cell(*inputs)
         x = inputs[0]
@@ -298,6 +402,22 @@ class QATObserveInput(QATObserve):
         else:
             track_ema(x, self.in_min, self.in_max, self.in_seen, self.decay, self.rest)
             y = self.cell(*inputs)
+            track_ema(y, self.out_min, self.out_max, self.out_seen, self.decay, self.rest)
+        return y
+
+    def _construct_pow2(self, *inputs):
+        x = inputs[0]
+        if self.quantize_input:
+            x, _ = quantize_pow2(
+                x, self.in_min, self.in_max, self.in_seen, self.in_log2t, self.training,
+                self.decay, self.rest, self.learned,
+            )  # fmt: skip
+        elif self.training:
+            track_ema(x, self.in_min, self.in_max, self.in_seen, self.decay, self.rest)
+        y = self.cell(x, *inputs[1:])
+        if self.quantize_output:
+            return self._out_pow2(y)
+        if self.training:
             track_ema(y, self.out_min, self.out_max, self.out_seen, self.decay, self.rest)
         return y
 
@@ -324,6 +444,8 @@ class QATQuant(_Sites, nn.Cell):
             keeps its own output EMA and (``ema``) input EMA; every site clips at the union of
             the input EMAs (``learned``: one range, started at the union of the first step's
             sites), as the record holds one scale_d / offset_d per cell.
+        power_of_two: ESP-DL's power-of-two format (module docstring); then
+            ``quantize_input`` / ``quantize_output`` say which of its tensors it quantizes.
 
     Example:
         >>> q = QATQuant(nn.Conv2d(1, 2, 3), "conv", "Conv2D", bits=8)
@@ -342,6 +464,9 @@ class QATQuant(_Sites, nn.Cell):
         symmetric: bool = False,
         channel_wise: bool = True,
         sites: list[str] | None = None,
+        power_of_two: bool = False,
+        quantize_input: bool = True,
+        quantize_output: bool = True,
     ) -> None:
         super().__init__(auto_prefix=False)
         if kind not in OUT_AXIS:
@@ -376,6 +501,42 @@ class QATQuant(_Sites, nn.Cell):
         # nn.Conv1d runs its Conv2D primitive on the input expanded to height 1 (its construct)
         self.is_1d = kind in ("Conv1D", "DepthwiseConv1D")
         self.world = 1  # set_ranks(): a data-parallel run starts learned ranges from all ranks
+        self.power_of_two = bool(power_of_two)
+        self.quantize_input = bool(quantize_input)
+        self.quantize_output = bool(quantize_output)
+        if self.power_of_two:
+            if self.shared:
+                raise QuantError(f"cell {key!r}: power_of_two at several call sites")
+            # the EMAs above stay (sidecar's observed ranges, batches), not trained
+            self.in_min.requires_grad = self.in_max.requires_grad = False
+            if self.quantize_input:
+                self.in_log2t = threshold_param(key, "input", trainable=self.learned)
+            if self.quantize_output:
+                self.out_log2t = threshold_param(key, "output", trainable=self.learned)
+        # links to other cells' Parameters (plain lists: not this cell's own Parameters, no
+        # renaming; GRAPH_MODE reads them as Parameters): the producer's threshold, a folded
+        # BN's beta
+        object.__setattr__(self, "_source", [])
+        object.__setattr__(self, "_folded_bias", [])
+
+    def link_source(self, log2t: Parameter) -> None:
+        """Power-of-two, input quantized by its producer: that quantizer's ``log2 t`` (its
+        exponent is the bias's grid ``e_in + e_w``, as on the chip).
+
+        Example:
+            >>> # quantize_aware(..., power_of_two=True) links every such cell
+        """
+        self._source[:] = [log2t]
+
+    def link_folded_bias(self, beta: Parameter) -> None:
+        """Power-of-two, a BatchNorm2d folded into this cell: this cell adds the BN's ``beta``
+        (the folded bias) rounded to ``e_in + e_w`` as the chip stores it; the BN's wrapper
+        passes its input on.
+
+        Example:
+            >>> # quantize_aware(..., power_of_two=True) links every folded cell
+        """
+        self._folded_bias[:] = [beta]
 
     def set_ranks(self, rank: int, world: int) -> None:
         """In a data-parallel run of ``world`` ranks, a learned range starts at the min / max of
@@ -399,6 +560,8 @@ class QATQuant(_Sites, nn.Cell):
         """The cell's output on the fake-quantized input and weight."""
         if self.counting:
             self._count()
+        if self.power_of_two:
+            return self._construct_pow2(x)
         if self.training:
             if self.shared:
                 site, hot = self._site()
@@ -423,20 +586,57 @@ class QATQuant(_Sites, nn.Cell):
         xq = ops.select(ops.broadcast_to(seen > 0.0, x.shape), xq, x)
         return self._op(xq)
 
-    def _op(self, xq):
-        """The cell's op on the fake-quantized input, with the fake-quantized weight."""
+    def _construct_pow2(self, x):
+        d, r, learned = self.decay, self.rest, self.learned
+        if self.quantize_input:
+            xq, e_in = quantize_pow2(
+                x, self.in_min, self.in_max, self.in_seen, self.in_log2t, self.training, d, r,
+                learned,
+            )  # fmt: skip
+            y = self._op(xq, e_in)
+        else:  # already on its producer's grid: only its EMA (the sidecar's observed range)
+            if self.training:
+                track_ema(x, self.in_min, self.in_max, self.in_seen, d, r)
+            if self._source:
+                y = self._op(x, ops.stop_gradient(threshold_exponent(self._source[0])))
+            else:
+                y = self._op(x)
+        if self.quantize_output:
+            yq, _ = quantize_pow2(
+                y, self.out_min, self.out_max, self.out_seen, self.out_log2t, self.training, d,
+                r, learned,
+            )  # fmt: skip
+            return yq
+        if self.training and self.track_output:
+            track_ema(y, self.out_min, self.out_max, self.out_seen, d, r)
+        return y
+
+    def _op(self, xq, e_in=None):
+        """The cell's op on the fake-quantized input, with the fake-quantized weight (power of
+        two: per tensor at the export's exponent, the bias rounded to ``e_in + e_w`` as the
+        chip stores it when the input's exponent ``e_in`` is known here)."""
         if not self.has_weight:
             return self.cell(xq)
-        w = arq_fake_quant(self.cell.weight, self.out_axis, self.qmin, self.qmax)
+        bias = self.cell.bias if self.cell.has_bias else None
+        if self._folded_bias:  # the folded BN's beta (its wrapper passes its input on)
+            bias = self._folded_bias[0]
+        if self.power_of_two:
+            e_w = weight_exponent(self.cell.weight)
+            w = fake_quant_pow2(self.cell.weight, e_w)
+            if bias is not None and e_in is not None:
+                step = ops.pow(2.0, e_in + e_w)
+                bias = round_half_up_ste(bias / step) * step
+        else:
+            w = arq_fake_quant(self.cell.weight, self.out_axis, self.qmin, self.qmax)
         if self.is_dense:
-            return self._dense(xq, w)
+            return self._dense(xq, w, bias)
         if self.is_transpose:
-            return self._transpose(xq, w)
+            return self._transpose(xq, w, bias)
         if self.is_1d:
             xq = self.cell.expand_dims(xq, 2)
         y = self.cell.conv2d(xq, w)
-        if self.cell.has_bias:
-            y = self.cell.bias_add(y, self.cell.bias)
+        if bias is not None:
+            y = self.cell.bias_add(y, bias)
         return self.cell.squeeze(y) if self.is_1d else y
 
     def _batch_range(self, x):
@@ -502,21 +702,21 @@ class QATQuant(_Sites, nn.Cell):
             lo, hi = self.in_min, self.in_max
         return lo, hi
 
-    def _dense(self, x, w):
+    def _dense(self, x, w, bias):
         cell = self.cell
         shape = x.shape
         if len(shape) != 2:
             x = ops.reshape(x, (-1, shape[-1]))
         y = cell.matmul(x, w)
-        if cell.has_bias:
-            y = cell.bias_add(y, cell.bias)
+        if bias is not None:
+            y = cell.bias_add(y, bias)
         if cell.activation_flag:
             y = cell.activation(y)
         if len(shape) != 2:
             y = ops.reshape(y, shape[:-1] + (y.shape[-1],))
         return y
 
-    def _transpose(self, x, w):
+    def _transpose(self, x, w, bias):
         cell = self.cell
         n, _, h, wd = x.shape
         h_out = _deconv_output_length(
@@ -540,8 +740,8 @@ class QATQuant(_Sites, nn.Cell):
             cell.padding_left + cell.padding_right,
         )
         y = cell.conv2d_transpose(x, w, (n, cell.out_channels, h_out, w_out))
-        if cell.has_bias:
-            y = cell.bias_add(y, cell.bias)
+        if bias is not None:
+            y = cell.bias_add(y, bias)
         if self.has_output_padding:
             y = self.pad_output(y)
         return y

@@ -33,15 +33,21 @@ from __future__ import annotations
 from mindspore import nn, ops
 
 from amct_bridge.quant.factors import FLT_EPSILON, quant_limits
+from amct_bridge.quant.qat import LOG2_T_MAX, LOG2_T_MIN, log2_qmax
 
 __all__ = [
     "arq_fake_quant",
     "arq_scale",
     "clip",
     "fake_quant",
+    "fake_quant_pow2",
     "fake_quant_range",
     "limits",
+    "log2_of_absmax",
+    "round_half_up_ste",
     "round_ste",
+    "threshold_exponent",
+    "weight_exponent",
 ]
 
 
@@ -229,3 +235,108 @@ def arq_fake_quant(kernel, out_axis: int | None, qmin: float, qmax: float):
     """
     scale = ops.stop_gradient(arq_scale(kernel, out_axis, qmin, qmax))
     return fake_quant(kernel, scale, 0.0, qmin, qmax)
+
+
+# --- power-of-two fake quantization (power_of_two=True; amct_bridge.quant.qat's reference) ---
+
+
+class _FloorHalfSTE(nn.Cell):
+    """``floor(x + 0.5)`` (esp32s3's and the C kernels' rounding), identity gradient."""
+
+    def construct(self, x):
+        """``floor(x + 0.5)``."""
+        return ops.floor(x + 0.5)
+
+    def bprop(self, x, out, dout):
+        """Identity: the incoming gradient passes unchanged."""
+        return (dout,)
+
+
+class _CeilSTE(nn.Cell):
+    """``ceil(x)``, identity gradient (TQT's straight-through ceil of ``log2 t``)."""
+
+    def construct(self, x):
+        """``ceil(x)``."""
+        return ops.ceil(x)
+
+    def bprop(self, x, out, dout):
+        """Identity: the incoming gradient passes unchanged."""
+        return (dout,)
+
+
+_FLOOR_HALF = _FloorHalfSTE()
+_CEIL = _CeilSTE()
+_LOG2_QMAX8 = float(log2_qmax(8))
+
+
+def round_half_up_ste(x):
+    """``floor(x + 0.5)`` forward, identity gradient backward.
+
+    Example:
+        >>> import numpy as np
+        >>> from mindspore import Tensor
+        >>> round_half_up_ste(Tensor(np.float32([0.5, -0.5, -1.5]))).asnumpy().tolist()
+        [1.0, 0.0, -1.0]
+    """
+    return _FLOOR_HALF(x)
+
+
+def log2_of_absmax(lo, hi):
+    """``log2(max(|lo|, |hi|))`` within ``[LOG2_T_MIN, LOG2_T_MAX]``, a constant for the
+    gradient (:func:`amct_bridge.quant.qat.log2_threshold`).
+
+    Example:
+        >>> import numpy as np
+        >>> from mindspore import Tensor
+        >>> float(log2_of_absmax(Tensor(np.float32(-4.0)), Tensor(np.float32(2.0))).asnumpy())
+        2.0
+    """
+    top = ops.maximum(ops.abs(lo), ops.abs(hi))
+    return ops.stop_gradient(ops.clamp(ops.log2(top), LOG2_T_MIN, LOG2_T_MAX))
+
+
+def threshold_exponent(log2_t):
+    """``ceil(log2_t - log2 127)`` forward, gradient 1 (the int8 exponent of the threshold
+    ``2^log2_t``, :func:`amct_bridge.quant.qat.threshold_exponent`).
+
+    Example:
+        >>> import numpy as np
+        >>> from mindspore import Tensor
+        >>> float(threshold_exponent(Tensor(np.float32(np.log2(6.0)))).asnumpy())
+        -4.0
+    """
+    return _CEIL(log2_t - _LOG2_QMAX8)
+
+
+def fake_quant_pow2(x, exponent, qmin: float = -128.0, qmax: float = 127.0):
+    """``clip(round_half_up(x / 2^e), qmin, qmax) * 2^e`` (:func:`amct_bridge.quant.qat.
+    fake_quant_pow2`); through ``2^e`` the exponent gets TQT's gradient.
+
+    Example:
+        >>> import numpy as np
+        >>> from mindspore import Tensor
+        >>> x = Tensor(np.float32([0.3, -0.375, 100.0]))
+        >>> fake_quant_pow2(x, Tensor(np.float32(-3.0))).asnumpy().tolist()
+        [0.25, -0.375, 15.875]
+    """
+    scale = ops.pow(2.0, exponent)
+    return clip(round_half_up_ste(x / scale), qmin, qmax) * scale
+
+
+def weight_exponent(kernel, qmax: float = 127.0):
+    """The ESP-DL export's automatic exponent of a whole kernel (``max |w|`` fits in ``qmax``
+    steps, 0 for zeros; :func:`amct_bridge.quant.qat.weight_exponent`): float32 ``log2``,
+    settled by exact comparisons (``qmax * 2^e`` is exact). A constant for the gradient.
+
+    Example:
+        >>> import numpy as np
+        >>> from mindspore import Tensor
+        >>> float(weight_exponent(Tensor(np.float32([[0.5, -1.0]]))).asnumpy())
+        -6.0
+    """
+    top = ops.stop_gradient(ops.reduce_max(ops.abs(ops.reshape(kernel, (-1,)))))
+    safe = ops.maximum(top, 1e-30)
+    e = ops.ceil(ops.log2(safe / qmax))
+    e = ops.select(top > qmax * ops.pow(2.0, e), e + 1.0, e)
+    e = ops.select(top <= qmax * ops.pow(2.0, e - 1.0), e - 1.0, e)
+    return ops.select(top > 0.0, e, ops.zeros_like(e))

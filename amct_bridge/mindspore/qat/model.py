@@ -28,6 +28,11 @@ MindSpore's compiler merges identical calls in that graph (``fc(x) + fc(x) + fc(
 2 sites, 3 calls in training): one counting forward of ``sample_input`` refuses such a network
 (docs/mindspore.md, "Identical calls the compiler merges").
 
+``power_of_two=True`` trains with ESP-DL's power-of-two format (docs/qat.md, "Power-of-two
+QAT"): one symmetric int8 quantizer per tensor the chip holds, placed along the graph by
+:func:`amct_bridge.calibration.qat.pow2_plan` (a functional op's output at the cell that reads
+it), thresholds learned (TQT) or from the EMA, weights per tensor at the export's exponent.
+
 Example:
     >>> import numpy as np
     >>> from mindspore import Tensor, nn
@@ -59,6 +64,9 @@ from amct_bridge.calibration.qat import (
     call_sites,
     clipped,
     layer_factors,
+    pow2_factors,
+    pow2_plan,
+    pow2_tensor_range,
     shared_layers,
     tensor_range,
     union_range,
@@ -68,6 +76,7 @@ from amct_bridge.errors import CalibrationError, QuantError, RecordError
 from amct_bridge.mindspore.cells import (
     BATCH_NORM_KINDS,
     FOLDABLE_KINDS,
+    OBSERVED_FLOAT,
     QUANTIZABLE_KINDS,
     RUNTIME,
     describe,
@@ -83,13 +92,25 @@ from amct_bridge.mindspore.qat.cells import (
 from amct_bridge.mindspore.weights import batch_norm_params, bias_of, kernel_of
 from amct_bridge.quant.factors import bits_of
 from amct_bridge.quant.fold import fold_batchnorm
-from amct_bridge.quant.qat import check_options, record_range
+from amct_bridge.quant.qat import (
+    THRESHOLD_WARMUP,
+    check_options,
+    record_range,
+    threshold_exponent,
+)
 from amct_bridge.records.calibration import CalibrationStats, LayerStats
 from amct_bridge.records.model import Record
 
 log = logging.getLogger(__name__)
 
-__all__ = ["QATInfo", "qat_record", "qat_stats", "quantize_aware", "save_qat_record"]
+__all__ = [
+    "QATInfo",
+    "pow2_quantizers",
+    "qat_record",
+    "qat_stats",
+    "quantize_aware",
+    "save_qat_record",
+]
 
 
 @dataclass
@@ -112,6 +133,9 @@ class QATInfo:
             execution order (``["relu", "relu@1", ...]``).
         order: key (cell or functional op) -> position of its first call in the graph (the
             sidecar lists entries in execution order, a cell's sites after its first one).
+        sources: power_of_two: call site -> the node whose quantizer holds its output
+            (:class:`~amct_bridge.calibration.qat.Pow2Plan` ``source``), for every node.
+        input_sources: power_of_two: call site -> the node whose quantizer holds its input.
     """
 
     options: dict
@@ -124,13 +148,15 @@ class QATInfo:
     bn_modes: dict[str, Any] = field(default_factory=dict)
     sites: dict[str, list[str]] = field(default_factory=dict)
     order: dict[str, int] = field(default_factory=dict)
+    sources: dict[str, str | None] = field(default_factory=dict)
+    input_sources: dict[str, str | None] = field(default_factory=dict)
 
 
 def quantize_aware(
     net: nn.Cell,
     dst_type: str = "INT8",
     *,
-    activation_range: str = "ema",
+    activation_range: str | None = None,
     ema_decay: float = 0.99,
     activation_offset: bool = True,
     channel_wise: bool = True,
@@ -138,13 +164,15 @@ def quantize_aware(
     fold_batchnorm: bool = True,
     init_record: Record | str | os.PathLike | None = None,
     sample_input: Any = None,
+    power_of_two: bool = False,
 ) -> nn.Cell:
     """A trainable copy of ``net`` with fake-quantized inputs and weights (module docstring).
 
     Args:
         net: the float network (NCHW). Not modified.
         dst_type: "INT8" (default) or "INT4": bits of activations and weights.
-        activation_range: "ema" (moving average of each batch's min/max) or "learned".
+        activation_range: "ema" (moving average of each batch's min/max) or "learned";
+            default "ema", "learned" with ``power_of_two``.
         ema_decay: EMA momentum (default 0.99).
         activation_offset: asymmetric activations (AMCT default True).
         channel_wise: per-output-channel weight scales for convolutions (Dense: one).
@@ -157,7 +185,14 @@ def quantize_aware(
             follows which cell, which cell's output each quantized cell reads (sidecar), and
             which cells are called at several sites (each site keeps its own ranges). Needed
             when the network has BatchNorm2d cells or a ``construct`` of its own (anything but
-            nested ``nn.SequentialCell`` s), or holds one cell at several places.
+            nested ``nn.SequentialCell`` s), or holds one cell at several places, and always
+            with ``power_of_two``.
+        power_of_two: train with ESP-DL's power-of-two format (docs/qat.md): symmetric int8,
+            scale ``2^e``, ``e = ceil(log2 t - log2 127)`` of a threshold ``t`` per tensor
+            (learned, TQT; or from the EMA with ``activation_range="ema"``) at every tensor the
+            chip holds, weights per tensor at the export's automatic exponent, rounding half
+            up (esp32s3, C kernels); ``activation_offset`` / ``channel_wise`` do not apply.
+            Not under ``msrun`` (data-parallel) yet.
 
     Returns:
         A new ``nn.Cell`` (the same classes, ``amct_qat`` holding a :class:`QATInfo`): train it
@@ -173,7 +208,11 @@ def quantize_aware(
     Example:
         >>> # qat = quantize_aware(net, "INT4", sample_input=(1, 3, 32, 32))
     """
-    bits = check_options(dst_type, activation_range, ema_decay)
+    if activation_range is None:
+        activation_range = "learned" if power_of_two else "ema"
+    bits = check_options(dst_type, activation_range, ema_decay, power_of_two=power_of_two)
+    if power_of_two:
+        activation_offset, channel_wise = False, False  # ESP-DL: symmetric, per tensor
     if not isinstance(net, nn.Cell):
         raise QuantError(f"quantize_aware: expected a mindspore.nn.Cell, got {type(net).__name__}")
     name = type(net).__name__
@@ -205,6 +244,11 @@ def quantize_aware(
             "so the graph tells which BatchNorm2d follows which quantized cell"
         )
     holders = places(qat)
+    if power_of_two and sample_input is None:
+        raise QuantError(
+            f"network {name!r}: power_of_two places one quantizer per tensor along the graph: "
+            "give sample_input (an input shape or array)"
+        )
     if sample_input is None:
         why = _may_share(qat, leaves, holders)
         if why:
@@ -238,13 +282,22 @@ def quantize_aware(
             activation_offset=bool(activation_offset),
             channel_wise=bool(channel_wise),
             fold_batchnorm=bool(fold_batchnorm),
+            power_of_two=bool(power_of_two),
         )
     )
     from amct_bridge.mindspore import distributed
 
     group = distributed.current() if activation_range == "learned" else None
+    if power_of_two and distributed.current() is not None:
+        raise QuantError(
+            f"network {name!r}: power_of_two is not supported in a data-parallel run (msrun) "
+            "yet: train it in one process"
+        )
     info.sites = sites
     shared_quantized = shared_layers(sites, chosen)
+    roles: dict[str, dict] = {}
+    if power_of_two:
+        roles = _pow2_roles(info, graph, leaves, quantizable, chosen, chains, fold_batchnorm)
     for key, d in chosen.items():
         if fold_batchnorm and key in chains:
             _fold(d.handle, leaves[chains[key]].handle, key, chains[key], d.parts[0].layout)
@@ -262,6 +315,7 @@ def quantize_aware(
             symmetric=not activation_offset,
             channel_wise=channel_wise and d.parts[0].channel_wise,
             sites=sites.get(key),
+            **roles.get(key, {}),
         )
         wrapper.track_output = key not in info.folded  # the folded BN's observer has it
         if group is not None:
@@ -278,8 +332,16 @@ def quantize_aware(
             d.activation or d.runtime or d.kind in BATCH_NORM_KINDS or skipped
         ):
             continue
-        kind = QATObserveInput if key in watch_input else QATObserve
-        _swap(holders, d.handle, kind(d.handle, key, ema_decay, sites.get(key)), key)
+        # a float cell the v3 export computes from integers (nn.LayerNorm) needs its input's
+        # exponent too, as the calibration sidecar has it: a Transformer's first LayerNorm
+        # reads the model input, which no other cell observes
+        watched = key in watch_input or d.kind in OBSERVED_FLOAT
+        kind = QATObserveInput if watched else QATObserve
+        extra = roles.get(key, {})
+        if kind is QATObserve:
+            extra.pop("quantize_input", None)
+        wrapper = kind(d.handle, key, ema_decay, sites.get(key), **extra)
+        _swap(holders, d.handle, wrapper, key)
         info.observed[key] = d.kind
     for op, (_, reader) in list(info.functional.items()):
         if layer_of[reader] not in chosen and layer_of[reader] not in info.observed:
@@ -306,9 +368,88 @@ def quantize_aware(
             else "one learned range, started at the union of the first step's sites",
         )
     qat.amct_qat = info
+    if power_of_two:
+        _link(info, _wrappers(qat), leaves)
     if init_record is not None:
-        _init_ranges(qat, init_record)
+        (_init_pow2 if power_of_two else _init_ranges)(qat, init_record)
     return qat
+
+
+def _link(info: QATInfo, wrappers: dict[str, nn.Cell], leaves: dict) -> None:
+    """Power-of-two: each quantized cell whose input its producer quantizes gets that
+    quantizer's threshold, and a cell with a folded BN adds the BN's beta itself (the BN's
+    wrapper passes its input on), so their biases are rounded to the chip's grid."""
+    quantizers = _quantizers(info, wrappers)
+    for key in info.quantized:
+        cell = wrappers[key]
+        if not cell.quantize_input:
+            cell.link_source(quantizers[info.input_sources[key]][0])
+        if key in info.folded and cell.has_weight:
+            bn_key = info.folded[key]
+            cell.link_folded_bias(leaves[bn_key].handle.beta)
+            wrappers[bn_key].passthrough = True
+
+
+def _observed_keys(leaves: dict, quantizable: dict, chosen: dict) -> set[str]:
+    """The cells quantize_aware wraps in a QATObserve (the loop in quantize_aware)."""
+    return {
+        key
+        for key, d in leaves.items()
+        if key not in chosen
+        and (d.activation or d.runtime or d.kind in BATCH_NORM_KINDS or key in quantizable)
+    }
+
+
+def _pow2_roles(info, graph, leaves, quantizable, chosen, chains, fold) -> dict[str, dict]:
+    """Per cell key, its wrapper's power-of-two options (:func:`pow2_plan`), the plan's
+    sources kept in ``info``; refuses what one exponent per cell cannot train."""
+    observed = _observed_keys(leaves, quantizable, chosen)
+    homes = {
+        op: reader
+        for op, (_, reader) in _functional_homes(graph, leaves).items()
+        if reader in chosen or reader in observed  # an unshared cell: its key is the site
+    }
+    bias_after = {key: chains[key] for key in chosen if fold and key in chains}
+    plan = pow2_plan(graph, chosen, observed | set(homes), bias_after=bias_after)
+    info.sources = dict(plan.source)
+    for node in graph.nodes:  # the quantizer of what each node reads
+        producer = graph.producer_of(node.inputs[0]) if node.inputs else None
+        info.input_sources[node.name] = plan.source.get(producer.name) if producer else None
+    if plan.preactivation:
+        log.warning(
+            "quantize_aware(power_of_two=True): %s compute an activation inside that the chip "
+            "runs as a node of its own: the tensor before it gets the exponent the export "
+            "derives, not a trained one (use a separate activation cell to train it)",
+            ", ".join(f"{k!r} ({a})" for k, a in plan.preactivation.items()),
+        )
+    home_of = {reader: op for op, reader in homes.items()}
+    learned = info.options["activation_range"] == "learned"
+    roles: dict[str, dict] = {}
+    for key in sorted(set(chosen) | observed):
+        nodes = info.sites.get(key, [key])
+        own = [n for n in nodes if plan.source.get(n) == n] + [
+            home_of[k] for k in nodes if k in home_of
+        ]
+        if len(nodes) > 1 and (key in chosen or own):
+            raise QuantError(
+                f"power_of_two: cell {key!r} is called at several sites ({', '.join(nodes)}), "
+                "each needing an exponent of its own, and a cell holds one: give each call a "
+                "cell of its own"
+            )
+        if key in chosen:
+            fed = plan.input_source.get(key)
+            roles[key] = dict(
+                power_of_two=True,
+                quantize_input=fed is None or home_of.get(key) == fed,
+                quantize_output=plan.source.get(key) == key,
+            )
+        else:
+            roles[key] = dict(
+                quantize_output=plan.source.get(key) == key,
+                learned=learned,
+                quantize_input=key in home_of,
+            )
+    return roles
 
 
 class _CountCalls(nn.Cell):
@@ -518,6 +659,43 @@ def _init_ranges(qat: nn.Cell, init_record: Record | str | os.PathLike) -> None:
         wrappers[key].set_input_range(lo, hi)
 
 
+def _init_pow2(qat: nn.Cell, init_record: Record | str | os.PathLike) -> None:
+    """Power-of-two thresholds from a PTQ record (each quantized cell's input: the range its
+    scale_d / offset_d encode) and its sidecar when there is one (every quantized output), as
+    TQT starts from a calibration."""
+    from amct_bridge.quant.qat import log2_threshold
+    from amct_bridge.records import load
+    from amct_bridge.records.calibration import load_stats, sidecar_path
+
+    record = init_record if isinstance(init_record, Record) else load(init_record)
+    info = _info(qat)
+    wrappers = _wrappers(qat)
+    unknown = [k for k in record.layers if k not in info.quantized]
+    if unknown:
+        raise RecordError(
+            f"init_record: keys name no quantized cell of this QAT network: {unknown}; quantized "
+            f"cells: {list(info.quantized)}"
+        )
+    quantizers = _quantizers(info, wrappers)
+
+    def start(quantizer, lo: float, hi: float) -> None:
+        log2t, (lo_p, hi_p, seen_p) = quantizer
+        log2t.set_data(Tensor(np.float32(log2_threshold(lo, hi))))
+        # the calibration is the threshold's start: its warm-up is over
+        for param, value in ((lo_p, lo), (hi_p, hi), (seen_p, float(THRESHOLD_WARMUP))):
+            param.set_data(Tensor(np.full(param.shape, value, np.float32)))
+
+    if not isinstance(init_record, Record) and os.path.exists(sidecar_path(init_record)):
+        for node, entry in load_stats(sidecar_path(init_record)).layers.items():
+            if node in quantizers and entry.output is not None:
+                start(quantizers[node], entry.output.min, entry.output.max)
+    for key, f in record.layers.items():
+        if f.scale_d is not None and f.offset_d is not None:
+            bits = bits_of(f.dst_type or f.act_type or "INT8")
+            quantizer = _input_quantizer(info, key, wrappers[key], quantizers)
+            start(quantizer, *record_range(f.scale_d, f.offset_d, bits))
+
+
 def qat_record(qat_net: nn.Cell) -> Record:
     """The AMCT QAT record (inner flavor, ``dst_type``) of a trained QAT network.
 
@@ -556,6 +734,8 @@ def _input_clip(cell: QATQuant, ranges: dict) -> tuple[float, float, float]:
 
 
 def _record(info: QATInfo, wrappers: dict[str, nn.Cell], ranges: dict) -> Record:
+    if info.options.get("power_of_two"):
+        return _pow2_record(info, wrappers)
     bits = bits_of(info.options["dst_type"])
     record = Record(flavor="inner")
     for key, layout in info.quantized.items():
@@ -594,6 +774,8 @@ def qat_stats(qat_net: nn.Cell) -> CalibrationStats:
 
 
 def _stats(info: QATInfo, wrappers: dict[str, nn.Cell], ranges: dict) -> CalibrationStats:
+    if info.options.get("power_of_two"):
+        return _pow2_stats(info, wrappers, ranges)
     clip_at = {}  # call site of a quantized cell -> its input clip range
     for cell in wrappers.values():
         if isinstance(cell, QATQuant):
@@ -645,7 +827,122 @@ def _site_stats(info, cell, key, site, ranges, clip_at, clip_of, ops_before, sta
             stats.layers[bn] = LayerStats("BatchNormalization", output=output)
     elif key not in info.folded.values():
         output = clipped(tensor_range(*ranges[(site, "output")]), clip_of.get(site))
-        stats.layers[site] = LayerStats(info.observed.get(key, "Activation"), output=output)
+        kind = info.observed.get(key, "Activation")
+        # nn.LayerNorm: its input range too (the model input's exponent when it reads it)
+        seen = tensor_range(*own_input) if own_input is not None else None
+        site_input = seen if kind in OBSERVED_FLOAT else None
+        stats.layers[site] = LayerStats(kind, input=site_input, output=output)
+
+
+def pow2_quantizers(qat_net: nn.Cell) -> dict[str, tuple]:
+    """Node -> ``(log2t Parameter, (min, max, seen) EMA Parameters)`` of every power-of-two
+    quantizer of a QAT network, by the node whose output it quantizes (a cell's own input
+    quantizer under ``"<key>:input"``; a functional op's, at the cell reading it, under the
+    op's name).
+
+    Example:
+        >>> # pow2_quantizers(qat)["bn1"]: the quantizer of conv1 + its folded BN's output
+    """
+    info = _info(qat_net)
+    return _quantizers(info, _wrappers(qat_net))
+
+
+def _quantizers(info: QATInfo, wrappers: dict[str, nn.Cell]) -> dict[str, tuple]:
+    found = {}
+    for key, cell in wrappers.items():
+        inputs = (cell.in_min, cell.in_max, cell.in_seen) if hasattr(cell, "in_min") else None
+        if cell.quantize_output and hasattr(cell, "out_log2t"):
+            found[key] = (cell.out_log2t, (cell.out_min, cell.out_max, cell.out_seen))
+        if getattr(cell, "quantize_input", False) and hasattr(cell, "in_log2t"):
+            found[f"{key}:input"] = (cell.in_log2t, inputs)
+    for op, (_, reader) in info.functional.items():  # quantized at the cell reading it
+        if f"{reader}:input" in found:
+            found[op] = found[f"{reader}:input"]
+    return found
+
+
+def _input_quantizer(info: QATInfo, key: str, cell: QATQuant, quantizers: dict) -> tuple:
+    """A power-of-two cell's input quantizer: its own, or its producer's."""
+    name = f"{key}:input" if cell.quantize_input else info.input_sources.get(key)
+    if name not in quantizers:
+        raise QuantError(f"cell {key!r}: no power-of-two quantizer holds its input ({name!r})")
+    return quantizers[name]
+
+
+def _exponent(log2t) -> int:
+    return threshold_exponent(float(log2t.asnumpy()))
+
+
+def _pow2_record(info: QATInfo, wrappers: dict[str, nn.Cell]) -> Record:
+    """The record of a power-of-two QAT network: ``scale_d = 2^e_in``, ``scale_w = [2^e_w]``."""
+    quantizers = _quantizers(info, wrappers)
+    record = Record(flavor="inner")
+    for key, layout in info.quantized.items():
+        cell = wrappers[key]
+        log2t, (_, _, seen) = _input_quantizer(info, key, cell, quantizers)
+        kernel = kernel_of(cell.cell, key) if layout is not None else None
+        record.layers[key] = pow2_factors(
+            key,
+            _exponent(log2t),
+            float(seen.asnumpy()),
+            kernel,
+            skip_fusion=key in info.unfolded,
+        )
+    return record
+
+
+def _pow2_stats(info: QATInfo, wrappers: dict[str, nn.Cell], ranges: dict) -> CalibrationStats:
+    """The sidecar of a power-of-two QAT network: each tensor's range is its quantizer's
+    (:func:`pow2_tensor_range`), the tensor's own EMA the observed range."""
+    quantizers = _quantizers(info, wrappers)
+
+    def held(name, ema):
+        """The range of a tensor whose values quantizer ``name`` holds (None: float)."""
+        if ema is None:
+            return None
+        if name in quantizers:
+            log2t, params = quantizers[name]
+            seen = min(float(params[2].asnumpy()), ema[2])
+            return pow2_tensor_range(_exponent(log2t), ema[0], ema[1], seen)
+        return tensor_range(*ema)
+
+    stats = CalibrationStats(
+        algorithm=algorithm_name({info.options["activation_range"]}, power_of_two=True)
+    )
+    batches = 0
+    homes = {reader: (op, kind) for op, (kind, reader) in info.functional.items()}
+    for key, cell in wrappers.items():
+        for site in cell.site_names:
+            own_in = ranges.get((site, "input"))
+            if site in homes:  # the functional op whose output this site reads
+                op, kind = homes[site]
+                stats.layers[op] = LayerStats(kind, output=held(op, own_in))
+            if isinstance(cell, QATQuant):
+                log2t, _ = _input_quantizer(info, key, cell, quantizers)
+                name = f"{key}:input" if cell.quantize_input else info.input_sources.get(key)
+                bn = info.folded.get(key)
+                out_key = bn if bn is not None else key
+                output = held(
+                    out_key if out_key in quantizers else None, ranges[(out_key, "output")]
+                )
+                kind = describe(key, cell.cell).kind
+                stats.layers[site] = LayerStats(kind, input=held(name, own_in), output=output)
+                if bn is not None:
+                    stats.layers[bn] = LayerStats("BatchNormalization", output=output)
+                batches = max(batches, int(own_in[2]))
+            elif key not in info.folded.values():
+                kind = info.observed.get(key, "Activation")
+                output = held(info.sources.get(site), ranges[(site, "output")])
+                site_input = None
+                if kind in OBSERVED_FLOAT:  # nn.LayerNorm: its input's range too
+                    site_input = held(info.input_sources.get(site), own_in)
+                stats.layers[site] = LayerStats(kind, input=site_input, output=output)
+    stats.batches = batches
+    if info.order:  # execution order, as the calibration sidecar; a site after its first one
+        end = len(info.order)
+        rank = {k: info.order.get(k.split("@")[0], end) for k in stats.layers}
+        stats.layers = dict(sorted(stats.layers.items(), key=lambda kv: rank[kv[0]]))
+    return stats
 
 
 def save_qat_record(qat_net: nn.Cell, path: str | os.PathLike) -> Record:
