@@ -1,13 +1,29 @@
 """Cost of QuantCalibration: fit time with / without the callback, and calibration throughput.
 
 Run: ``.venv/bin/python benchmarks/bench_keras_callback.py [--quick]``. Prints, per algorithm,
-fit time with the callback divided by fit time without it (same model, data and epochs, measured
-back to back in this run; targets <= 1.10 for minmax/ema, <= 1.30 for hfmg/ifmr), the same ratio
-for the last epoch alone (steady state: no tracing, no end-of-run search) and the samples per
-second of an ``evaluate``-based calibration (re-trace of the instrumented step and the end-of-run
-clip search included) next to a plain ``evaluate``. Three models: ``light`` (depthwise blocks:
-many activations per FLOP, the worst case), ``conv`` (plain 3x3 convolutions) and ``mobilenet``
-(keras.applications MobileNetV2, alpha 0.35, 96x96: a real network).
+fit time with the callback divided by fit time without it (same model, data and epochs; targets
+<= 1.10 for minmax/ema, <= 1.30 for hfmg/ifmr), the same ratio for the last epoch alone (steady
+state: no tracing, no end-of-run search) and the samples per second of an ``evaluate``-based
+calibration (re-trace of the instrumented step and the end-of-run clip search included) next to
+a plain ``evaluate``. Every fit is of a model made just now, so plain and calibrated fits both
+trace their step (``--one-model``: all on one model fitted before, so no fit traces after the
+first round: the calibrated ones run on the steps kept for their plans). Runs are interleaved
+rounds (one plain fit, then one calibrated fit per algorithm, ``--rounds`` times); a ratio is
+the median of the per-round ratios, printed with their range: on a shared machine the load moves
+between rounds, and each round's plain fit is its baseline. Models: ``light`` (depthwise blocks:
+many activations per FLOP, the worst case), ``conv`` (plain 3x3 convolutions), ``mobilenet``
+(keras.applications MobileNetV2, alpha 0.35, 96x96: a real network) and ``kws`` (a DS-CNN
+keyword-spotting network on 49x10 MFCC-like inputs, Adam: a small CNN whose trace is a large
+part of a short fit).
+
+``--first-run`` measures what a *fresh* callback costs in seconds, per round (medians printed):
+
+- a model made just now: plain fit against a fit with a new callback (both trace a step: the
+  difference is what the instrumentation adds to the trace, the set-up and the record);
+- the same model fitted again with another new callback of the same plan (the kept step: no
+  trace);
+- a model fitted before: a plain fit (Keras' step is traced already) against a fit with a new
+  callback (the instrumented step is traced: the whole trace is extra).
 
 Fits and evaluations read a ``tf.data`` pipeline built once with tf.data's autotuning off. With
 NumPy input, Keras makes a new autotuned iterator every epoch, and dropping it can block the
@@ -18,12 +34,14 @@ epochs of ~1.3 s were hit often; one stall in a 3-epoch fit of ~3.5 s moves its 
 
 ``--stock-ops`` adds a column: the same calibrated fit with the native summary op turned off
 (``AMCT_BRIDGE_NATIVE_OPS=0``: stock TF reductions and ``tf.histogram_fixed_width``), so the
-op's gain is measured against a baseline in the same run.
+op's gain is measured against a baseline in the same run. The load average (``os.getloadavg``)
+is printed before and after each model.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import tempfile
 import time
@@ -36,20 +54,27 @@ import tensorflow as tf  # noqa: E402
 
 from amct_bridge.keras import QuantCalibration, native  # noqa: E402
 
+# Random-weight networks on random data: the records warn about vanishing activations at every
+# calibrated fit (the KWS network's last layers); only errors are shown here.
+logging.getLogger("amct_bridge").setLevel(logging.ERROR)
+
 ALGORITHMS = ("minmax", "ema", "percentile", "hfmg", "ifmr")
 TARGETS = {"minmax": 1.10, "ema": 1.10, "hfmg": 1.30, "ifmr": 1.30}
 
 
-#: Input size per model (the tiny models use 32x32, MobileNetV2 a small but real 96x96).
-SIZES = {"light": 32, "conv": 32, "mobilenet": 96}
+#: Input shape per model (the tiny models use 32x32, MobileNetV2 a small but real 96x96, the
+#: KWS network 49 frames of 10 MFCCs).
+SHAPES = {"light": (32, 32, 3), "conv": (32, 32, 3), "mobilenet": (96, 96, 3), "kws": (49, 10, 1)}
 
 
 def make_model(kind: str = "light") -> keras.Model:
     """``light``: MobileNet-like blocks (conv/BN/ReLU6, depthwise), many activations per FLOP,
     the worst case for per-tensor statistics. ``conv``: VGG-like 3x3 convolutions.
     ``mobilenet``: keras.applications MobileNetV2 (alpha 0.35, 96x96, weights=None): a real
-    network (52 convolutions, ~100 observed tensors)."""
+    network (52 convolutions, ~100 observed tensors). ``kws``: see :func:`kws_model`."""
     keras.utils.set_random_seed(0)
+    if kind == "kws":
+        return kws_model()
     if kind == "mobilenet":
         model = keras.applications.MobileNetV2(
             input_shape=(96, 96, 3), alpha=0.35, weights=None, classes=10
@@ -77,6 +102,29 @@ def make_model(kind: str = "light") -> keras.Model:
     return model
 
 
+def kws_model() -> keras.Model:
+    """DS-CNN (small) keyword spotting on 49x10 MFCC-like inputs, 12 classes, Adam: a 10x4
+    stride-2 conv, four depthwise-separable blocks (64 channels, BN, ReLU), average pool, Dense.
+    Its train step (Adam updates of 29 variables) takes ~1-3 s to trace, a large part of a
+    3-epoch fit on 2048 samples."""
+    inp = keras.Input(SHAPES["kws"])
+    x = keras.layers.Conv2D(64, (10, 4), strides=2, padding="same", use_bias=False, name="c0")(inp)
+    x = keras.layers.BatchNormalization(name="bn0")(x)
+    x = keras.layers.ReLU(name="r0")(x)
+    for i in range(4):
+        x = keras.layers.DepthwiseConv2D(3, padding="same", use_bias=False, name=f"dw{i}")(x)
+        x = keras.layers.BatchNormalization(name=f"dbn{i}")(x)
+        x = keras.layers.ReLU(name=f"dr{i}")(x)
+        x = keras.layers.Conv2D(64, 1, use_bias=False, name=f"pw{i}")(x)
+        x = keras.layers.BatchNormalization(name=f"pbn{i}")(x)
+        x = keras.layers.ReLU(name=f"pr{i}")(x)
+    x = keras.layers.GlobalAveragePooling2D(name="gap")(x)
+    x = keras.layers.Dense(12, name="fc")(x)
+    model = keras.Model(inp, x, name="kws")
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(True))
+    return model
+
+
 class EpochTimes(keras.callbacks.Callback):
     """Wall time of each epoch (the last one shows the steady state, without tracing)."""
 
@@ -94,14 +142,18 @@ def batches(x, y) -> tf.data.Dataset:
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(32).with_options(options)
 
 
-def timed_fit(kind: str, x, y, epochs: int, callbacks: list) -> tuple[float, float]:
-    """(whole fit incl. tracing and the callback's end-of-run work, last epoch) in seconds."""
-    model = make_model(kind)
+def timed_fit(
+    kind: str, x, y, epochs: int, callbacks: list, model=None
+) -> tuple[float, float, float]:
+    """(whole fit incl. tracing and the callback's end-of-run work, last epoch, the process's
+    CPU time over the whole fit) in seconds, of ``model`` (default: one made just now). CPU
+    time moves less than wall time with other processes' load (not at all with idle cores)."""
+    model = make_model(kind) if model is None else model
     epochs_cb = EpochTimes()
     data = batches(x, y)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     model.fit(data, epochs=epochs, verbose=0, callbacks=[epochs_cb, *callbacks])
-    return time.perf_counter() - start, epochs_cb.times[-1]
+    return time.perf_counter() - start, epochs_cb.times[-1], time.process_time() - cpu
 
 
 def stock_ops(on: bool) -> None:
@@ -122,12 +174,115 @@ def timed_evaluate(kind: str, x, y, callbacks: list) -> float:
     return time.perf_counter() - start
 
 
+def load() -> str:
+    """The 1-minute load average, as printed next to the figures."""
+    return f"{os.getloadavg()[0]:.1f}"
+
+
+def spread(values: list[float]) -> str:
+    """``median (min-max)`` of per-round values."""
+    return f"{np.median(values):.3f} ({min(values):.2f}-{max(values):.2f})"
+
+
+def fit_ratios(
+    kind, x, y, epochs, algorithms, rounds, out, stock: bool, one_model: bool = False
+) -> None:
+    """Interleaved rounds: a plain fit, then a calibrated fit per algorithm; per-round ratios.
+    ``one_model``: every fit of every round on one model (fitted once before the rounds: no
+    trace left for the plain fits, the calibrated ones run on the steps kept for their plans);
+    else each fit on a model made just now."""
+    model = make_model(kind) if one_model else None
+    if model is not None:
+        timed_fit(kind, x, y, 1, [], model)
+    base: list[tuple[float, float]] = []
+    calib: dict[str, list] = {a: [] for a in algorithms}
+    stocked: dict[str, list] = {a: [] for a in algorithms}
+    for _ in range(rounds):
+        base.append(timed_fit(kind, x, y, epochs, [], model))
+        for algo in algorithms:
+            cb = QuantCalibration(os.path.join(out, f"{algo}.txt"), algorithm=algo)
+            calib[algo].append(timed_fit(kind, x, y, epochs, [cb], model))
+            if stock:
+                stock_ops(True)
+                cb = QuantCalibration(os.path.join(out, f"{algo}-stock.txt"), algorithm=algo)
+                stocked[algo].append(timed_fit(kind, x, y, epochs, [cb], model))
+                stock_ops(False)
+    print(
+        f"plain fit: median {np.median([r[0] for r in base]):.2f} s, "
+        f"last epoch {np.median([r[1] for r in base]):.2f} s, "
+        f"CPU {np.median([r[2] for r in base]):.2f} s"
+    )
+    print(
+        f"{'algorithm':<11} {'fit ratio (range)':>20} {'last epoch':>18} {'CPU ratio':>18} "
+        f"{'target':>7} {'calibrating evaluate':>21}" + ("  stock-op fit ratio" if stock else "")
+    )
+
+    def per_round(runs: list, part: int) -> list[float]:
+        return [r[part] / b[part] for r, b in zip(runs, base, strict=True)]
+
+    for algo in algorithms:
+        ratios = per_round(calib[algo], 0)
+        cb = QuantCalibration(os.path.join(out, f"{algo}-eval.txt"), algorithm=algo)
+        rate = len(x) / timed_evaluate(kind, x, y, [cb])
+        target = TARGETS.get(algo)
+        mark = "" if target is None else ("ok" if np.median(ratios) <= target else "over")
+        extra = f" {spread(per_round(stocked[algo], 0)):>20}" if stock else ""
+        print(
+            f"{algo:<11} {spread(ratios):>20} {spread(per_round(calib[algo], 1)):>18} "
+            f"{spread(per_round(calib[algo], 2)):>18} {target or '-':>7} "
+            f"{rate:>12.0f} samples/s {mark:<4}" + extra
+        )
+
+
+def first_run(kind, x, y, epochs, algorithms, rounds, out) -> None:
+    """What a fresh callback costs (seconds; see the module docstring), interleaved rounds."""
+    for algo in algorithms:
+        runs = first_run_rounds(kind, x, y, epochs, algo, rounds, out)
+        print(f"\n{algo}: fit seconds, median of {rounds} rounds (load {load()}): wall, CPU")
+        for label, v in runs.items():
+            print(f"  {label:<28} {spread([w for w, _ in v])}  {spread([c for _, c in v])}")
+        for label, base in (
+            ("new callback, new model", "plain, new model"),
+            ("new callback, fitted model", "plain, fitted model"),
+            ("kept step, same model", "plain, fitted model"),
+        ):
+            pairs = list(zip(runs[label], runs[base], strict=True))
+            wall = [a[0] - b[0] for a, b in pairs]
+            cpu = [a[1] - b[1] for a, b in pairs]
+            print(f"  {label} - {base}: wall {spread(wall)} s, CPU {spread(cpu)} s")
+
+
+def first_run_rounds(
+    kind, x, y, epochs, algo: str, rounds: int, out
+) -> dict[str, list[tuple[float, float]]]:
+    """Per round: a new model fitted plain twice, then with a new callback; another new model
+    fitted with a new callback, then with another one (the kept step). (wall, CPU) seconds."""
+    runs: dict[str, list[tuple[float, float]]] = {}
+    path = os.path.join(out, f"{algo}-first.txt")
+    for _ in range(rounds):
+        fitted, model = make_model(kind), make_model(kind)
+        for label, callbacks, on in (
+            ("plain, new model", [], fitted),
+            ("plain, fitted model", [], fitted),
+            ("new callback, fitted model", [QuantCalibration(path, algorithm=algo)], fitted),
+            ("new callback, new model", [QuantCalibration(path, algorithm=algo)], model),
+            ("kept step, same model", [QuantCalibration(path, algorithm=algo)], model),
+        ):
+            wall, _, cpu = timed_fit(kind, x, y, epochs, callbacks, on)
+            runs.setdefault(label, []).append((wall, cpu))
+    return runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer samples and epochs")
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
-    parser.add_argument("--models", default="light,conv,mobilenet", help="light, conv, mobilenet")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per timing (best is kept)")
+    parser.add_argument(
+        "--models", default="light,conv,mobilenet,kws", help="light, conv, mobilenet, kws"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="interleaved rounds (the median is printed)"
+    )
     parser.add_argument("--samples", type=int, help="training samples (default 1280)")
     parser.add_argument(
         "--epochs",
@@ -139,6 +294,16 @@ def main() -> None:
         action="store_true",
         help="also time each calibrated fit with the native summary op turned off",
     )
+    parser.add_argument(
+        "--one-model",
+        action="store_true",
+        help="all fits of all rounds on one model (kept steps, no trace after round 1)",
+    )
+    parser.add_argument(
+        "--first-run",
+        action="store_true",
+        help="time fresh callbacks on new and fitted models instead (see the docstring)",
+    )
     args = parser.parse_args()
     n, epochs = (640, 2) if args.quick else (1280, 3)
     n, epochs = args.samples or n, args.epochs or epochs
@@ -149,39 +314,17 @@ def main() -> None:
     print(f"fit: {n} samples x {epochs} epochs, batch 32; evaluate: {n} samples (after a warm-up)")
     print(f"native summary op: {'built' if native.load() is not None else 'NOT available'}")
     for kind in args.models.split(","):
-        size = SIZES[kind]
-        x = rng.uniform(0, 1, (n, size, size, 3)).astype("float32")
+        x = rng.uniform(0, 1, (n, *SHAPES[kind])).astype("float32")
         timed_fit(kind, x[:64], y[:64], 1, [])  # warm up TF for this model
         base_eval = timed_evaluate(kind, x, y, [])
-        print(f"\nmodel {kind!r}: plain evaluate {n / base_eval:.0f} samples/s")
-        print(
-            f"{'algorithm':<11} {'fit ratio':>9} {'last epoch':>10} {'target':>7} "
-            f"{'calibrating evaluate':>21}" + ("  stock-op fit ratio" if args.stock_ops else "")
-        )
-        for algo in algorithms:
-            # plain and calibrated fits back to back (so load changes hit both alike), best of
-            # --repeat runs each: the machine may be shared
-            base, calib, stock = [], [], []
-            for _ in range(args.repeat):
-                base.append(timed_fit(kind, x, y, epochs, []))
-                cb = QuantCalibration(os.path.join(out, f"{algo}.txt"), algorithm=algo)
-                calib.append(timed_fit(kind, x, y, epochs, [cb]))
-                if args.stock_ops:
-                    stock_ops(True)
-                    cb = QuantCalibration(os.path.join(out, f"{algo}-stock.txt"), algorithm=algo)
-                    stock.append(timed_fit(kind, x, y, epochs, [cb]))
-                    stock_ops(False)
-            base_total, base_epoch = min(t for t, _ in base), min(e for _, e in base)
-            total, epoch = min(t for t, _ in calib), min(e for _, e in calib)
-            cb = QuantCalibration(os.path.join(out, f"{algo}-eval.txt"), algorithm=algo)
-            rate = n / timed_evaluate(kind, x, y, [cb])
-            ratio, target = total / base_total, TARGETS.get(algo)
-            mark = "" if target is None else ("ok" if ratio <= target else "over")
-            print(
-                f"{algo:<11} {ratio:>9.3f} {epoch / base_epoch:>10.3f} {target or '-':>7} "
-                f"{rate:>12.0f} samples/s {mark:<4}"
-                + (f" {min(t for t, _ in stock) / base_total:>9.3f}" if stock else "")
+        print(f"\nmodel {kind!r}: plain evaluate {n / base_eval:.0f} samples/s (load {load()})")
+        if args.first_run:
+            first_run(kind, x, y, epochs, algorithms, args.rounds, out)
+        else:
+            fit_ratios(
+                kind, x, y, epochs, algorithms, args.rounds, out, args.stock_ops, args.one_model
             )
+        print(f"(load {load()})")
 
 
 if __name__ == "__main__":

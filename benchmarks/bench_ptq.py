@@ -12,7 +12,12 @@ instrumentation). Per algorithm and path it prints (goals of issue 23 in bracket
   ``predict`` (both trace their step; goal <= 1x);
 - ``again``: a calibration of a model calibrated before with the same settings (the kept step,
   no trace) divided by a warm ``predict`` of the same images timed just before it (goals:
-  minmax <= 1.3x, ifmr/hfmg <= 2x).
+  minmax <= 1.3x, ifmr/hfmg <= 2x);
+- ``switching``: calibrations of one model with the algorithm changing at every call (minmax,
+  ifmr, hfmg, minmax, ..., as a user comparing algorithms does), each against a warm predict
+  timed just before it; the first cycle (each plan's first trace) is printed apart, the ratio
+  is the median over the ``--repeat`` cycles after it (the steps of the last plans are kept:
+  issue 33 §5 goals minmax <= 1.3x, ifmr/hfmg <= 2x).
 
 Ratios are medians of per-run ratios (``--repeat`` runs, each against its own baseline timed
 just before it): this machine's speed drifts by 2x over seconds, and a ratio of two best-of
@@ -178,6 +183,33 @@ def fresh_first(timer, x) -> float:
         gc.collect()
 
 
+def switching(path: str, timer, x, out: str, algorithms: list[str], cycles: int) -> dict:
+    """Calibrations of one model made for this, the algorithm changing at every call (each
+    against a warm predict timed just before it): rows ``<algo>-<path> switching`` (the median
+    over ``cycles`` cycles after the first) and ``... switching, 1st cycle``."""
+    model = make_model()
+    model.predict(x[:32], batch_size=32, verbose=0)  # build and trace the plain step
+    runs: dict[tuple[str, int], tuple[float, float]] = {}
+    for cycle in range(cycles + 1):
+        for algo in algorithms:
+            base = timed_predict(model, x)
+            file = os.path.join(out, f"{algo}-{path}-switch{cycle}.txt")
+            runs[(algo, cycle)] = (timer(model, x, file, algo), base)
+    rows = {}
+    for algo in algorithms:
+        later = [runs[(algo, c)] for c in range(1, cycles + 1)]
+        t, base = runs[(algo, 0)]
+        rows[f"{algo}-{path} switching, 1st cycle"] = (t, t / base, "warm")
+        rows[f"{algo}-{path} switching"] = (
+            min(t for t, _ in later),
+            ratio(*zip(*later, strict=True)),
+            "warm",
+        )
+    del model
+    gc.collect()
+    return rows
+
+
 PARTS = ("steps", "drain", "observers", "search", "weights", "text", "write", "other")
 
 
@@ -246,10 +278,23 @@ def main() -> None:
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
     parser.add_argument("--no-tflite", action="store_true", help="skip TFLite's converter")
     parser.add_argument("--no-first", action="store_true", help="skip the fresh-model calls")
+    parser.add_argument(
+        "--switching-only", action="store_true", help="only the switching rows (and the load)"
+    )
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     x = rng.uniform(-1, 1, (args.images, 96, 96, 3)).astype("float32")
     out = tempfile.mkdtemp()
+    print(f"load average {os.getloadavg()[0]:.1f}")
+    if args.switching_only:
+        print(f"MobileNetV2 a0.35 96x96, {args.images} images, batch 32, {args.repeat} cycles")
+        for path, timer in PATHS.items():
+            rows = switching(path, timer, x, out, args.algorithms.split(","), args.repeat)
+            for label, (t, r, _) in rows.items():
+                goal = "" if label.endswith("1st cycle") else GOALS.get(label.split("-")[0], "")
+                print(f"{label:<38} best {t:>7.3f} s  ratio {r:>6.2f} x warm predict  goal {goal}")
+        print(f"load average {os.getloadavg()[0]:.1f}")
+        return
     model = make_model()
     model.predict(x[:32], batch_size=32, verbose=0)  # build and trace the plain step
     print(f"MobileNetV2 a0.35 96x96, {args.images} images, batch 32, {args.repeat} runs each")
@@ -292,6 +337,8 @@ def main() -> None:
                     ratio(*zip(*firsts, strict=True)),
                     "first",
                 )
+    for path, timer in PATHS.items():
+        rows.update(switching(path, timer, x, out, algorithms, args.repeat))
     if not args.no_tflite:
         t, base = against_warm(lambda: timed_tflite(model, x))
         rows["tflite int8"] = (t, t / base, "warm")
@@ -304,16 +351,18 @@ def main() -> None:
             f"first predict of a fresh model: best {min(first_predicts):.3f} s, "
             f"median {np.median(first_predicts):.3f} s over {len(first_predicts)} runs"
         )
-    print(f"{'':<24} {'best s':>7} {'ratio':>6}  {'against':<14} goal")
+    print(f"{'':<38} {'best s':>7} {'ratio':>6}  {'against':<14} goal")
     for label, (t, r, kind) in rows.items():
         algo = label.split("-")[0]
-        goal = 1.0 if label.endswith("first") else GOALS.get(algo)
+        goal = 1.0 if label.endswith(" first") else GOALS.get(algo)
+        goal = None if label.endswith("1st cycle") else goal  # each plan's first trace
         mark = "" if goal is None or kind is None else f"{goal:<4} {'ok' if r <= goal else 'over'}"
         against = "first predict" if kind == "first" else "warm predict"
-        print(f"{label:<24} {t:>7.3f} {r:>6.2f}  {against:<14} {mark}")
+        print(f"{label:<38} {t:>7.3f} {r:>6.2f}  {against:<14} {mark}")
     print(
         "(best s: best run; ratio: median of per-run ratios. again: the step kept from the call\n"
-        " before; first: a fresh model, against a fresh model's first predict; retrace: a plain\n"
+        " before; first: a fresh model, against a fresh model's first predict; switching: the\n"
+        " algorithm changed at every call (1st cycle: each plan traced once); retrace: a plain\n"
         " predict with its step traced anew; bare trace: the model alone traced and run)"
     )
 

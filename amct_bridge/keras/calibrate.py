@@ -50,9 +50,10 @@ def calibrate(
         keep_step: keep the traced observed step for the next ``calibrate()`` of this model
             object with the same plan (array data; other data: the callback's, see
             :class:`QuantCalibration`; like Keras' predict function: a layer
-            changed in place later is not seen, weights are). It holds its buffers (with
-            histograms: rings of at most 32 MiB plus 4 bytes per bin and tensor) until the
-            model is deleted; False drops it.
+            changed in place later is not seen, weights are). The steps of the last 4 plans
+            are kept, so switching back to an earlier algorithm traces nothing. Each holds its
+            buffers (with histograms: rings of at most 32 MiB plus 4 bytes per bin and tensor)
+            until the model is deleted or 4 other plans ran since; False drops them all.
         **options: :class:`QuantCalibration` options (algorithm, batch_num, config, keys...).
 
     Returns:

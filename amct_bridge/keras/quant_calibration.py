@@ -73,10 +73,11 @@ class QuantCalibration(keras.callbacks.Callback):
         keep_step: keep the instrumented step function on the model for the next run with
             the same plan (another callback too), as Keras keeps its own step functions: a
             second run then traces nothing. A compile(), another distribution strategy, plan,
-            ``steps_per_execution`` or ``jit_compile`` makes a new one. It holds its buffers
-            (with histograms: rings of at most 32 MiB plus 4 bytes per bin and tensor) until
-            the model is deleted or the next run of another plan; False neither uses nor
-            keeps one.
+            ``steps_per_execution`` or ``jit_compile`` makes a new one; the steps of the last
+            4 plans per mode are kept (``session.KEEP_PLANS``), so going back to an earlier
+            algorithm traces nothing either. Each holds its buffers (with histograms: rings
+            of at most 32 MiB plus 4 bytes per bin and tensor) until the model is deleted or
+            4 other plans ran since; False neither uses nor keeps one, and drops the mode's.
 
     Example:
         >>> cb = QuantCalibration("/tmp/record.txt", algorithm="hfmg",

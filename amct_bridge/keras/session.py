@@ -6,8 +6,9 @@ for the core (:func:`amct_bridge.keras.plan.describe_model`), weights
 (:class:`~amct_bridge.keras.weights.KerasWeights`), an :class:`~amct_bridge.keras.instrument.
 Instrumentation` per pass with the step function re-traced so it runs inside the compiled
 graph (and the user's step function put back when the pass ends; the instrumented one is kept
-on the model for the next run with the same plan, see ``keep_step``), and the Keras-only outputs
-(TF op keys, frozen graph) of :mod:`amct_bridge.keras.record_builder`.
+on the model for the next run with the same plan, those of the last :data:`KEEP_PLANS` plans,
+see ``keep_step``), and the Keras-only outputs (TF op keys, frozen graph) of
+:mod:`amct_bridge.keras.record_builder`.
 
 Example:
     >>> import keras, numpy as np
@@ -21,8 +22,10 @@ Example:
 
 from __future__ import annotations
 
+import operator
 import threading
 import weakref
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from amct_bridge.calibration.layers import ModelDesc
@@ -36,13 +39,20 @@ from amct_bridge.keras.record_builder import build_outputs, write_outputs
 from amct_bridge.keras.weights import KerasWeights
 from amct_bridge.records.codec import from_proto, to_proto
 
-__all__ = ["Observed", "Session"]
+__all__ = ["KEEP_PLANS", "Observed", "Session"]
 
 #: Host reads happen at most every this many batch ends (fewer transfers, same data)...
 _READ_EVERY = 16
 #: ...as long as the ring buffers of all histograms stay below this many bytes.
 _HIST_BUDGET = 32 * 2**20
 _NOT_SAVED = object()  # no step function saved yet (None is a valid saved one)
+
+
+#: Observed steps kept per model (calibrate()) or per model and mode (the callback): those of
+#: the last plans run, the least recently used dropped first. Someone comparing algorithms
+#: goes back and forth between a few plans (minmax, ifmr, hfmg, minmax...): with one kept step,
+#: every change traced the step again. Each kept step holds its buffers (see keep_step).
+KEEP_PLANS = 4
 
 
 @dataclass
@@ -55,15 +65,66 @@ class _Kept:
     fn: object = None
 
 
+class _KeptPlans:
+    """Kept steps of one model (and mode), least recently used first, at most ``limit``.
+
+    ``same`` compares two keys. A run takes its step out (:meth:`take`) and puts it back when
+    it ends (:meth:`put`): as the most recent one, in place of any other of the same key.
+
+    Example:
+        >>> plans = _KeptPlans(limit=2)
+        >>> for key in ("minmax", "ifmr", "hfmg"):
+        ...     plans.put(_Kept(key, None))
+        >>> [kept.key for kept in plans], plans.take("minmax")
+        (['ifmr', 'hfmg'], None)
+        >>> plans.put(plans.take("ifmr")); [kept.key for kept in plans]
+        ['hfmg', 'ifmr']
+    """
+
+    def __init__(self, limit: int = KEEP_PLANS, same: Callable = operator.eq) -> None:
+        self.limit = limit
+        self.same = same
+        self._items: list[_Kept] = []
+
+    def take(self, key: tuple) -> _Kept | None:
+        """The kept step of ``key``, taken out (None when none is kept)."""
+        for i, kept in enumerate(self._items):
+            if self.same(kept.key, key):
+                return self._items.pop(i)
+        return None
+
+    def put(self, kept: _Kept) -> None:
+        """Keep ``kept`` as the most recently used; drop the least recent beyond ``limit``."""
+        self._items = [k for k in self._items if not self.same(k.key, kept.key)]
+        self._items.append(kept)
+        del self._items[: max(0, len(self._items) - self.limit)]
+
+    def drop_where(self, stale: Callable[[tuple], bool]) -> None:
+        """Drop the kept steps whose key is ``stale`` (one that no run can ask for again)."""
+        self._items = [k for k in self._items if not stale(k.key)]
+
+    @property
+    def latest(self) -> _Kept | None:
+        """The most recently used kept step."""
+        return self._items[-1] if self._items else None
+
+    def __iter__(self) -> Iterator[_Kept]:
+        return iter(list(self._items))
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
 #: The callback's observed steps (Keras' own step functions re-made with the instrumentation
-#: in): kept on the model itself, in this untracked attribute, one per mode. Keras' step
+#: in): kept on the model itself, in this untracked attribute, per mode. Keras' step
 #: functions close over the model, so a weakly keyed table would keep it alive; on the model
 #: the function, its buffers and the model form a cycle the garbage collector takes.
 _KEPT_ATTR = "_amct_bridge_kept_steps"
 
 
 class _KeptSteps(dict):
-    """mode -> _Kept, on the model (see _KEPT_ATTR): not copied, pickled or saved with it."""
+    """mode -> _KeptPlans, on the model (see _KEPT_ATTR): not copied, pickled or saved with
+    it."""
 
     def __deepcopy__(self, memo):
         return _KeptSteps()
@@ -74,10 +135,11 @@ class _KeptSteps(dict):
 
 #: calibrate() on arrays traces its own observed step (direct_step). Like Keras' predict
 #: function it is kept for the next calibrate() of the same model object with the same observed
-#: tensors (tracing and instantiating it is most of a short calibration's cost): one per model,
-#: weakly keyed, holding neither the model nor a closure over it, so it goes with the model.
+#: tensors (tracing and instantiating it is most of a short calibration's cost): those of the
+#: last KEEP_PLANS plans per model (a _KeptPlans), weakly keyed, holding neither the model nor a
+#: closure over it, so they go with the model.
 _KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_KEPT_LOCK = threading.Lock()  # a run takes the entry out, so two threads never share one
+_KEPT_LOCK = threading.Lock()  # a run takes its entry out, so two threads never share one
 _TRACE_LOCK = threading.Lock()  # wrappers of two traces on the same layers would nest
 
 
@@ -153,8 +215,17 @@ class Session(CalibrationSession):
             return self._direct_instrumentation(points, every)
         native = hist or not jit
         key = _step_key(self.model, mode, points, every, native)
-        kept = self._kept_steps(create=False).pop(mode, None)  # keep_step=False drops it
-        if kept is not None and self.keep_step and _same_key(kept.key, key):
+        table = self._kept_steps(create=False)
+        if not self.keep_step:
+            table.pop(mode, None)  # keep_step=False drops the mode's kept steps
+        plans = table.get(mode)
+        kept = None
+        if plans is not None:
+            # a compile() makes a new config object: steps of an earlier one never match again
+            config = key[-1][1]
+            plans.drop_where(lambda old: old[-1][1] is not config)
+            kept = plans.take(key)
+        if kept is not None:
             kept.inst.reset()
         else:
             inst = Instrumentation(
@@ -200,11 +271,14 @@ class Session(CalibrationSession):
         kept.fn = getattr(self.model, f"{mode}_function")
 
     def _direct_instrumentation(self, points: list[Point], every: int) -> Instrumentation:
-        """The kept observed step's buffers when the model and plan are the same, else new."""
+        """The buffers of the step kept for this model and plan, else new ones."""
         key = _plan_key(points, self.direct_spec, every)
         with _KEPT_LOCK:
-            kept = _KEPT.pop(self.model, None)
-        if kept is not None and self.keep_step and kept.key == key:
+            if not self.keep_step:
+                _KEPT.pop(self.model, None)  # keep_step=False drops the model's kept steps
+            plans = _KEPT.get(self.model)
+            kept = plans.take(key) if plans is not None else None
+        if kept is not None:
             kept.inst.reset()
             kept.inst.model = self.model
         else:
@@ -214,16 +288,20 @@ class Session(CalibrationSession):
 
     def _deactivate(self, mode: str) -> None:
         """Put the user's step function back (None too: Keras then makes a fresh one); keep
-        calibrate()'s traced step for the next call."""
+        the observed step for the next run of its plan (the most recent of KEEP_PLANS)."""
         self.step_function = None
         kept, self._kept = self._kept, None
         if kept is not None and kept.fn is not None and self.keep_step:
             if self.direct_spec is not None:
                 kept.inst.model = None  # the entry must not keep the model alive
                 with _KEPT_LOCK:
-                    _KEPT[self.model] = kept
+                    plans = _KEPT.get(self.model)
+                    if plans is None:
+                        plans = _KEPT[self.model] = _KeptPlans()
+                    plans.put(kept)
             else:
-                self._kept_steps(create=True)[mode] = kept
+                table = self._kept_steps(create=True)
+                table.setdefault(mode, _KeptPlans(same=_same_key)).put(kept)
         if self._saved_fn is not _NOT_SAVED:
             setattr(self.model, f"{mode}_function", self._saved_fn)
         self._saved_fn = _NOT_SAVED

@@ -42,12 +42,12 @@ def test_the_kept_step_gives_the_pinned_outputs_again(case, tmp_path):
     x = _data(model.input_shape[1:], seed)
     first = tmp_path / f"{case}.record.txt"
     calibrate(model, x, first, batch_size=8, **options)
-    kept = session._KEPT[model]
+    kept = session._KEPT[model].latest
     assert kept.fn is not None and kept.inst.model is None  # kept, without the model
     again = tmp_path / "again" / f"{case}.record.txt"
     again.parent.mkdir()
     calibrate(model, x, again, batch_size=8, **options)
-    assert session._KEPT[model].fn is kept.fn  # not traced again
+    assert session._KEPT[model].latest.fn is kept.fn  # not traced again
     # same process, same kernels: the kept step gives the first call's bytes
     assert _outputs(again) == _outputs(first)
     differences = pin_differences(PINS, first, sidecar_path(first))
@@ -66,11 +66,11 @@ def test_weights_changed_between_calls_are_seen(tmp_path):
     model, x = _branchy_with(None)
     options = {"algorithm": "hfmg", "algorithm_options": {"num_of_bins": 1024}}
     calibrate(model, x, tmp_path / "a.txt", **options)
-    fn = session._KEPT[model].fn
+    fn = session._KEPT[model].latest.fn
     scaled = [w * 1.5 for w in model.get_weights()]
     model.set_weights(scaled)
     calibrate(model, x, tmp_path / "b.txt", **options)
-    assert session._KEPT[model].fn is fn
+    assert session._KEPT[model].latest.fn is fn
     fresh, _ = _branchy_with(scaled)
     calibrate(fresh, x, tmp_path / "c.txt", **options)
     assert _outputs(tmp_path / "b.txt") == _outputs(tmp_path / "c.txt")
@@ -80,11 +80,12 @@ def test_weights_changed_between_calls_are_seen(tmp_path):
 def test_another_plan_traces_a_new_step_and_keep_step_false_drops_it(tmp_path):
     model, x = _branchy_with(None)
     calibrate(model, x, tmp_path / "a.txt", algorithm="minmax")
-    fn = session._KEPT[model].fn
+    fn = session._KEPT[model].latest.fn
     # histograms: other observed tensors (skip_layers alone would not change them: a skipped
     # layer keeps its sidecar ranges)
     calibrate(model, x, tmp_path / "b.txt", algorithm="hfmg", skip_layers=["fc"])
-    assert session._KEPT[model].fn is not fn
+    assert session._KEPT[model].latest.fn is not fn
+    assert [kept.fn for kept in session._KEPT[model]][0] is fn  # the minmax step stays kept
     fresh, _ = _branchy_with(model.get_weights())
     calibrate(fresh, x, tmp_path / "c.txt", algorithm="hfmg", skip_layers=["fc"])
     assert _outputs(tmp_path / "b.txt") == _outputs(tmp_path / "c.txt")

@@ -44,7 +44,8 @@ def _data(n: int = 32, spatial=(8, 8), seed: int = 1) -> tuple[np.ndarray, np.nd
 
 
 def _kept(model, mode: str):
-    return vars(model)[_KEPT_ATTR][mode]
+    """The most recently used step kept for ``mode``."""
+    return vars(model)[_KEPT_ATTR][mode].latest
 
 
 def _traces(fn, depth: int = 3) -> int:
@@ -101,12 +102,13 @@ def test_another_model_plan_or_input_shape_traces_anew(tmp_path):
     # another model object of the same architecture: its own step
     other = _model()
     assert _run(other, tmp_path / "b.txt")._session.python_calls == calls
-    # another plan (minmax observes other tensors: no histograms), then the first plan again:
-    # one step per mode is kept
+    # another plan (minmax observes other tensors: no histograms) traces its own step; the
+    # first plan again runs on the step kept for it (the last plans' steps are kept)
     fn = _kept(model, "predict").fn
     assert _run(model, tmp_path / "c.txt", algorithm="minmax")._session.python_calls > 0
     assert _kept(model, "predict").fn is not fn
-    assert _run(model, tmp_path / "d.txt")._session.python_calls == calls
+    assert _run(model, tmp_path / "d.txt")._session.python_calls == 0
+    assert _kept(model, "predict").fn is fn
     assert _texts(tmp_path / "d.txt") == _texts(tmp_path / "a.txt")
     # another input shape on a model with free spatial dimensions: the kept tf.function
     # traces again for it (with the layers wrapped, so the new trace is observed too)
@@ -128,6 +130,7 @@ def test_compile_jit_and_steps_per_execution_make_a_new_step(tmp_path):
     assert _run(model, tmp_path / "b.txt", "test", algorithm="minmax")._session.python_calls == 0
     model.compile(loss="mse")
     assert _run(model, tmp_path / "c.txt", "test", algorithm="minmax")._session.python_calls > 0
+    assert len(vars(model)[_KEPT_ATTR]["test"]) == 1  # the steps of the old compile() are gone
     model.jit_compile = True
     assert _run(model, tmp_path / "d.txt", "test", algorithm="minmax")._session.python_calls > 0
     assert _run(model, tmp_path / "e.txt", "test", algorithm="minmax")._session.python_calls == 0
@@ -148,7 +151,8 @@ def test_another_distribution_strategy_makes_a_new_step(tmp_path):
         assert _run(model, tmp_path / "b.txt")._session.python_calls > 0
         assert _kept(model, "predict").key[-1][0] is strategy
         assert _run(model, tmp_path / "c.txt")._session.python_calls == 0
-    assert _run(model, tmp_path / "d.txt")._session.python_calls > 0
+    # back outside the scope: the step kept from the first run (default strategy) again
+    assert _run(model, tmp_path / "d.txt")._session.python_calls == 0
     assert _texts(tmp_path / "c.txt") == _texts(tmp_path / "b.txt")
     np.testing.assert_equal(_texts(tmp_path / "d.txt"), _texts(tmp_path / "a.txt"))
 
