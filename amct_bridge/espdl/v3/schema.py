@@ -168,6 +168,13 @@ _UNARY = OpSchema(inputs=(1, 2))
 _BINARY = OpSchema(inputs=(2, 3))
 _REDUCE = OpSchema(inputs=(1, 2), attributes={"axes": _AXES, "keepdims": _FLAG})
 _LUT_ATTRS = {"alpha": _FINITE, "beta": _FINITE, "lut": Attr("string")}
+#: What GRU and LSTM share (``ops/_rnn.py``; the module checks ``layout`` itself).
+_RNN = {
+    "hidden_size": Attr("int", 1, _SMALL),
+    "direction": Attr("string"),
+    "gate_exponent": Attr("int", -64, 64),
+    "activations": Attr("strings"),
+}
 
 #: op type -> what it takes. Attributes not listed are ignored by the runtime and here.
 SCHEMAS: dict[str, OpSchema] = {
@@ -201,28 +208,11 @@ SCHEMAS: dict[str, OpSchema] = {
     "Flatten": OpSchema(attributes={"axis": _AXIS}),
     "Gather": OpSchema(inputs=(2, 2), attributes={"axis": _AXIS}),
     "Gemm": OpSchema(inputs=(2, 3), attributes={"activation": Attr("string")}),
+    # the module names X, W and R when one is missing
     "GRU": OpSchema(
-        inputs=(1, 6),  # the module names X, W and R when one is missing
-        outputs=(0, 2),
-        attributes={
-            "hidden_size": Attr("int", 1, _SMALL),
-            "direction": Attr("string"),
-            "gate_exponent": Attr("int", -64, 64),
-            "linear_before_reset": _FLAG,
-            "activations": Attr("strings"),
-        },
+        inputs=(1, 6), outputs=(0, 2), attributes={**_RNN, "linear_before_reset": _FLAG}
     ),
-    "LSTM": OpSchema(
-        inputs=(1, 8),
-        outputs=(0, 3),
-        attributes={
-            "hidden_size": Attr("int", 1, _SMALL),
-            "direction": Attr("string"),
-            "gate_exponent": Attr("int", -64, 64),
-            "input_forget": _FLAG,
-            "activations": Attr("strings"),
-        },
-    ),
+    "LSTM": OpSchema(inputs=(1, 8), outputs=(0, 3), attributes={**_RNN, "input_forget": _FLAG}),
     "InsertZeros": OpSchema(
         attributes={
             "stride": Attr("int_or_ints", 1, _SMALL, length=(0, 3)),
