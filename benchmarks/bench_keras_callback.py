@@ -32,6 +32,8 @@ in ``RootDataset::Iterator``'s destructor). Whether that happens depends on the 
 a plain fit of ``conv`` with an 8 ms sleep per batch stalled in 2 of 6 runs, and calibrated
 epochs of ~1.3 s were hit often; one stall in a 3-epoch fit of ~3.5 s moves its ratio by 0.35.
 
+``--op-speed`` times the native summary op alone against the stock ops (ns per value).
+
 ``--stock-ops`` adds a column: the same calibrated fit with the native summary op turned off
 (``AMCT_BRIDGE_NATIVE_OPS=0``: stock TF reductions and ``tf.histogram_fixed_width``), so the
 op's gain is measured against a baseline in the same run. The load average (``os.getloadavg``)
@@ -273,6 +275,44 @@ def first_run_rounds(
     return runs
 
 
+def op_speed(repeat: int = 7) -> None:
+    """ns per value of ``AmctSummary`` (16384 and 8192 bins, 1 M values: ReLU-like and normal,
+    on a grid) against the stock path on the same tensors (``tf.histogram_fixed_width`` and two
+    reductions), one thread, 20 tensors per graph call (best of ``repeat`` calls, CPU time)."""
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    rng = np.random.default_rng(0)
+    n = 1 << 20
+    cases = {
+        "relu, 16384 bins": (np.maximum(rng.normal(0, 1, n), 0), 16384),
+        "normal, 16384 bins": (rng.normal(0, 1, n), 16384),
+        "relu, 8192 bins": (np.maximum(rng.normal(0, 1, n), 0), 8192),
+    }
+
+    def stock(v, grid, bins):
+        lo, hi = tf.reduce_min(v), tf.reduce_max(v)
+        return tf.histogram_fixed_width(v, grid, bins, dtype=tf.int32), lo, hi
+
+    def per_value(make, xs, grid) -> float:
+        # 20 ops on 20 copies (Grappler would merge the ops, and the stock reductions, of one)
+        fn = tf.function(lambda vs, g: [make(v, g) for v in vs])
+        fn(xs, grid)
+        best = np.inf
+        for _ in range(repeat):
+            cpu = time.process_time()
+            fn(xs, grid)
+            best = min(best, time.process_time() - cpu)
+        return best / len(xs) / n * 1e9
+
+    print(f"\nAmctSummary against the stock ops, ns per value, one thread (load {load()})")
+    for name, (values, bins) in cases.items():
+        x = [tf.constant(values.astype("float32")) for _ in range(20)]
+        grid = tf.constant([float(values.min()), float(values.max()) * 1.01], tf.float32)
+        op = per_value(lambda v, g, b=bins: native.summary(v, g, b)[4], x, grid)
+        ref = per_value(lambda v, g, b=bins: stock(v, g, b)[0], x, grid)
+        print(f"  {name:<20} AmctSummary {op:.2f}  stock {ref:.2f}  ratio {op / ref:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer samples and epochs")
@@ -300,11 +340,19 @@ def main() -> None:
         help="all fits of all rounds on one model (kept steps, no trace after round 1)",
     )
     parser.add_argument(
+        "--op-speed",
+        action="store_true",
+        help="only the native summary op against the stock ops (ns per value)",
+    )
+    parser.add_argument(
         "--first-run",
         action="store_true",
         help="time fresh callbacks on new and fitted models instead (see the docstring)",
     )
     args = parser.parse_args()
+    if args.op_speed:
+        op_speed()
+        return
     n, epochs = (640, 2) if args.quick else (1280, 3)
     n, epochs = args.samples or n, args.epochs or epochs
     rng = np.random.default_rng(0)

@@ -5,7 +5,9 @@ every step: min, max, element count and a histogram on the host's grid (or, when
 not inside it, over the batch's own range). With stock TF ops that is two reductions, a dozen
 small ops and ``tf.histogram_fixed_width``, whose CPU kernel is mostly a single-threaded count
 loop. The ``AmctSummary`` op in ``summary_op.cc`` does it in one op with the same results bit
-for bit (see that file for the exact definition), about twice as fast per tensor.
+for bit (see that file for the exact definition): one op per tensor instead of a dozen, and
+faster per value where many values share a bin (ReLU outputs: 1.76 against 1.97 ns), slower
+where they spread (normal data: 1.82 against 1.21 ns; ``bench_keras_callback.py --op-speed``).
 
 It is compiled once per TensorFlow version with the machine's C++ compiler (``$CXX``, else
 ``c++``/``g++``/``clang++``) and TensorFlow's own flags (``tf.sysconfig``), into
