@@ -65,6 +65,7 @@ __all__ = [
     "layer_factors",
     "pow2_factors",
     "pow2_plan",
+    "refuse_shared_sites",
     "pow2_tensor_range",
     "shared_layers",
     "site_names",
@@ -259,6 +260,46 @@ class Pow2Plan:
     def own(self) -> list[str]:
         """Nodes with a quantizer of their own, in graph order."""
         return [n for n, src in self.source.items() if src == n]
+
+    def preactivation_note(self, unit: str) -> str | None:
+        """The warning for :attr:`preactivation` (``unit``: "layer" / "activation cell"), or
+        None.
+
+        Example:
+            >>> print(Pow2Plan(preactivation={"c": "swish"}).preactivation_note("layer"))
+            'c' (swish) compute an activation inside that the chip runs as a node of its own: \
+the tensor before it gets the exponent the export derives, not a trained one (use a separate \
+layer to train it)
+        """
+        if not self.preactivation:
+            return None
+        named = ", ".join(f"{k!r} ({a})" for k, a in self.preactivation.items())
+        return (
+            f"{named} compute an activation inside that the chip runs as a node of its own: the "
+            "tensor before it gets the exponent the export derives, not a trained one (use a "
+            f"separate {unit} to train it)"
+        )
+
+
+def refuse_shared_sites(
+    key: str, nodes: list[str], unit: str, place: str = "site", call: str = "call"
+) -> None:
+    """Refuse power-of-two QAT of a ``unit`` ("layer" / "cell") called at several ``nodes``
+    that each need an exponent of their own: one wrapper holds one. ``place`` / ``call``: the
+    framework's words for a call site ("node" / "node" in Keras, "site" / "call" in MindSpore).
+
+    Example:
+        >>> refuse_shared_sites("c", ["c", "c@1"], "cell")
+        Traceback (most recent call last):
+        ...
+        amct_bridge.errors.QuantError: power_of_two: cell 'c' is called at several sites (c, \
+c@1), each needing an exponent of its own, and a cell holds one: give each call a cell of its own
+    """
+    raise QuantError(
+        f"power_of_two: {unit} {key!r} is called at several {place}s ({', '.join(nodes)}), each "
+        f"needing an exponent of its own, and a {unit} holds one: give each {call} a {unit} of "
+        "its own"
+    )
 
 
 def pow2_plan(

@@ -60,6 +60,7 @@ from amct_bridge.calibration.qat import (
     call_sites,
     pow2_factors,
     pow2_plan,
+    refuse_shared_sites,
     shared_layers,
     write_qat_outputs,
 )
@@ -286,24 +287,15 @@ def _pow2_roles(model, graph, chosen, observed, folded_keys, sites, activation_r
             "are placed along the graph"
         )
     plan = pow2_plan(graph, chosen, observed, identity=folded_keys)
-    if plan.preactivation:
-        log.warning(
-            "quantize_aware(%s, power_of_two=True): %s compute an activation inside that the "
-            "chip runs as a node of its own: the tensor before it gets the exponent the export "
-            "derives, not a trained one (use a separate Activation layer to train it)",
-            model.name,
-            ", ".join(f"{k!r} ({a})" for k, a in plan.preactivation.items()),
-        )
+    note = plan.preactivation_note("Activation layer")
+    if note:
+        log.warning("quantize_aware(%s, power_of_two=True): %s", model.name, note)
     roles: dict[str, dict] = {}
     for key in sorted(chosen | observed):
         nodes = sites.get(key, [key])
         own = [n for n in nodes if plan.source.get(n) == n]
         if len(nodes) > 1 and (key in chosen or own):
-            raise QuantError(
-                f"power_of_two: layer {key!r} is called at several nodes ({', '.join(nodes)}), "
-                "each needing an exponent of its own, and a layer holds one: give each node a "
-                "layer of its own"
-            )
+            refuse_shared_sites(key, nodes, "layer", "node", "node")
         if key in chosen:
             roles[key] = dict(
                 power_of_two=True,

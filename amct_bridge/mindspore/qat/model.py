@@ -67,6 +67,7 @@ from amct_bridge.calibration.qat import (
     pow2_factors,
     pow2_plan,
     pow2_tensor_range,
+    refuse_shared_sites,
     shared_layers,
     tensor_range,
     union_range,
@@ -415,13 +416,9 @@ def _pow2_roles(info, graph, leaves, quantizable, chosen, chains, fold) -> dict[
     for node in graph.nodes:  # the quantizer of what each node reads
         producer = graph.producer_of(node.inputs[0]) if node.inputs else None
         info.input_sources[node.name] = plan.source.get(producer.name) if producer else None
-    if plan.preactivation:
-        log.warning(
-            "quantize_aware(power_of_two=True): %s compute an activation inside that the chip "
-            "runs as a node of its own: the tensor before it gets the exponent the export "
-            "derives, not a trained one (use a separate activation cell to train it)",
-            ", ".join(f"{k!r} ({a})" for k, a in plan.preactivation.items()),
-        )
+    note = plan.preactivation_note("activation cell")
+    if note:
+        log.warning("quantize_aware(power_of_two=True): %s", note)
     home_of = {reader: op for op, reader in homes.items()}
     learned = info.options["activation_range"] == "learned"
     roles: dict[str, dict] = {}
@@ -431,11 +428,7 @@ def _pow2_roles(info, graph, leaves, quantizable, chosen, chains, fold) -> dict[
             home_of[k] for k in nodes if k in home_of
         ]
         if len(nodes) > 1 and (key in chosen or own):
-            raise QuantError(
-                f"power_of_two: cell {key!r} is called at several sites ({', '.join(nodes)}), "
-                "each needing an exponent of its own, and a cell holds one: give each call a "
-                "cell of its own"
-            )
+            refuse_shared_sites(key, nodes, "cell")
         if key in chosen:
             fed = plan.input_source.get(key)
             roles[key] = dict(
@@ -637,21 +630,25 @@ def _wrappers(qat_net: nn.Cell) -> dict[str, nn.Cell]:
     return out
 
 
-def _init_ranges(qat: nn.Cell, init_record: Record | str | os.PathLike) -> None:
-    """Each quantized cell's input range from the record's scale_d / offset_d."""
-    record = init_record
-    if not isinstance(record, Record):
-        from amct_bridge.records import load
+def _init_record(qat: nn.Cell, init_record: Record | str | os.PathLike):
+    """``(record, info, wrappers)`` of an ``init_record``, refused when a key names no
+    quantized cell."""
+    from amct_bridge.records import load
 
-        record = load(init_record)
+    record = init_record if isinstance(init_record, Record) else load(init_record)
     info = _info(qat)
-    wrappers = _wrappers(qat)
     unknown = [k for k in record.layers if k not in info.quantized]
     if unknown:
         raise RecordError(
             f"init_record: keys name no quantized cell of this QAT network: {unknown}; quantized "
             f"cells: {list(info.quantized)}"
         )
+    return record, info, _wrappers(qat)
+
+
+def _init_ranges(qat: nn.Cell, init_record: Record | str | os.PathLike) -> None:
+    """Each quantized cell's input range from the record's scale_d / offset_d."""
+    record, info, wrappers = _init_record(qat, init_record)
     for key, f in record.layers.items():
         if f.scale_d is None or f.offset_d is None:
             continue
@@ -664,18 +661,9 @@ def _init_pow2(qat: nn.Cell, init_record: Record | str | os.PathLike) -> None:
     scale_d / offset_d encode) and its sidecar when there is one (every quantized output), as
     TQT starts from a calibration."""
     from amct_bridge.quant.qat import log2_threshold
-    from amct_bridge.records import load
     from amct_bridge.records.calibration import load_stats, sidecar_path
 
-    record = init_record if isinstance(init_record, Record) else load(init_record)
-    info = _info(qat)
-    wrappers = _wrappers(qat)
-    unknown = [k for k in record.layers if k not in info.quantized]
-    if unknown:
-        raise RecordError(
-            f"init_record: keys name no quantized cell of this QAT network: {unknown}; quantized "
-            f"cells: {list(info.quantized)}"
-        )
+    record, info, wrappers = _init_record(qat, init_record)
     quantizers = _quantizers(info, wrappers)
 
     def start(quantizer, lo: float, hi: float) -> None:
