@@ -67,13 +67,13 @@ the v3 lowering registry, :mod:`amct_bridge.espdl.v3.lowering.registry`, dispatc
   "LSTM"), ``units``, ``return_sequences``, ``go_backwards``, ``reset_after`` (GRU),
   ``activation``, ``recurrent_activation``, ``stateful``, ``return_state``, ``merge_mode``
   (Bidirectional).
-- ``MultiHeadAttention``: inputs ``[query]`` (``attrs["self_attention"]``: ``mha(x, x)``),
-  ``[query, value]`` or ``[query, value, key]``; ``query_kernel`` / ``key_kernel``
-  ``(D, heads, key_dim)``, ``value_kernel`` ``(D, heads, value_dim)``, ``output_kernel``
-  ``(heads, value_dim, out)`` and optional ``*_bias``; attrs ``num_heads``, ``key_dim``,
-  ``value_dim``, ``attention_axes``, ``use_gate``, ``masked`` (what masks its scores, or None),
-  optional ``ranges`` (``{"query" | "key" | "value" | "scores" | "probs" | "context": (lo,
-  hi)}``, measured by the adapter; the query scaled by ``1/sqrt(key_dim)``).
+- ``MultiHeadAttention``: inputs ``[query]`` (read as all three), ``[query, value]`` (``mha(x, x)``:
+  the same tensor twice) or ``[query, value, key]``; ``query_kernel`` / ``key_kernel`` ``(D, heads,
+  key_dim)``, ``value_kernel`` ``(D, heads, value_dim)``, ``output_kernel`` ``(heads, value_dim,
+  out)`` and optional ``*_bias``; attrs ``num_heads``, ``key_dim``, ``value_dim``,
+  ``attention_axes``, ``use_gate``, ``masked`` (what masks its scores, or None), optional ``ranges``
+  (``{"query" | "key" | "value" | "scores" | "probs" | "context": (lo, hi)}``, measured by the
+  adapter; the query scaled by ``1/sqrt(key_dim)``).
 
 A framework layer that becomes two ESP-DL layers (SeparableConv2D -> depthwise_conv2d
 ``"sep/depthwise"`` + 1x1 conv2d ``"sep/pointwise"``, the record keys) gives both

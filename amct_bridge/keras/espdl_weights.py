@@ -549,8 +549,6 @@ def _mha(layer: Any, node: Node, runtime: str) -> tuple[str, dict, dict]:
         "attention_axes": list(layer.attention_axes or [1]),
         "use_gate": bool(getattr(layer, "_use_gate", False)),
         "masked": "return_attention_scores" if scores and not masked else masked,
-        # mha(x, x): one input (so that its calibrated input range is the input's)
-        "self_attention": len(node.inputs) == 2 and node.inputs[0] == node.inputs[1],
     }
     return "unsupported", weights, attrs
 
@@ -669,8 +667,6 @@ def source_layers(model: keras.Model, *, format: str = "v1") -> list[SourceLayer
             attrs["model_output"] = True
         if op == "dense":  # FullyConnected(flatten=...) in the C++ model
             attrs["input_rank"] = len(graph.tensors[node.inputs[0]].shape)
-        if attrs.get("self_attention"):  # mha(x, x): one input, read as query, key and value
-            inputs = inputs[:1]
         result.append(SourceLayer(node.name, op, inputs, node.kind, weights, attrs))
     return result
 

@@ -194,7 +194,7 @@ def lower_attention(em: Emitter, layer: SourceLayer, ins: list[str]) -> None:
     if "num_heads" not in a:  # the adapter found nothing to translate; it says why
         em.refuse(layer, f"no ESP-DL v3 export for {layer.kind}: {a.get('reason')}")
         return
-    query = ins[0]  # self-attention (mha(x, x)) reads one input
+    query = ins[0]  # a layer given only a query (other adapters) reads it as all three
     value = ins[1] if len(ins) > 1 else query
     key = ins[2] if len(ins) > 2 else value
     shapes = [em.shapes[t] for t in (query, value, key)]

@@ -228,7 +228,7 @@ class Emitter:
         if found is not None:
             return found
         for user in self.consumers.get(name, []):
-            if user.inputs != [name]:
+            if set(user.inputs) != {name}:  # read once, or several times (mha(x, x))
                 continue
             found = self.finder.range_exponent(user.name, "input")
             if found is None and user.op in WEIGHT_OPS:
