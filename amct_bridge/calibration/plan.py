@@ -55,6 +55,9 @@ class Target:
         bn_key: that BN's layer key.
         inputs: runtime targets: ids of all input tensors (Add / concat have several).
         desc: the layer's descriptor; bn_desc: the folded BN's.
+        preactivation: the last part of a layer with a fused activation that the exports
+            cannot undo from its output range (:func:`fused_activations`): that activation's
+            name; the session then also observes the output before it (sidecar only).
 
     Example:
         >>> Target("r1", "r1", None, "ReLU", None, LayerQuantConfig()).quantized
@@ -76,6 +79,7 @@ class Target:
     desc: LayerDesc | None = None
     bn_desc: LayerDesc | None = None
     skipped: bool = False
+    preactivation: str | None = None
 
     @property
     def quantized(self) -> bool:
@@ -132,6 +136,7 @@ def make_plan(model: ModelDesc, config: QuantConfig) -> Plan:
     """
     by_key = model.layers
     order, calls, chains, tensors, runtime, rank = _graph_facts(model)
+    fused = fused_activations(model)
     check_names(config.skip_layers, by_key, "skip_layers")
     check_names(config.skip_fusion_layers, by_key, "skip_fusion_layers")
     idle = [n for n in config.skip_layers if n in by_key and not by_key[n].parts]
@@ -185,6 +190,7 @@ def make_plan(model: ModelDesc, config: QuantConfig) -> Plan:
                     desc=desc,
                     bn_desc=bn,
                     skipped=skipped,
+                    preactivation=fused.get(layer_key) if part is desc.parts[-1] else None,
                 )
             )
         if not desc.parts and desc.activation:
@@ -206,6 +212,43 @@ def make_plan(model: ModelDesc, config: QuantConfig) -> Plan:
     plan.unquantized = unquantized_layers(model, covered)
     plan.warnings = warn_unquantized(plan.unquantized, model.quantizable_kinds)
     return plan
+
+
+#: Fused activations whose input range follows from the output range (or is not needed): no
+#: pre-activation point for them. Every other fused activation (softmax, sigmoid, tanh, swish,
+#: gelu...) hides its input's range: a classifier's logits behind its softmax.
+EXACT_ACTIVATIONS: frozenset[str] = frozenset({"linear", "relu", "relu6"})
+
+
+def fused_activations(model: ModelDesc) -> dict[str, str]:
+    """Layer key -> its fused activation, for quantizable layers called once whose activation
+    is not in :data:`EXACT_ACTIVATIONS` (graph node ``params["activation"]``; no graph: none).
+
+    Their output range is the activation's; the session also observes the tensor before it
+    (role ``"preactivation"``), which the sidecar keeps as ``preactivation``: the logits of a
+    ``Dense(activation="softmax")`` head, which the ESP-DL exports quantize.
+
+    Example:
+        >>> from amct_bridge.graph.ir import Graph, Node, TensorInfo
+        >>> g = Graph(tensors={t: TensorInfo((None, 2)) for t in "xyz"}, inputs=["x"],
+        ...           outputs=["z"])
+        >>> g.add_node(Node("a", "a", "Dense", "MatMul", ["x"], ["y"], {"activation": "relu"}))
+        >>> g.add_node(Node("b", "b", "Dense", "MatMul", ["y"], ["z"],
+        ...                 {"activation": "softmax"}))
+        >>> part = QuantPart("", "MatMul", True, False, True)
+        >>> fused_activations(ModelDesc("m", {k: LayerDesc(k, "Dense", (part,)) for k in "ab"}, g))
+        {'b': 'softmax'}
+    """
+    if model.graph is None:
+        return {}
+    found: dict[str, str] = {}
+    for node in model.graph:
+        desc = model.layers.get(node.layer)
+        act = str(node.params.get("activation") or "linear")
+        if desc is None or not desc.parts or node.shared or act in EXACT_ACTIVATIONS:
+            continue
+        found[node.layer] = act
+    return found
 
 
 @dataclass(frozen=True)

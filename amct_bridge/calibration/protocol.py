@@ -34,9 +34,12 @@ class Point:
 
     Args:
         key: layer key it belongs to ("conv1"; a layer's inner tensor: its layer key too).
-        role: "input", "output" (of ``layer``: a folded BN's output is observed on the BN) or
+        role: "input", "output" (of ``layer``: a folded BN's output is observed on the BN),
             "inner" (a tensor inside the layer feeding its second part, e.g. SeparableConv2D's
-            depthwise output; the adapter computes it from the layer input).
+            depthwise output; the adapter computes it from the layer input) or
+            "preactivation" (the layer's output before its fused activation, e.g. the logits
+            of ``Dense(activation="softmax")``; the adapter takes the tensor the activation
+            is called on).
         layer: the framework object whose call is observed (a descriptor's handle).
         bins: histogram bins per batch (0 = min/max only).
         channel_axis: axis for per-channel min/max (None = not gathered; DMQ sets it).

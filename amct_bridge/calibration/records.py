@@ -403,6 +403,9 @@ def _sidecar(session, clip: dict) -> CalibrationStats:
             seen = index is not None and index in clip
             ranges.append(_range(session.observed[index], clip[index]) if seen else None)
         entry = LayerStats(target.kind, input=ranges[0], output=ranges[1])
+        pre = get((target.layer_key, "preactivation")) if target.preactivation else None
+        if pre is not None and pre in clip:  # the output before its fused activation
+            entry.preactivation = _range(session.observed[pre], clip[pre])
         if len(roles) == 2 and roles[0] == "input" and roles[1] == "output":
             stats.layers.update(_site_entries(session, target, entry))
         else:

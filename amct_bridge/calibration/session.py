@@ -157,6 +157,8 @@ class CalibrationSession:
             if len(layer_parts) > 1:  # the first part's output feeds the second part
                 self._add(last, "inner", layer_parts[-1], by_tensor, self.inner_of(last))
             self._add(last, "output", None, by_tensor)
+            if last.preactivation is not None:  # before a fused softmax / sigmoid...: logits
+                self._add(last, "preactivation", None, by_tensor)
 
     def _settings_for(self, target: Target, role: str) -> LayerQuantConfig:
         """The layer's own settings where a record entry reads the tensor, else min/max.

@@ -72,8 +72,9 @@ class ExponentFinder:
         self.overrides: dict[tuple[str, str], int] = dict(overrides or {})
 
     def range_exponent(self, name: str, side: str) -> Found | None:
-        """Exponent from the sidecar's ``side`` ("input"/"output") range of layer ``name``
-        (an entry of ``overrides`` first: a searched exponent)."""
+        """Exponent from the sidecar's ``side`` ("input"/"output", or "preactivation": a
+        conv/dense's output before its fused activation) range of layer ``name`` (an entry of
+        ``overrides`` first: a searched exponent)."""
         entry = self.stats.layers.get(name) if self.stats else None
         if entry is None and self.stats and name in self.layers:  # a shared layer's call
             entry = self.stats.layers.get(self.layers[name].attrs.get("record_key", name))

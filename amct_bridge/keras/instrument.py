@@ -2,7 +2,8 @@
 
 While a calibration pass is active, the target layers get an instance attribute ``call`` that
 runs the layer's own ``call`` and then summarises each observed tensor (the layer's input,
-output, or an inner tensor such as SeparableConv2D's depthwise output): ``[min, max, element
+output, an inner tensor such as SeparableConv2D's depthwise output, or its output before a
+fused activation, which an instance ``activation`` attribute hands over): ``[min, max, element
 count]``, optional per-channel min and max (DMQ) and, for histogram algorithms, ``bins`` counts
 (``tf.histogram_fixed_width`` semantics, see ``amct_bridge.quant.stats.BatchStats``; with
 histograms, one native op of :mod:`amct_bridge.keras.native` computes all of it where that op
@@ -181,6 +182,10 @@ class Instrumentation(RingBuffers):
                 elif role == "output":
                     clamp = _clamp_of(self.points[index].layer) is not None
                     self._summarise(frame, index, _first(outputs), _first(x) if clamp else None)
+                elif role == "preactivation":  # what the layer's activation was called on
+                    pre = self._captured().pop(id(layer), None)
+                    if pre is not None:
+                        self._summarise(frame, index, pre)
                 else:
                     self._summarise(frame, index, self.points[index].inner(layer, _first(x)))
             if solo:
@@ -192,6 +197,25 @@ class Instrumentation(RingBuffers):
             return outputs
 
         return call
+
+    def _captured(self) -> dict[int, tf.Tensor]:
+        """id(layer) -> the tensor its activation was last called on (this thread's traces)."""
+        if not hasattr(self._local, "preactivation"):
+            self._local.preactivation = {}
+        return self._local.preactivation
+
+    def _capture(self, layer) -> Callable:
+        """``layer.activation`` that also keeps its argument for the layer's wrapped call
+        (Keras' Dense and convolutions end in ``self.activation(outputs)``): the output before
+        the activation at no extra op, not a second matmul / convolution."""
+        activation = layer.activation
+
+        def capture(x, *args, **kwargs):
+            if self._frames():  # inside an observed step: the wrapped call reads it next
+                self._captured()[id(layer)] = x
+            return activation(x, *args, **kwargs)
+
+        return capture
 
     def _summarise(self, frame: _Frame, index: int, x: tf.Tensor, source=None) -> None:
         """Add the summary of ``x`` to ``frame`` (written when the step ends).
@@ -368,6 +392,9 @@ class Instrumentation(RingBuffers):
             layers[id(point.layer)] = point.layer
         for lid, indices in by_layer.items():
             self._set(layers[lid], "call", self._wrap(layers[lid], indices))
+            pre = any(self.points[i].role == "preactivation" for i in indices)
+            if pre and callable(getattr(layers[lid], "activation", None)):
+                self._set(layers[lid], "activation", self._capture(layers[lid]))
         for name in self.steps:
             self._set(self.model, name, self.wrap_step(getattr(self.model, name)))
 

@@ -14,7 +14,9 @@ counting and the record. This subclass says how MindSpore does its part:
 * **weights**: :class:`~amct_bridge.mindspore.weights.MindSporeWeights` (OIHW, Dense (out, in),
   Conv2dTranspose (in, out, kH, kW), BatchNorm2d ``eps`` and moving statistics).
 * **statistics**: an :class:`~amct_bridge.mindspore.instrument.Instrumentation` per pass
-  (wrapper cells updating Parameters, in the graph in both modes); the network and every
+  (wrapper cells updating Parameters, in the graph in both modes; the output of an
+  ``nn.Dense(activation=...)`` before that activation is the input of its activation cell,
+  probed there); the network and every
   compiled top-level cell given (``Model``'s eval / train networks) compile anew while the
   probes are in and get their graphs from before back on removal, so no stale graph runs on
   with or without probes.
@@ -255,6 +257,8 @@ class Session(CalibrationSession):
         return ops
 
     def _on_cell(self, point: Point) -> Point:
+        if point.role == "preactivation":  # nn.Dense(activation=...): its activation cell's input
+            return replace(point, layer=point.layer.activation, role="input")
         if isinstance(point.layer, nn.Cell):
             return point
         cell, role, scale = self._homes[(point.key, point.role)]

@@ -43,11 +43,24 @@ class TensorRange:
 
 @dataclass
 class LayerStats:
-    """Statistics of one layer: its Keras/MindSpore class name (``kind``), input and output."""
+    """Statistics of one layer: its Keras/MindSpore class name (``kind``), input and output.
+
+    ``preactivation``: for a Conv/Dense with a fused non-linear activation
+    (``Dense(activation="softmax")``, ``nn.Dense(..., activation="sigmoid")``), the range of
+    its output *before* that activation (a classifier's logits), measured during calibration;
+    ``output`` is after it. None: not such a layer, or a sidecar written before the field
+    existed (the exports then estimate it, see docs/espdl-export.md).
+
+    Example:
+        >>> LayerStats("Dense", output=TensorRange(0.0, 1.0),
+        ...            preactivation=TensorRange(-7.5, 9.0)).preactivation.max
+        9.0
+    """
 
     kind: str
     input: TensorRange | None = None
     output: TensorRange | None = None
+    preactivation: TensorRange | None = None
 
 
 @dataclass
@@ -107,6 +120,7 @@ class CalibrationStats:
                     "kind": s.kind,
                     **({"input": s.input.to_dict()} if s.input else {}),
                     **({"output": s.output.to_dict()} if s.output else {}),
+                    **({"preactivation": s.preactivation.to_dict()} if s.preactivation else {}),
                 }
                 for name, s in self.layers.items()
             },
@@ -160,6 +174,9 @@ class CalibrationStats:
                     kind=entry["kind"],
                     input=_range(entry["input"]) if "input" in entry else None,
                     output=_range(entry["output"]) if "output" in entry else None,
+                    preactivation=(
+                        _range(entry["preactivation"]) if "preactivation" in entry else None
+                    ),
                 )
             except (KeyError, TypeError) as err:
                 raise RecordError(f"{source}: layer {name!r}: bad entry ({err})") from None

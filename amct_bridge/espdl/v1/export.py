@@ -184,8 +184,15 @@ def _output_exponents(
 
 def _logit_exponent(chain: Chain, finder: ExponentFinder) -> tuple:
     """Output exponent of a head whose softmax/sigmoid is left to the host: its calibrated
-    output range is after that function, so bound the logits from the input range instead."""
+    output range is after that function, so the logits' range measured by the calibration
+    (the sidecar's ``preactivation``) gives it; a sidecar without one (written before
+    2026-12, or by QAT): a bound of the logits from the input range, with a warning."""
     head = chain.head
+    func = head.attrs["host_activation"]
+    measured = finder.range_exponent(head.name, "preactivation")
+    if measured is not None and measured[2] is not None:
+        finder.chain_outputs[chain.last] = measured[0]
+        return measured[0], f"sidecar logit range of {head.name!r} (before its {func})", measured[2]
     found = finder.range_exponent(head.name, "input") or finder.record_exponent(head.name)
     if found is None or found[2] is None:
         feeding = finder.input_exponent(chain)
@@ -200,13 +207,12 @@ def _logit_exponent(chain: Chain, finder: ExponentFinder) -> tuple:
     rng = logit_bound(head, found[2])
     exp = range_to_exponent(rng[0], rng[1], finder.bits)
     finder.chain_outputs[chain.last] = exp
-    func = head.attrs["host_activation"]
     finder.warnings.append(
         f"layer {head.name!r}: exported without its {func} (left to the host); its calibrated "
-        f"output range is the {func}'s, so output_exponent {exp} bounds the logits from the "
-        f"input range [{found[2][0]:.4g}, {found[2][1]:.4g}] and the weights (coarser than a "
-        "calibrated range: calibrate the model with the function as a layer of its own, "
-        "Dense + Softmax, or classifier_activation=None, for a tighter one)"
+        f"output range is the {func}'s and the sidecar has no measured logit range "
+        f"(preactivation), so output_exponent {exp} bounds the logits from the input range "
+        f"[{found[2][0]:.4g}, {found[2][1]:.4g}] and the weights (coarser than a calibrated "
+        "range: calibrate again for a measured one)"
     )
     return exp, f"bound of the logits from the {found[1]} through the weights", rng
 

@@ -17,8 +17,9 @@ chip graph lists it too (``graph["host"]``, with the chip layer it reads), so ``
 scores the logits. A softmax / sigmoid anywhere else is not a head: it is refused as before.
 
 The sidecar's output range of a layer with a fused softmax is the range of the probabilities,
-not of the logits: its output exponent comes from :func:`logit_bound` instead (the input range
-pushed through the weights, with a warning).
+not of the logits: its output exponent comes from the logits' range the calibration measured
+(the sidecar's ``preactivation``), or, in a sidecar without it, from :func:`logit_bound` (the
+input range pushed through the weights, with a warning).
 
 Example:
     >>> import numpy as np

@@ -217,17 +217,24 @@ def _emit_chain(em: Emitter, chain: Chain, x: str, kernel: np.ndarray, geometry=
     x_lo, x_hi = em.range_of(x)
     bound = interval_bound(flat, bias, x_lo, x_hi)  # depthwise: [N, kh*kw], one channel
     if separate is not None:
-        shift = float(np.abs(bias).max(initial=0.0)) if bias is not None else 0.0
-        pre = preactivation_range(separate, found[2], bound, shift)
-        if separate == "softmax":
-            em.notes.append(
-                f"layer {head.name!r}: the range of its logits (before softmax) is estimated "
-                f"from the calibrated probabilities ({pre[0]:.3g}..{pre[1]:.3g}; the "
-                "sidecar holds the softmax output only): for a measured range, end the "
-                "model with Dense(activation=None) and a Softmax layer"
-            )
+        # the output before the activation: measured by the calibration (the sidecar's
+        # preactivation), else estimated from the activation's output range (older sidecars)
+        measured = em.finder.range_exponent(head.name, "preactivation")
+        if measured is not None and measured[2] is not None and chain.bn is None:
+            pre = measured[2]
+            out_src = f"sidecar pre-activation range of {head.name!r} (before its {separate})"
+        else:
+            shift = float(np.abs(bias).max(initial=0.0)) if bias is not None else 0.0
+            pre = preactivation_range(separate, found[2], bound, shift)
+            out_src = f"pre-activation range of {separate} (from {found[1]})"
+            if separate == "softmax":
+                em.notes.append(
+                    f"layer {head.name!r}: the range of its logits (before softmax) is "
+                    f"estimated from the calibrated probabilities ({pre[0]:.3g}..{pre[1]:.3g}; "
+                    "the sidecar has no measured logit range): calibrate again for a "
+                    "measured one"
+                )
         e_out = em.range_exp(*pre, head.name)
-        out_src = f"pre-activation range of {separate} (from {found[1]})"
         out_rng = pre
         if (head.name, "preactivation") in tuned.exponents:
             e_out = int(tuned.exponents[(head.name, "preactivation")])
@@ -319,21 +326,29 @@ def _channel_exponents(em, name, w, bias, e_in: int, e_w: int, e_out: int, limit
     return exps
 
 
-def transpose_pads(size: int, kernel: int, stride: int, padding: str) -> tuple[int, int, int]:
+def transpose_pads(
+    size: int, kernel: int, stride: int, padding: str, crops: tuple[int, int] | None = None
+) -> tuple[int, int, int]:
     """Keras Conv2DTranspose along one axis as a stride-1 Conv of its input with ``stride - 1``
     zeros between values (InsertZeros): (output size, pad before, pad after).
 
     The transpose puts ``x[i]·K[h]`` at ``i·stride + h - crop``; "valid" crops nothing, "same"
-    crops TF's ``max(kernel - stride, 0) // 2`` in front and keeps ``size·stride`` outputs. As
-    a correlation with the flipped kernel, the zero-inserted input is padded by
+    crops TF's ``max(kernel - stride, 0) // 2`` in front and keeps ``size·stride`` outputs;
+    explicit ``crops`` (before, after), ONNX ConvTranspose's ``pads`` (MindSpore's
+    ``pad_mode="pad"``, PyTorch's ``padding``), crop the full output on either side. As a
+    correlation with the flipped kernel, the zero-inserted input is padded by
     ``kernel - 1 - crop`` in front and by what makes the output that long behind.
 
     Example:
         >>> transpose_pads(3, 2, 2, "same")  # out 6: zero-inserted length 5, pads 1 + 1
         (6, 1, 1)
+        >>> transpose_pads(3, 3, 2, "valid", (1, 1))  # PyTorch's padding=1: out 2·3 - 1
+        (5, 1, 1)
     """
     full = (size - 1) * stride + kernel
-    if padding == "same":
+    if crops is not None:
+        out, crop = full - crops[0] - crops[1], crops[0]
+    elif padding == "same":
         out, crop = size * stride, max(kernel - stride, 0) // 2
     else:
         out, crop = full, 0
@@ -374,8 +389,19 @@ def lower_conv_transpose(em: Emitter, layer: SourceLayer, ins: list[str]) -> Non
     kernel = np.asarray(kernel)[::-1, ::-1].transpose(0, 1, 3, 2)
     kh, kw = kernel.shape[:2]
     h, w = (1, shape[1]) if one_d else (shape[1], shape[2])
-    ho, top, bottom = transpose_pads(h, kh, sh, padding)
-    wo, left, right = transpose_pads(w, kw, sw, padding)
+    crops = layer.attrs.get("pads")  # [top, bottom, left, right] cropped off the full output
+    crop_h = None if crops is None else (int(crops[0]), int(crops[1]))
+    crop_w = None if crops is None else (int(crops[2]), int(crops[3]))
+    ho, top, bottom = transpose_pads(h, kh, sh, padding, crop_h)
+    wo, left, right = transpose_pads(w, kw, sw, padding, crop_w)
+    if crops is not None and (min(top, bottom, left, right) < 0 or min(ho, wo) < 1):
+        em.refuse(
+            layer,
+            f"{layer.kind} with pads {list(crops)} for a {kh}x{kw} kernel, stride {sh}x{sw}: "
+            "the ESP-DL v3 runtime's InsertZeros + Conv form pads the zero-inserted input by "
+            "kernel - 1 - pad, so each pad must be at most kernel - 1 (and leave an output)",
+        )
+        return
     if min(top, bottom, left, right) < 0:
         em.refuse(layer, f"{layer.kind}: kernel smaller than the stride with 'same' padding")
         return
