@@ -79,7 +79,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--stats", help="calibration sidecar (default: <record>.calib.json)")
     parser.add_argument(
-        "--feature-type", choices=("s8", "s16"), default="s8", help="int8 or int16 (default s8)"
+        "--feature-type",
+        choices=("s8", "s16", "auto"),
+        default="s8",
+        help="int8 or int16 (default s8); auto (--format espdl, with --data): int8 with the "
+        "fewest int16 layers that keep the simulated chip within --max-drop of the float "
+        "model on --data (mixed precision; the choice is printed)",
+    )
+    parser.add_argument(
+        "--max-drop",
+        type=float,
+        default=None,
+        metavar="FRACTION",
+        help="--feature-type auto: the largest drop allowed on --data (default 0.01): for a "
+        "classifier the share of samples whose arg-max differs from the float model's, else "
+        "the output RMS error relative to the float output range",
     )
     parser.add_argument(
         "--granularity",
@@ -273,6 +287,14 @@ def _run_v3(args: argparse.Namespace) -> int:
             test_input = np.load(args.test_input, allow_pickle=False)
         except (OSError, ValueError) as err:
             raise ExportError(f"{args.test_input}: cannot read the test input: {err}") from None
+    if args.feature_type == "auto" and args.data is None:
+        raise ExportError(
+            "--feature-type auto picks the int16 layers by running the simulated chip on "
+            "calibration data: add --data X.npy (or choose --feature-type s8 or s16)"
+        )
+    if args.max_drop is not None and args.feature_type != "auto":
+        raise ExportError("--max-drop goes with --feature-type auto")
+    mixed = {} if args.max_drop is None else {"max_drop": args.max_drop}
     data = _search_data(args)
     export_espdl, model = _exporter(args)
     _check_data(args, model, data)
@@ -289,10 +311,17 @@ def _run_v3(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         calibration_data=data,
         exponents=args.exponents,
+        **mixed,
     )
+    said = result.mixed.summary() if result.mixed is not None else None
     for warning in result.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
+        if warning != said:
+            print(f"warning: {warning}", file=sys.stderr)
     print(f"wrote {result.path} ({target}, {args.feature_type}, {len(result.model.nodes)} nodes)")
+    if said is not None:
+        print(said)
+        if result.layer_bits:  # the chosen layers and the pools / activations after them
+            print(f"int16 nodes: {', '.join(result.layer_bits)}")
     for name, head in result.fused.items():
         print(f"fused: {name} into {head}")
     for problem in result.skipped:
@@ -359,6 +388,9 @@ def run(args: argparse.Namespace) -> int:
         raise ExportError(f"{args.record}: record file not found")
     if args.format == "espdl":
         return _run_v3(args)
+    if args.feature_type == "auto" or args.max_drop is not None:
+        flag = "--feature-type auto" if args.feature_type == "auto" else "--max-drop"
+        raise ExportError(f"{flag} (mixed int8 / int16 layers) is for --format espdl")
     if args.target in ("esp32p4", "c"):
         raise ExportError(f"--target {args.target} is an ESP-DL v3 target: add --format espdl")
     args.target = args.target or "esp32"

@@ -703,8 +703,11 @@ def export_espdl(
             ``calibration_data``, else "max".
         **options: :func:`amct_bridge.espdl.export`'s options (stats, feature_type,
             granularity, target, skip_unsupported, overwrite, cpp); for ``"espdl"``:
-            stats, target (esp32s3, esp32p4, c), feature_type, test_input (float, the
-            model's input), seed, skip_unsupported, overwrite.
+            stats, target (esp32s3, esp32p4, c), feature_type (``"auto"`` with
+            ``calibration_data``: the fewest int16 layers within ``max_drop``,
+            :func:`amct_bridge.espdl.v3.mixed.choose_layer_bits`), max_drop, layer_bits
+            (layer -> 8 / 16), test_input (float, the model's input), seed,
+            skip_unsupported, overwrite.
 
     Example:
         >>> from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange
@@ -732,12 +735,14 @@ def export_espdl(
     attention = [x for x in layers if x.kind == "MultiHeadAttention"]
     rule = exponents or ("max" if calibration_data is None else "search")
     calibration = None
-    if rule == "search" and calibration_data is not None:
+    auto = format == "espdl" and options.get("feature_type") == "auto"  # mixed s8/s16
+    if (rule == "search" or auto) and calibration_data is not None:
         calibration = _search_data(model, layers, calibration_data, format)
     if format == "espdl":
         if calibration_data is not None and attention:  # the ranges inside attention layers
             attention_ranges(model, attention, np.asarray(calibration_data))
         check_rule(rule, calibration)
+        options["search"] = rule == "search"
         return _export_v3(model, layers, record, out_dir, options, calibration)
     if calibration is not None:
         options["calibration"] = calibration
@@ -798,16 +803,19 @@ def _export_v3(
     test_input = options.pop("test_input", None)
     if test_input is not None:
         test_input = chip_input(model, np.asarray(test_input)[:1], layers)
-    unknown = set(options) - {"target", "feature_type", "seed", "skip_unsupported", "overwrite"}
+    search = options.pop("search", False)
+    known = {"target", "feature_type", "seed", "skip_unsupported", "overwrite"}
+    unknown = set(options) - known - {"layer_bits", "max_drop"}  # mixed precision
     if unknown:
         raise ExportError(f"format 'espdl' does not take {', '.join(sorted(unknown))}")
-    if calibration is not None:
+    if calibration is not None or options.get("feature_type") == "auto" or "max_drop" in options:
         from amct_bridge.espdl.v3.search import export_searched
 
         return export_searched(
             layers,
             out,
             calibration=calibration,
+            search=search,
             record=record,
             stats=stats,
             test_input=test_input,

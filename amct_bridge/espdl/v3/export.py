@@ -42,9 +42,11 @@ Example:
 
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -73,12 +75,20 @@ __all__ = [
     "FEATURE_TYPES",
     "V3Layer",
     "V3ExportResult",
+    "check_layer_bits",
     "export_layers_v3",
     "check_options_v3",
 ]
 
 #: feature_type -> element bits.
 FEATURE_TYPES = {"s8": 8, "s16": 16}
+_DTYPES = {3: np.dtype(np.int8), 5: np.dtype(np.int16)}
+#: feature_type="auto" without calibration data.
+AUTO_NEEDS_DATA = (
+    "feature_type='auto' picks the int16 layers on calibration data (the simulated chip "
+    "against the float model): pass calibration_data= (adapters' export_espdl) / --data "
+    "(export-espdl), or choose s8 or s16"
+)
 
 
 def check_options_v3(target: str, feature_type: str) -> int:
@@ -99,6 +109,8 @@ def check_options_v3(target: str, feature_type: str) -> int:
             f"target {target!r}: expected one of {', '.join(TARGETS)}{hint} (c: the generic "
             "C kernels of esp32, esp32s2, c3, c6 and the other chips)"
         )
+    if feature_type == "auto":  # mixed precision (amct_bridge.espdl.v3.mixed) reached here:
+        raise ExportError(AUTO_NEEDS_DATA)  # no calibration data
     if feature_type not in FEATURE_TYPES:
         raise ExportError(f"feature_type {feature_type!r}: expected one of s8, s16")
     return FEATURE_TYPES[feature_type]
@@ -124,6 +136,10 @@ class V3ExportResult:
     notes: list[str] = field(default_factory=list)
     #: source layer -> the tensor holding its output (a conv chain: under its last member)
     tensors: dict[str, str] = field(default_factory=dict)
+    #: mixed precision: the layers (conv chains by head) at another width than feature_type
+    layer_bits: dict[str, int] = field(default_factory=dict)
+    #: ``feature_type="auto"``: what the choice measured (amct_bridge.espdl.v3.mixed)
+    mixed: Any = None
 
     @property
     def skipped(self) -> list[Problem]:
@@ -141,6 +157,36 @@ class V3ExportResult:
     def warnings(self) -> list[str]:
         """Notes on exponents, saturation and host-side steps."""
         return list(self.notes)
+
+
+def check_layer_bits(
+    layer_bits: dict[str, int] | None, layers: list[SourceLayer], fused: dict[str, str]
+) -> dict[str, int]:
+    """``layer_bits`` checked (known layers, 8 or 16) with fused layers named by their head.
+
+    Example:
+        >>> check_layer_bits({"bn": 16}, [SourceLayer("bn", "batch_norm")], {"bn": "c"})
+        {'c': 16}
+        >>> check_layer_bits({"c9": 16}, [], {})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        amct_bridge.errors.ExportError: layer_bits names 'c9', which is no layer of the model...
+    """
+    names = {x.name for x in layers}
+    widths: dict[str, int] = {}
+    for name, value in (layer_bits or {}).items():
+        if name not in names:
+            close = difflib.get_close_matches(str(name), sorted(names), n=1, cutoff=0.5)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ExportError(f"layer_bits names {name!r}, which is no layer of the model{hint}")
+        bits = FEATURE_TYPES.get(value, value) if isinstance(value, str) else value
+        if bits not in (8, 16):
+            raise ExportError(f"layer_bits[{name!r}] = {value!r}: expected 8 or 16")
+        head = fused.get(name, name)
+        if widths.get(head, bits) != bits:
+            raise ExportError(f"layer_bits: {name!r} and the layers fused with it differ")
+        widths[head] = int(bits)
+    return widths
 
 
 def _check_links(layers: list[SourceLayer]) -> None:
@@ -238,7 +284,9 @@ def _emit(em: Emitter, layer: SourceLayer) -> None:
         if em.chains[head].pad is layer and layer.inputs[0] in em.tensor_of:
             em.tensor_of[layer.name] = em.tensor_of[layer.inputs[0]]  # pads of the conv
         return
+    bits = em.width(layer)
     if layer.op == "input":
+        em.use(bits)
         lower_input(em, layer, [])
         return
     missing = [x for x in layer.inputs if x not in em.tensor_of]
@@ -254,8 +302,13 @@ def _emit(em: Emitter, layer: SourceLayer) -> None:
     if entry is None:
         em.refuse(layer, no_lowering(layer))
         return
+    ins = [em.tensor_of[x] for x in layer.inputs]
+    if bits is None:  # a reshape, pass-through or host step: its input's width
+        bits = em.bits_of(ins[0]) if ins else em.default_bits
+    em.use(bits)
     start = len(em.nodes)
-    entry.lower(em, layer, [em.tensor_of[x] for x in layer.inputs])
+    ins = [em.convert(x) for x in ins]  # another width: a RequantizeLinear (its nodes)
+    entry.lower(em, layer, ins)
     done = em.report.get(layer.name)
     if done is not None and done.status == "exported":
         done.nodes = [n.name for n in em.nodes[start:]]
@@ -292,7 +345,7 @@ def _test_values(
         else:
             lo, hi = em.range_of(info.name)
             sample = rng.uniform(lo, hi, size=shape)
-        ints[info.name] = em.quantize(sample, info.exponent)
+        ints[info.name] = em.quantize(sample, info.exponent, _DTYPES[info.elem_type])
     result = simulate_espdl(model, ints, em.target)
     model.test_inputs = [Tensor(n, v, [em.exps[n]]) for n, v in ints.items()]
     outs = []
@@ -316,6 +369,7 @@ def export_layers_v3(
     skip_unsupported: bool = False,
     overwrite: bool = False,
     tuning: Tuning | None = None,
+    layer_bits: dict[str, int] | None = None,
 ) -> V3ExportResult:
     """Export ``layers`` (execution order) as an ESP-DL v3 model; write it to ``out`` (a
     ``.espdl`` path; None: compute only).
@@ -336,6 +390,12 @@ def export_layers_v3(
         tuning: exponents, per-channel filters and bias corrections searched on calibration
             data (:func:`amct_bridge.espdl.v3.search.search_tuning_v3`) that replace the
             range rule's where they say; None: the range rule.
+        layer_bits: mixed precision: layer name -> 8 or 16 for the layers that run at
+            another width than ``feature_type`` (a conv chain by its head; a fused BN/ReLU
+            names its head's). Each node runs at one width: a ``RequantizeLinear`` converts a
+            tensor where its reader's width differs (int8 -> int16 exact, int16 -> int8 at its
+            range); reshapes, pass-throughs and host steps keep their input's width, the model
+            input takes its first reader's (docs/espdl-v3.md, "Mixed precision").
 
     Example:
         >>> export_layers_v3([], None, target="esp32")  # doctest: +ELLIPSIS
@@ -361,7 +421,8 @@ def export_layers_v3(
         return bool(factors and factors.skip_fusion)
 
     chains, fused = _plan(layers, skip_fusion)
-    em = Emitter(layers, record, stats, bits, target, chains, fused)
+    widths = check_layer_bits(layer_bits, layers, fused)
+    em = Emitter(layers, record, stats, bits, target, chains, fused, widths)
     if tuning is not None:
         em.tune(tuning)
         em.notes += tuning.notes
@@ -426,6 +487,7 @@ def export_layers_v3(
         em.sources,
         em.notes,
         dict(em.tensor_of),
+        {k: v for k, v in widths.items() if v != bits},
     )
     if out is not None:
         write_espdl(model, out)

@@ -72,6 +72,7 @@ from amct_bridge.espdl.v3.export import (
     V3ExportResult,
     _emit,
     _plan,
+    check_layer_bits,
     check_options_v3,
     export_layers_v3,
 )
@@ -155,11 +156,19 @@ class _Forward:
         self.layers, self.x, self.linear = layers, x, frozenset(linear)
         self.record, self.stats = record, stats
         self.chains, self.fused = _plan(layers, skip_fusion)
+        self.layer_bits = check_layer_bits(options.get("layer_bits"), layers, self.fused)
         self.steps = 0  # layers lowered and run (the search's cost)
 
     def start(self) -> _State:
         em = Emitter(
-            self.layers, self.record, self.stats, self.bits, self.target, self.chains, self.fused
+            self.layers,
+            self.record,
+            self.stats,
+            self.bits,
+            self.target,
+            self.chains,
+            self.fused,
+            self.layer_bits,
         )
         return _State(em, {}, 0)
 
@@ -664,23 +673,37 @@ def export_searched(
     layers: list[SourceLayer],
     out: Any,
     *,
-    calibration: CalibrationData,
+    calibration: CalibrationData | None,
+    search: bool = True,
     **options: Any,
 ) -> V3ExportResult:
     """:func:`search_tuning_v3` on ``calibration``, then
     :func:`~amct_bridge.espdl.v3.export.export_layers_v3` with its choices (the adapters'
-    ``export_espdl(format="espdl", calibration_data=x)``).
+    ``export_espdl(format="espdl", calibration_data=x)``). ``feature_type="auto"`` (with
+    ``max_drop``) first picks the int16 layers on ``calibration``
+    (:func:`amct_bridge.espdl.v3.mixed.export_auto`), then searches at those widths;
+    ``search=False``: the range rule's exponents.
 
     Example:
         >>> # see search_tuning_v3
     """
-    tuning = search_tuning_v3(
-        layers,
-        calibration.x,
-        calibration.floats,
-        output=calibration.output,
-        linear=calibration.linear,
-        given=calibration.given,
-        **options,
-    )
-    return export_layers_v3(layers, out, tuning=tuning, **options)
+
+    def tune(opts: dict) -> Tuning:
+        return search_tuning_v3(
+            layers,
+            calibration.x,
+            calibration.floats,
+            output=calibration.output,
+            linear=calibration.linear,
+            given=calibration.given,
+            **opts,
+        )
+
+    if options.get("feature_type") == "auto" or "max_drop" in options:
+        from amct_bridge.espdl.v3.mixed import export_auto
+
+        tuned = tune if search and calibration is not None else None
+        return export_auto(layers, out, calibration=calibration, tune=tuned, **options)
+    if not search or calibration is None:
+        return export_layers_v3(layers, out, **options)
+    return export_layers_v3(layers, out, tuning=tune(options), **options)

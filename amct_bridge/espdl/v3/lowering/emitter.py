@@ -126,21 +126,24 @@ class Emitter:
     Args:
         layers: the source layers, in execution order.
         record, stats: the AMCT record and calibration sidecar (either may be None).
-        bits: 8 or 16; target: esp32s3, esp32p4 or c.
+        bits: 8 or 16 (the file's feature type); target: esp32s3, esp32p4 or c.
         chains, fused: the conv chains by head name and fused layer -> head
             (planned by :mod:`amct_bridge.espdl.v3.export`).
+        layer_bits: layer name -> 8 or 16 where a layer runs at another width than ``bits``
+            (mixed precision, :meth:`width`); a chain's head names the chain.
     """
 
-    def __init__(self, layers, record, stats, bits, target, chains, fused) -> None:
+    def __init__(self, layers, record, stats, bits, target, chains, fused, layer_bits=None):
         self.layers = layers
         self.by_name = {x.name: x for x in layers}
         self.consumers = consumers_map(layers)
         self.finder = ExponentFinder(layers, record, stats, bits=bits)
-        self.bits, self.target = bits, target
+        self.target = target
         self.half_even = target == "esp32p4"
-        self.dtype = np.dtype(np.int8 if bits == 8 else np.int16)
-        self.elem = 3 if bits == 8 else 5
-        self.quant = "S8" if bits == 8 else "S16"
+        self.default_bits = bits
+        self.layer_bits: dict[str, int] = {k: int(v) for k, v in (layer_bits or {}).items()}
+        self.converted: dict[tuple[str, int], str] = {}  # (tensor, bits) -> its copy
+        self.use(bits)
         self.chains: dict[str, Chain] = chains
         self.fused: dict[str, str] = fused
         self.nodes: list[Node] = []
@@ -157,6 +160,70 @@ class Emitter:
         self.host: list[str] = []  # model inputs and the host-side layers right after them
         self.luts = 0
         self.tuning = Tuning()  # searched choices (tune); empty: the range rule
+
+    # --- widths (mixed int8 / int16)
+
+    def use(self, bits: int) -> None:
+        """Write the next nodes at ``bits`` (8 or 16): tensor types, ``quant_type``, weights,
+        bias width and the exponents of calibrated ranges."""
+        self.bits = self.finder.bits = int(bits)
+        self.dtype = np.dtype(np.int8 if bits == 8 else np.int16)
+        self.elem = 3 if bits == 8 else 5
+        self.quant = "S8" if bits == 8 else "S16"
+
+    def width(self, layer: SourceLayer) -> int | None:
+        """The bits ``layer``'s nodes run at: ``layer_bits`` (a fused layer: its head's), a
+        model input its first reader's; None for a layer that writes no arithmetic of its own
+        (a host step, a reshape, a pass-through): its input's width."""
+        name = self.fused.get(layer.name, layer.name)
+        if name in self.layer_bits:
+            return self.layer_bits[name]
+        if layer.op == "input":
+            return self._reader_width(layer.name, {layer.name})
+        if layer.kind in ("Rescaling", "Normalization") or same_values(layer):
+            return None
+        return self.default_bits
+
+    def _reader_width(self, name: str, seen: set[str]) -> int:
+        for user in self.consumers.get(name, []):
+            bits = self.width(user)
+            if bits is None and user.name not in seen:
+                seen.add(user.name)
+                bits = self._reader_width(user.name, seen)
+            if bits is not None:
+                return bits
+        return self.default_bits
+
+    def bits_of(self, tensor: str) -> int:
+        """The width of a tensor written so far (8 or 16)."""
+        return 16 if self.infos[tensor].elem_type == 5 else 8
+
+    def convert(self, tensor: str) -> str:
+        """``tensor`` at the current width: itself, or its copy by a ``RequantizeLinear`` node
+        (``<tensor>/requantize_s16`` / ``_s8``; one per tensor and width). int8 -> int16 takes
+        the exponent 8 lower (a left shift by 8: exact, never saturates); int16 -> int8 the
+        exponent of the tensor's calibrated range (else 8 higher), rounded as the target
+        rounds."""
+        info = self.infos.get(tensor)
+        if info is None or info.elem_type not in (3, 5) or self.bits_of(tensor) == self.bits:
+            return tensor
+        key = (tensor, self.bits)
+        if key in self.converted:
+            return self.converted[key]
+        e_in, rng = self.exps[tensor], self.ranges.get(tensor)
+        if self.bits == 16:
+            exp, why = e_in - 8, f"int8 {tensor!r} as int16 (exact: exponent {e_in} - 8)"
+        elif rng is not None:
+            exp, why = self.range_exp(*rng, tensor), f"int16 {tensor!r} as int8 (its range)"
+        else:
+            exp, why = e_in + 8, f"int16 {tensor!r} as int8 (exponent {e_in} + 8)"
+        name = f"{tensor}/requantize_s{self.bits}"
+        scale = self.init(f"{name}/scale", np.float32([2.0**exp]))
+        zero = self.init(f"{name}/zero_point", np.zeros(1, self.dtype))
+        self.tensor(name, exp, why, self.shapes[tensor], rng)
+        self.node(name, "RequantizeLinear", [tensor, scale, zero], [name])
+        self.converted[key] = name
+        return name
 
     # --- bookkeeping
 
@@ -216,7 +283,8 @@ class Emitter:
         """The calibrated range of ``tensor``, else its format's range."""
         if tensor in self.ranges:
             return self.ranges[tensor]
-        top = (2 ** (self.bits - 1) - 1) * 2.0 ** self.exps[tensor]
+        bits = self.bits_of(tensor) if tensor in self.infos else self.bits
+        top = (2 ** (bits - 1) - 1) * 2.0 ** self.exps[tensor]
         return -top, top
 
     def found(self, name: str, seen: frozenset[str] = frozenset()):
