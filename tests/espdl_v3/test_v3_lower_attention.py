@@ -20,6 +20,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
+from v3_checks import assert_self_check, chip_input
 
 from amct_bridge.cli import main
 from amct_bridge.errors import ExportError
@@ -57,11 +58,8 @@ def block(tmp_path_factory):
 def _run(model, back, data, bits):
     """Keras on the chip's quantized input, and the simulated chip, one sample per run:
     {tensor: (chip, keras)} for the attention's output and the head's."""
-    dtype = np.int8 if bits == 8 else np.int16
-    step = 2.0 ** back.inputs[0].exponent
-    top = 2 ** (bits - 1)
-    q = np.clip(np.round(data / step), -top, top - 1).astype(dtype)
-    xq = (q * step).astype("float32")
+    q, xq = chip_input(back, data, bits)
+    xq = xq.astype("float32")
     runs = [simulate_espdl(back, q[i : i + 1]).values for i in range(len(q))]
     out = {}
     for name in ("mha", "head"):
@@ -83,9 +81,7 @@ def test_transformer_block_exports_and_follows_keras(block, tmp_path, target, ft
     assert ops.count("Gemm") == 4 and ops.count("MatMul") == 2 and "Softmax" in ops
     assert res.exponents["mha/scores"][1] == "its range on calibration_data"
     back = read_espdl(out)
-    sim = simulate_espdl(back, None)  # espdl-run --check: the file's own test values
-    for t in back.test_outputs:
-        np.testing.assert_array_equal(sim.outputs[t.name], t.data)
+    assert_self_check(back)  # espdl-run --check: the file's own test values
     bits = 8 if ft == "s8" else 16
     for name, (chip, ref) in _run(model, back, data, bits).items():
         err = np.abs(chip - ref).max() / np.ptp(ref)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
+from v3_checks import check_lowering
 
-from amct_bridge.cli import main
 from amct_bridge.errors import ExportError
 from amct_bridge.espdl.v3 import read_espdl, simulate_espdl
 from amct_bridge.keras import calibrate, export_espdl
@@ -22,41 +22,10 @@ TARGETS = ("esp32s3", "esp32p4")
 
 def _check(model, tmp_path, s8_bound, *, data=None, samples=32, ops=(), capsys=None):
     """Calibrate, export for both targets and feature types, check; returns the op types."""
-    rng = np.random.default_rng(1)
     if data is None:
+        rng = np.random.default_rng(1)
         data = rng.uniform(-1, 1, (samples, *model.input_shape[1:])).astype("float32")
-    record = tmp_path / "r.txt"
-    calibrate(model, data, record, algorithm="minmax")
-    seen = set()
-    for target in TARGETS:
-        for ft, bits in (("s8", 8), ("s16", 16)):
-            out = tmp_path / f"{target}_{ft}.espdl"
-            res = export_espdl(
-                model, record, out, format="espdl", target=target, feature_type=ft,
-                test_input=data[:1],
-            )  # fmt: skip
-            assert "refused" not in {x.status for x in res.layers}
-            back = read_espdl(out)
-            seen |= {n.op_type for n in back.nodes}
-            sim = simulate_espdl(back, None)  # espdl-run --check: the file's own test values
-            for t in back.test_outputs:
-                np.testing.assert_array_equal(sim.outputs[t.name], t.data)
-            step = 2.0 ** back.inputs[0].exponent
-            top = 2 ** (bits - 1)
-            q = np.clip(np.round(data / step), -top, top - 1)
-            chip = simulate_espdl(back, q.astype(np.int8 if bits == 8 else np.int16))
-            ref = np.asarray(model.predict((q * step).astype("float32"), verbose=0))
-            info = back.outputs[0]
-            got = chip.outputs[info.name] * 2.0**info.exponent
-            err = np.abs(got - ref).max() / np.ptp(ref)
-            assert err <= (0.01 if bits == 16 else s8_bound), (target, ft, err)
-            if bits == 16 and ref.ndim == 2 and ref.shape[1] > 1:
-                agree = np.mean(got.argmax(1) == ref.argmax(1))
-                assert agree >= 0.95, (target, agree)
-    if capsys is not None:  # the CLI's check on one of the files
-        capsys.readouterr()
-        assert main(["espdl-run", str(tmp_path / "esp32p4_s16.espdl"), "--check"]) == 0
-        assert "test outputs equal: 1/1" in capsys.readouterr().out
+    seen, _ = check_lowering(model, data, tmp_path, s8_bound, capsys)
     assert set(ops) <= seen, seen
     return seen
 

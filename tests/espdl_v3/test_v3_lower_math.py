@@ -13,8 +13,8 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
+from v3_checks import check_lowering
 
-from amct_bridge.cli import main
 from amct_bridge.errors import ExportError
 from amct_bridge.espdl.v3 import read_espdl, simulate_espdl
 from amct_bridge.keras import calibrate, export_espdl
@@ -25,45 +25,8 @@ COMBOS = (("esp32s3", "s8"), ("esp32s3", "s16"), ("esp32p4", "s8"), ("esp32p4", 
 
 
 def _check(model, data, tmp_path, s8_bound, capsys=None) -> tuple[set, dict]:
-    """Calibrate, export for both targets and feature types, check the files; returns the v3
-    op types written and the largest error per (target, feature type)."""
-    record = tmp_path / "r.txt"
-    calibrate(model, data, record, algorithm="minmax")
-    names = [t._keras_history.operation.name for t in model.outputs]
-    seen, worst = set(), {}
-    for target, ft in COMBOS:
-        bits = 8 if ft == "s8" else 16
-        out = tmp_path / f"{target}_{ft}.espdl"
-        res = export_espdl(
-            model, record, out, format="espdl", target=target, feature_type=ft,
-            test_input=data[:1],
-        )  # fmt: skip
-        assert "refused" not in {x.status for x in res.layers}
-        back = read_espdl(out)
-        seen |= {n.op_type for n in back.nodes}
-        sim = simulate_espdl(back, None)  # espdl-run --check: the file's own test values
-        assert back.test_outputs
-        for t in back.test_outputs:
-            np.testing.assert_array_equal(sim.outputs[t.name], t.data)
-        step = 2.0 ** back.inputs[0].exponent
-        top = 2 ** (bits - 1)
-        q = np.clip(np.round(data / step), -top, top - 1)
-        chip = simulate_espdl(back, q.astype(np.int8 if bits == 8 else np.int16))
-        refs = model.predict((q * step).astype(data.dtype), verbose=0)
-        refs = refs if isinstance(refs, list) else [refs]
-        assert sorted(i.name for i in back.outputs) == sorted(names)
-        errors = []
-        for info in back.outputs:
-            ref = np.asarray(refs[names.index(info.name)], np.float64)
-            got = (chip.outputs[info.name] * 2.0**info.exponent).reshape(ref.shape)
-            errors.append(np.abs(got - ref).max() / max(np.ptp(ref), 1e-12))
-        worst[target, ft] = max(errors)
-        assert worst[target, ft] <= (0.01 if bits == 16 else s8_bound), (target, ft, errors)
-    if capsys is not None:  # the CLI's check on one of the files
-        capsys.readouterr()
-        assert main(["espdl-run", str(tmp_path / "esp32p4_s16.espdl"), "--check"]) == 0
-        assert "test outputs equal" in capsys.readouterr().out
-    return seen, worst
+    """The v3 op types written and the largest error per (target, feature type)."""
+    return check_lowering(model, data, tmp_path, s8_bound, capsys)
 
 
 def _calibrated(model, data, tmp_path):

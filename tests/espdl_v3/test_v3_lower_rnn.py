@@ -16,6 +16,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
+from v3_checks import assert_self_check, chip_input
 
 from amct_bridge.cli import main
 from amct_bridge.errors import ExportError
@@ -96,9 +97,7 @@ def test_recurrent_net_exports_and_follows_keras(calibrated, tmp_path, net, targ
                        test_input=data[:1])  # fmt: skip
     assert {x.status for x in res.layers} <= {"exported"}, res.layers
     back = read_espdl(out)
-    sim = simulate_espdl(back, None)  # espdl-run --check: the file's own test values
-    for t in back.test_outputs:
-        np.testing.assert_array_equal(sim.outputs[t.name], t.data)
+    assert_self_check(back)  # espdl-run --check: the file's own test values
     bits = 8 if ft == "s8" else 16
     dtype = np.int8 if bits == 8 else np.int16
     for node in back.nodes:
@@ -113,11 +112,9 @@ def test_recurrent_net_exports_and_follows_keras(calibrated, tmp_path, net, targ
         assert w.data.dtype == r.data.dtype == dtype and b.data.dtype == np.int16
         assert list(r.data.shape) == [dirs, gates * hidden, hidden]
         assert b.exponents == [-9] and list(b.data.shape) == [dirs, 2 * gates * hidden]
-    step = 2.0 ** back.inputs[0].exponent
-    top = 2 ** (bits - 1)
-    q = np.clip(np.round(data / step), -top, top - 1).astype(dtype)
+    q, xq = chip_input(back, data, bits)
     got = _chip(back, q)
-    ref = model.predict((q * step).astype("float32"), verbose=0)
+    ref = model.predict(xq.astype("float32"), verbose=0)
     err = np.abs(got - ref).max() / np.ptp(ref)
     agree = np.mean(got.argmax(1) == ref.argmax(1))
     if bits == 16:
@@ -151,9 +148,8 @@ def test_large_gate_sums_raise_the_gate_exponent(tmp_path):
     node = next(n for n in res.model.nodes if n.op_type == "GRU")
     assert node.attributes["gate_exponent"] > -9
     assert any("gate exponent raised" in n and "'gru'" in n for n in res.notes)
-    step = 2.0 ** res.model.inputs[0].exponent
-    q = np.clip(np.round(data / step), -32768, 32767).astype(np.int16)
-    ref = model.predict((q * step).astype("float32"), verbose=0)
+    q, xq = chip_input(res.model, data, 16)
+    ref = model.predict(xq.astype("float32"), verbose=0)
     got = _chip(res.model, q)
     assert np.abs(got - ref).max() <= 0.01 * np.ptp(ref)
 
