@@ -97,32 +97,44 @@ def _nets():
             ("swish/SE net", 16, 1, 30, swish_se)]  # fmt: skip
 
 
-def accuracy(tmp: Path) -> None:
-    """The three nets: float and chip accuracy, range rule and searched."""
+def trained_net(size: int, channels: int, epochs: int, build, tmp: Path):
+    """One of ``_nets()`` trained on the digits (seed 0) and calibrated on 256 training
+    digits: (model, record, x, y, train, test, seconds the calibration took)."""
     import keras
 
+    x, y, train, test = _digits(size, channels)
+    keras.utils.set_random_seed(0)
+    model = build()
+    model.compile("adam", "sparse_categorical_crossentropy")
+    model.fit(x[train], y[train], epochs=epochs, batch_size=32, verbose=0)
+    record = tmp / f"{size}_{channels}.txt"
+    start = time.perf_counter()
+    calibrate(model, x[train[:256]], record)
+    return model, record, x, y, train, test, time.perf_counter() - start
+
+
+def v3_predictions(model, record, x_test, target: str, data=None):
+    """The simulated chip's arg max on ``x_test`` for the v3 s8 export of ``model`` (range
+    rule, or searched on ``data``), and the export's wall time (seconds)."""
+    start = time.perf_counter()
+    res = export_espdl(model, record, None, format="espdl", target=target, calibration_data=data)
+    took = time.perf_counter() - start
+    out = simulate_espdl(res.model, quantize_input(res.model, x_test, target))
+    return next(iter(out.outputs.values())).reshape(len(x_test), -1).argmax(-1), took
+
+
+def accuracy(tmp: Path) -> None:
+    """The three nets: float and chip accuracy, range rule and searched."""
     from amct_bridge.espdl import simulate_chip
 
     for name, size, channels, epochs, build in _nets():
-        x, y, train, test = _digits(size, channels)
-        keras.utils.set_random_seed(0)
-        model = build()
-        model.compile("adam", "sparse_categorical_crossentropy")
-        model.fit(x[train], y[train], epochs=epochs, batch_size=32, verbose=0)
-        record = tmp / f"{size}_{channels}.txt"
-        calibrate(model, x[train[:256]], record)
+        model, record, x, y, train, test, _ = trained_net(size, channels, epochs, build, tmp)
         ref = model.predict(x[test], verbose=0).argmax(-1)
         print(f"{name}: float {np.mean(ref == y[test]):.4f} ({len(test)} test digits)")
         for target in ("esp32s3", "esp32p4"):
             line = f"  v3 s8 {target:<8}"
             for data in (None, x[train[:512]]):
-                start = time.perf_counter()
-                res = export_espdl(
-                    model, record, None, format="espdl", target=target, calibration_data=data
-                )
-                took = time.perf_counter() - start
-                out = simulate_espdl(res.model, quantize_input(res.model, x[test], target))
-                pred = next(iter(out.outputs.values())).reshape(len(test), -1).argmax(-1)
+                pred, took = v3_predictions(model, record, x[test], target, data)
                 rule = "max" if data is None else f"search ({took:.1f} s)"
                 line += f"  {rule} {np.mean(pred == y[test]):.4f}"
                 line += f" (arg max as float {np.mean(pred == ref):.4f})"
