@@ -35,8 +35,9 @@ tensors are NCW (channel axis 1).
 
 Activations (``ReLU``, ``ReLU6``, ``LeakyReLU``, ``PReLU``, ``ELU``, ``Sigmoid``, ``Tanh``,
 ``Softmax``, ``HSwish``, ``HSigmoid``, ``GELU``, ``SiLU``) keep their MindSpore class name as
-kind. ``nn.LayerNorm`` (kind ``LayerNorm``) stays float, but its input and output ranges go to
-the sidecar as a runtime layer's (:data:`OBSERVED_FLOAT`). **Functional ops are not cells**:
+kind. ``nn.LayerNorm`` (kind ``LayerNorm``), ``nn.GRU`` / ``nn.LSTM`` (``GRU`` / ``LSTM``, one
+leaf each) and ``nn.Embedding`` stay float, but their input and output ranges go to the sidecar
+as a runtime layer's (:data:`OBSERVED_FLOAT`). **Functional ops are not cells**:
 ``x + y``, ``ops.add`` and ``ops.concat`` inside a ``construct`` have no cell to wrap; the graph
 IR (MindIR) names them and their ranges come from the cells around them (an Add's output is the
 next cell's input).
@@ -107,6 +108,9 @@ _KINDS: dict[type, str] = {
     nn.AvgPool1d: "AveragePooling1D",
     nn.AdaptiveAvgPool1d: "AdaptiveAvgPool1d",
     nn.AdaptiveMaxPool1d: "AdaptiveMaxPool1d",
+    nn.GRU: "GRU",  # float, observed (OBSERVED_FLOAT): one leaf, not its inner cells
+    nn.LSTM: "LSTM",
+    nn.Embedding: "Embedding",  # float, observed: the ESP-DL v3 export reads its input's range
 }
 
 #: Activation classes (their ranges go to the sidecar only).
@@ -155,7 +159,10 @@ RUNTIME: frozenset[str] = frozenset(
 #: ranges the sidecar keeps, as a runtime layer's: the ESP-DL v3 runtime computes
 #: LayerNormalization from integers, so the export needs the exponents around it (a
 #: Transformer block's first LayerNorm reads the model input, which nothing else observes).
-OBSERVED_FLOAT: frozenset[str] = frozenset({"LayerNorm"})
+#: nn.GRU / nn.LSTM likewise (the runtime's GRU / LSTM read the input's exponent; the output
+#: seen is the sequence, the first of the cell's outputs), and nn.Embedding (its integer
+#: input is the model input, which nothing else observes).
+OBSERVED_FLOAT: frozenset[str] = frozenset({"LayerNorm", "GRU", "LSTM", "Embedding"})
 
 #: Kinds a following BatchNorm may be folded into, and the BatchNorm kinds.
 FOLDABLE_KINDS: tuple[str, ...] = (

@@ -25,8 +25,14 @@ for a Keras twin):
   ``(N, C, H, W) * (N, C, 1, 1)``, the chip's ``(1, H, W, C) * (1, 1, 1, C)``) and scalar
   operands (``y + 3.0``, ``y / 6.0`` as ``y * (1 / 6.0)``: ``attrs["scalar_operands"]``), the
   global pools' ``keepdims``, ``nn.Upsample`` / ``ops.interpolate`` / resize primitives as
-  UpSampling2D, ``nn.Conv2dTranspose`` (kernel ``(in, out, kH, kW)`` -> ``(kH, kW, out, in)``),
-  ``nn.GELU`` (exact: ``"gelu"``; the tanh approximation: ``"gelu_tanh"``), and sequences
+  UpSampling2D, ``nn.Conv2dTranspose`` (kernel ``(in, out, kH, kW)`` -> ``(kH, kW, out, in)``;
+  ``pad_mode="pad"``: ``attrs["pads"]`` cropped off the full output), dilated convs
+  (``attrs["dilations"]``), ``nn.GELU`` (exact: ``"gelu"``; the tanh approximation:
+  ``"gelu_tanh"``), ``nn.ELU`` (``alpha``), ``nn.GRU`` / ``nn.LSTM`` (:func:`_rnn`: PyTorch's
+  gates in Keras' layout; ``y[:, -1]`` makes a one-direction layer ``return_sequences=False``),
+  ``nn.Embedding`` (its table), functional ``ops.sqrt`` / ``exp`` / ``log`` / ``-x`` /
+  ``ops.pow`` / ``x / y`` and reductions over axes (``ops.amax`` / ``amin`` / ``sum`` /
+  ``mean``: NCHW axes as the chip's NHWC ones), all by the core's (Keras') kinds; and sequences
   ``(N, T, D)`` (:func:`sequence_layout`: tokens, which the chip holds as they are, for
   nn.Dense / nn.LayerNorm over the features, ``ops.transpose`` and the functional
   ``ops.matmul`` / ``x @ y`` / ``ops.BatchMatMul`` of two of them: the core's ``Matmul``).
@@ -89,7 +95,7 @@ HINTS: dict[str, str] = {
 #: How the v3 export writes a transposed convolution, for its refusals.
 _V3_TRANSPOSE = (
     "the ESP-DL v3 runtime runs a transposed convolution as InsertZeros + Conv, which this "
-    "exporter writes for group 1, pad_mode 'same' or 'valid'"
+    "exporter writes for group 1 and NCHW"
 )
 
 Translated = tuple[str, dict, dict]
@@ -153,7 +159,8 @@ def _padding(cell: Any, hw: tuple[int, int], kernel: tuple[int, int], strides: t
 def _conv_transpose(cell: Any, node: Node, graph: Graph, runtime: str) -> Translated:
     """nn.Conv2dTranspose for the v3 export (ESP-DL v1 has none): the core's Conv2DTranspose
     (InsertZeros + Conv), kernel ``(in, out, kH, kW)`` -> Keras' ``(kH, kW, out, in)``;
-    ``pad_mode`` "same" / "valid" (TF's output sizes), explicit pads refused by name."""
+    ``pad_mode`` "same" / "valid" (TF's output sizes) or "pad" (``attrs["pads"]``: cropped off
+    the full output on each side, ONNX ConvTranspose's pads)."""
     if runtime == V1:
         return _unsupported(f"nn.Conv2dTranspose: {HINTS['Conv2DTranspose']}")
     problems = []
@@ -162,13 +169,17 @@ def _conv_transpose(cell: Any, node: Node, graph: Graph, runtime: str) -> Transl
     if int(cell.group) != 1:
         problems.append(f"group {cell.group} (grouped transposed convolution)")
     mode = str(cell.pad_mode).lower()
-    pads = np.ravel(getattr(cell, "padding", 0))
-    if mode == "pad" and not np.any(pads):
-        mode = "valid"
-    elif mode == "pad":
+    pads = [int(p) for p in np.ravel(getattr(cell, "padding", 0))]
+    crops = None
+    if mode == "pad":  # crops [top, bottom, left, right] off the full output (ONNX's pads)
+        mode, crops = "valid", (pads * 4 if len(pads) == 1 else pads)
+        crops = crops if any(crops) else None
+    output_padding = [int(v) for v in np.ravel(getattr(cell, "output_padding", 0))]
+    if any(output_padding):
         problems.append(
-            f"pad_mode='pad', padding={cell.padding!r} (the {runtime} export crops "
-            "as pad_mode 'same' or 'valid' does: use one of them)"
+            f"output_padding {cell.output_padding!r} (pad_mode='{cell.pad_mode}', "
+            f"padding={cell.padding!r}): MindSpore appends rows and columns of zeros after the "
+            "convolution and its bias, which the runtime's form does not write; leave it 0"
         )
     if node.shared:
         problems.append(_shared(node, graph))
@@ -187,9 +198,8 @@ def _conv_transpose(cell: Any, node: Node, graph: Graph, runtime: str) -> Transl
         "strides": _pair(cell.stride),
         "dilations": _pair(cell.dilation),
     }
-    output_padding = np.ravel(getattr(cell, "output_padding", 0))
-    if np.any(output_padding):  # the core refuses it by name
-        attrs["output_padding"] = tuple(int(v) for v in output_padding)
+    if crops is not None:
+        attrs["pads"] = crops
     return "unsupported", weights, attrs
 
 
@@ -203,8 +213,9 @@ def _conv(cell: Any, node: Node, graph: Graph, runtime: str) -> Translated:
     problems = []
     if cell.data_format != "NCHW":
         problems.append(f"data_format {cell.data_format}")
-    if _pair(cell.dilation) != (1, 1):
-        problems.append(f"dilation {_pair(cell.dilation)}")
+    dilation = _pair(cell.dilation)
+    if dilation != (1, 1) and runtime == V1:
+        problems.append(f"dilation {dilation}")
     group, cin = int(cell.group), int(cell.in_channels)
     if group not in (1, cin):
         problems.append(f"group {group} (grouped convolution; only 1 and in_channels)")
@@ -212,10 +223,13 @@ def _conv(cell: Any, node: Node, graph: Graph, runtime: str) -> Translated:
         problems.append(_shared(node, graph))
     kernel = kernel_of(cell, node.layer)
     strides = _pair(cell.stride)
-    padding = _padding(cell, tuple(in_shape[-2:]), kernel.shape[-2:], strides)
+    reach = tuple((k - 1) * d + 1 for k, d in zip(kernel.shape[-2:], dilation, strict=True))
+    padding = _padding(cell, tuple(in_shape[-2:]), reach, strides)
     if problems:
         return _unsupported(f"{', '.join(problems)}: not supported by the {runtime} exporter")
     attrs: dict = {"activation": None, "strides": strides, **padding}
+    if dilation != (1, 1):  # ESP-DL v3 only (v1 refused it above)
+        attrs["dilations"] = dilation
     if one_d:
         attrs["rank"] = 1
     if group == 1:
@@ -407,6 +421,10 @@ def _readers(graph: Graph, node: Node) -> list[Node]:
 def _functional(node: Node, graph: Graph, runtime: str, seq: bool) -> Translated:
     kind, prim = node.kind, node.params.get("primitive", node.kind)
     shapes = [graph.tensors[t].shape for t in node.inputs]
+    producer = graph.producer_of(node.inputs[0]) if node.inputs else None
+    rnn = producer is not None and producer.kind in ("GRU", "LSTM") and runtime != V1
+    if rnn and prim == "StridedSlice":
+        return _rnn_slice(node, graph, producer, runtime)
     if seq and shapes and len(shapes[0]) == 3 and runtime != V1:
         found = _sequence_op(node, graph, shapes, prim)
         if found is not None:
@@ -415,8 +433,12 @@ def _functional(node: Node, graph: Graph, runtime: str, seq: bool) -> Translated
         return "relu", {}, {}
     if kind == "Relu6":
         return "relu6", {}, {}  # refused by the plan with the replace_relu6 path
-    if kind in _ELEMENTWISE or kind == "Divide":
+    if kind in _ELEMENTWISE or kind in ("Divide", "Power"):
         return _elementwise(node, shapes, runtime)
+    if runtime != V1 and (kind in _UNARY or prim == "Reciprocal"):
+        return _unary(node, prim, runtime)
+    if runtime != V1 and kind in _REDUCTIONS and node.params.get("axis"):
+        return _reduction(node, graph, shapes, seq, runtime)
     if kind == "UpSampling2D":
         return _upsample(node, graph, f"functional {prim}", runtime)
     if kind == "Concatenate":
@@ -440,10 +462,42 @@ def _functional(node: Node, graph: Graph, runtime: str, seq: bool) -> Translated
         return _flatten(node, graph, seq)
     if kind == "Matmul" and len(shapes) == 2 and not node.params.get("const_operands"):
         return _matmul(node, shapes, runtime, seq)
+    if prim in ("ArgMaxWithValue", "ArgMinWithValue") and runtime != V1:
+        short = "max" if "Max" in prim else "min"
+        return _unsupported(
+            f"functional {prim} (ops.{short} over an axis: values and indices): the {runtime} "
+            f"export writes the values alone as Reduce{short.title()}; use ops.a{short}(x, axis, "
+            "keepdims)"
+        )
     return _unsupported(
         f"{no_equivalent(f'functional {prim}', runtime)} here (tensors are NCHW in MindSpore, "
         "NHWC on the chip)"
     )
+
+
+def _rnn_slice(node: Node, graph: Graph, rnn: Node, runtime: str) -> Translated:
+    """A StridedSlice of an nn.GRU / nn.LSTM's output: ``y[:, -1]`` of a one-direction layer is
+    its last state, which the layer then outputs itself (``return_sequences=False``, see
+    :func:`_rnn`): nothing to compute; any other slice is refused naming why."""
+    bidirectional = bool(rnn.params.get("bidirectional"))
+    if _last_step(graph, node) and not bidirectional:
+        readers, _ = _rnn_readers(graph, rnn)
+        if all(_last_step(graph, r) for r in readers):
+            return "runtime", {}, {"keeps_exponent": True, "kind": "Identity"}
+    if bidirectional and _last_step(graph, node):
+        why = (
+            f"y[:, -1] of the bidirectional {rnn.params.get('framework_class')} {rnn.name!r}: "
+            "its backward half at the last step has read one step only, while the ESP-DL v3 "
+            "runtime's bidirectional node gives the whole sequence (Y) or each direction's "
+            "final state; read the sequence (e.g. ops.mean over the steps)"
+        )
+    else:
+        why = (
+            f"StridedSlice of the {rnn.params.get('framework_class')} {rnn.name!r} output: "
+            f"the {runtime} export takes its last step y[:, -1] (one direction) or the whole "
+            "sequence"
+        )
+    return _unsupported(why)
 
 
 def _sequence_op(node: Node, graph: Graph, shapes: list, prim: str) -> Translated | None:
@@ -500,10 +554,41 @@ def _transposed_operands(layer: SourceLayer) -> list[SourceLayer]:
     return parts
 
 
+#: Functional element-wise math the v3 export lowers by kind (amct_bridge.espdl.v3.lowering.math).
+_UNARY = ("Sqrt", "Exp", "Log", "Negative")
+#: Functional reductions (``ops.amax`` / ``amin`` / ``sum`` / ``mean`` over axes) -> the
+#: core's kinds (Keras' keras.ops reductions).
+_REDUCTIONS = ("Max", "Min", "Sum", "Mean")
+
+
+def _unary(node: Node, prim: str, runtime: str) -> Translated:
+    """``ops.sqrt`` / ``exp`` / ``log`` / ``-x`` (element-wise: any layout) as the core's kind;
+    ``1.0 / x`` (``Reciprocal``) as a division of the number 1 by ``x``."""
+    reason = no_equivalent(f"functional {prim}", runtime)
+    if prim == "Reciprocal":
+        return "unsupported", {}, {"reason": reason, "kind": "Divide",
+                                   "scalar_operands": [(0, 1.0)]}  # fmt: skip
+    return "unsupported", {}, {"reason": reason, "kind": node.kind}
+
+
+def _reduction(node: Node, graph: Graph, shapes: list, seq: bool, runtime: str) -> Translated:
+    """``ops.amax`` / ``amin`` / ``sum`` / ``mean`` over axes: the core's reduction with the
+    axes of the chip's layout (NCHW axis 1 is its last; a sequence's as they are)."""
+    rank = len(shapes[0])
+    to_chip = {4: {1: 3, 2: 1, 3: 2}, 3: {} if seq else {1: 2, 2: 1}}.get(rank, {})
+    axes = [int(a) % rank for a in node.params["axis"]]
+    axes = tuple(sorted(to_chip.get(a, a) for a in axes))
+    keep = len(graph.tensors[node.outputs[0]].shape) == rank
+    prim = node.params.get("primitive", node.kind)
+    attrs = {"reason": no_equivalent(f"functional {prim}", runtime), "kind": node.kind}
+    return "unsupported", {}, {**attrs, "axis": axes, "keepdims": keep, "initial": None}
+
+
 def _elementwise(node: Node, shapes: list[tuple[int, ...]], runtime: str) -> Translated:
     """``x + y``, ``x * s`` (SE gating: NCHW operands broadcast as the chip's NHWC ones do),
     ``x + 3.0`` and ``x / 6.0`` (a scalar operand, ``attrs["scalar_operands"]``; ``x / c`` is
-    ``x * (1 / c)``) for the v3 export; ESP-DL v1 takes two tensors of one shape."""
+    ``x * (1 / c)``) for the v3 export, and the core's ``Divide`` (``x / y``, ``c / x``) and
+    ``Power`` (``ops.pow(x, 2.0)``); ESP-DL v1 takes two tensors of one shape."""
     kind, prim = node.kind, node.params.get("primitive", node.kind)
     scalars = [(int(i), float(v)) for i, v in node.params.get("scalar_operands") or []]
     if node.params.get("const_operands", 0):
@@ -514,17 +599,13 @@ def _elementwise(node: Node, shapes: list[tuple[int, ...]], runtime: str) -> Tra
         return _unsupported(no_equivalent(f"{prim} with a constant operand", runtime))
     if len(shapes) + len(scalars) != 2:
         return _unsupported(f"{prim} of {len(shapes) + len(scalars)} operands: not exported")
-    if kind == "Divide" and runtime == V1:
-        return _unsupported(f"{prim}: ESP-DL v1 has no division")
-    if kind == "Divide":
-        if [i for i, _ in scalars] != [1] or scalars[0][1] == 0.0:
-            what = "by a tensor" if not scalars else "of a scalar by a tensor"
-            what = "by 0" if scalars and scalars[0] == (1, 0.0) else what
-            return _unsupported(
-                f"{prim}: division {what} is not translated by the {runtime} exporter (a "
-                "division by a nonzero constant c is exported as a multiplication by 1 / c)"
-            )
+    if kind in ("Divide", "Power") and runtime == V1:
+        return _unsupported(f"{prim}: ESP-DL v1 has no {'division' if kind == 'Divide' else kind}")
+    if kind == "Divide" and scalars == [(1, 0.0)]:
+        return _unsupported(f"{prim}: division by 0 (no finite result to quantize)")
+    if kind == "Divide" and [i for i, _ in scalars] == [1]:
         kind, scalars = "Multiply", [(1, 1.0 / scalars[0][1])]  # what the chip's Mul computes
+    # else x / y, c / x: the core's Div (the runtime divides in float32, rounded once)
     if len(shapes) == 2 and shapes[0] != shapes[1]:
         try:
             np.broadcast_shapes(*shapes)
@@ -541,7 +622,10 @@ def _elementwise(node: Node, shapes: list[tuple[int, ...]], runtime: str) -> Tra
                 f"{prim} of shapes {shapes[0]} and {shapes[1]} (broadcast): ESP-DL v1's "
                 "element-wise layers take operands of one shape (ESP-DL v3 broadcasts)"
             )
-    attrs: dict = {"keeps_exponent": RUNTIME_KINDS[kind], "kind": kind}
+    if kind in ("Divide", "Power"):  # the core's math lowerings
+        attrs: dict = {"reason": no_equivalent(prim, runtime), "kind": kind}
+        return "unsupported", {}, {**attrs, "scalar_operands": scalars}
+    attrs = {"keeps_exponent": RUNTIME_KINDS[kind], "kind": kind}
     if scalars:
         attrs["scalar_operands"] = scalars
     return "runtime", {}, attrs
@@ -612,6 +696,127 @@ def _layer_norm(cell: Any, node: Node, graph: Graph, runtime: str, seq: bool) ->
     return op, weights, attrs
 
 
+#: MindSpore's (PyTorch's) GRU gate blocks r, z, n in Keras' order z, r, h (the core reads
+#: Keras' layout: amct_bridge.espdl.v3.lowering.rnn); an LSTM's i, f, g, o are Keras' i, f, c, o.
+_GRU_TO_KERAS = (1, 0, 2)
+
+
+def _last_step(graph: Graph, node: Node) -> bool:
+    """``y[:, -1]`` (or ``y[:, -1, :]``) of a sequence ``(N, T, D)``: a StridedSlice that
+    keeps axes 0 and 2 whole and picks the last step of axis 1."""
+    p = node.params.get("slice")
+    if node.params.get("primitive") != "StridedSlice" or not p or len(p) < 8:
+        return False
+    shape = graph.tensors[node.inputs[0]].shape
+    out = graph.tensors[node.outputs[0]].shape
+    begin, strides, ellipsis, new_axis, shrink = p[0], p[2], p[5], p[6], p[7]
+    if len(shape) != 3 or tuple(out) != (shape[0], shape[2]) or len(begin) < 2:
+        return False
+    plain = all(int(s) == 1 for s in strides) and not ellipsis and not new_axis
+    return plain and int(shrink) == 2 and int(begin[1]) % shape[1] == shape[1] - 1
+
+
+def _rnn_readers(graph: Graph, node: Node) -> tuple[list[Node], bool]:
+    """Who reads an nn.GRU / nn.LSTM call's output sequence ``(N, T, dirs·H)``, and whether
+    anything else of the call (its states ``h_n``, ``c_n``) is read."""
+    n, steps = graph.tensors[node.inputs[0]].shape[:2]
+    width = int(node.params["units"]) * (2 if node.params.get("bidirectional") else 1)
+    seq = [t for t in node.outputs if graph.tensors[t].shape == (n, steps, width)]
+    used = any(graph.consumers_of(t) or graph.is_output(t) for t in node.outputs if t not in seq)
+    if not seq or graph.is_output(seq[0]):
+        return [], used
+    return graph.consumers_of(seq[0]), used
+
+
+def _folds_last_step(graph: Graph, rnn: Node, cell: Any) -> bool:
+    """Whether the only readers of a one-direction RNN's sequence take its last step: the
+    layer is then ``return_sequences=False`` (the runtime's ``Y_h``)."""
+    readers, _ = _rnn_readers(graph, rnn)
+    one_way = not bool(getattr(cell, "bidirectional", True))
+    return one_way and bool(readers) and all(_last_step(graph, r) for r in readers)
+
+
+def _rnn(cell: Any, node: Node, graph: Graph, runtime: str) -> Translated:
+    """nn.GRU / nn.LSTM (``batch_first``, one layer, either direction) for the v3 export: the
+    core's GRU / LSTM / Bidirectional in Keras' layout (``kernel [dirs, I, G·H]``,
+    ``recurrent_kernel [dirs, H, G·H]``; a GRU's ``bias [dirs, 2, 3H]`` input then recurrent,
+    PyTorch's reset-after GRU being Keras' ``reset_after=True``; an LSTM's one bias
+    ``b_ih + b_hh``); ``y[:, -1]`` of a one-direction layer makes it ``return_sequences=False``.
+    """
+    what = f"MindSpore nn.{type(cell).__name__}"
+    kind = "LSTM" if isinstance(cell, nn.LSTM) else "GRU"
+    reason = no_equivalent(what, runtime)
+    if runtime == V1:
+        return _unsupported(reason)
+    dirs = 2 if cell.bidirectional else 1
+    problems = []
+    if int(cell.num_layers) != 1:
+        problems.append(
+            f"num_layers={cell.num_layers} (the runtime's {kind} node is one layer: stack "
+            f"{cell.num_layers} nn.{type(cell).__name__} cells of one layer each)"
+        )
+    if not cell.batch_first:
+        problems.append(
+            "batch_first=False (the runtime reads a sequence [1, steps, features]: give "
+            "batch_first=True and (N, T, D) inputs)"
+        )
+    if len(node.inputs) != 1:
+        problems.append(
+            "an initial state hx (the runtime starts every inference from a zero state: "
+            "call the cell on the sequence alone)"
+        )
+    readers, states = _rnn_readers(graph, node)
+    if states:
+        problems.append(
+            "its final states h_n / c_n read (this export writes the output sequence; its last "
+            "step, y[:, -1], is the last state of a one-direction layer)"
+        )
+    if node.shared:
+        problems.append(_shared(node, graph))
+    if problems:
+        why = f"{what} with {'; '.join(problems)}"
+        return "unsupported", {}, {"reason": why, "kind": "Bidirectional" if dirs == 2 else kind}
+    hidden, gates = int(cell.hidden_size), 3 if kind == "GRU" else 4
+    order = _GRU_TO_KERAS if kind == "GRU" else tuple(range(4))
+
+    def keras(m: np.ndarray) -> np.ndarray:  # gate blocks on axis 0 in Keras' order
+        blocks = m.reshape(gates, hidden, *m.shape[1:])
+        return np.concatenate([blocks[k] for k in order])
+
+    def get(params: Any, d: int) -> np.ndarray:
+        return np.asarray(params[d].asnumpy(), np.float32)
+
+    weights = {
+        "kernel": np.stack([keras(get(cell.w_ih_list, d)).T for d in range(dirs)]),
+        "recurrent_kernel": np.stack([keras(get(cell.w_hh_list, d)).T for d in range(dirs)]),
+    }
+    if cell.has_bias:
+        b_ih = [keras(get(cell.b_ih_list, d)) for d in range(dirs)]
+        b_hh = [keras(get(cell.b_hh_list, d)) for d in range(dirs)]
+        if kind == "GRU":
+            weights["bias"] = np.stack([np.stack(pair) for pair in zip(b_ih, b_hh, strict=True)])
+        else:
+            weights["bias"] = np.stack([a + b for a, b in zip(b_ih, b_hh, strict=True)])
+    weights = {k: np.ascontiguousarray(v) for k, v in weights.items()}
+    attrs = {
+        "reason": reason,
+        "kind": "Bidirectional" if dirs == 2 else kind,
+        "cell": kind,
+        "units": hidden,
+        "return_sequences": not _folds_last_step(graph, node, cell),
+        "return_state": False,
+        "go_backwards": False,
+        "stateful": False,
+        "activation": "tanh",
+        "recurrent_activation": "sigmoid",
+    }
+    if kind == "GRU":
+        attrs["reset_after"] = True  # PyTorch's GRU: r * (W_hn h + b_hn)
+    if dirs == 2:
+        attrs["merge_mode"] = "concat"  # forward then backward per step, as Keras'
+    return "unsupported", weights, attrs
+
+
 def _translate(cell: Any, node: Node, graph: Graph, runtime: str, seq: bool) -> Translated:
     """(op, weights, attrs) of one graph node (``attrs["kind"]`` overrides the node's kind);
     refusal reasons name ``runtime`` (:func:`amct_bridge.espdl.source.runtime_name`); ``seq``:
@@ -623,6 +828,12 @@ def _translate(cell: Any, node: Node, graph: Graph, runtime: str, seq: bool) -> 
     kind = node.kind
     if isinstance(cell, nn.PReLU):  # not in the graph's cell table: an opaque leaf call
         return "prelu", {"alpha": np.asarray(cell.w.asnumpy(), np.float32)}, {}
+    if kind in ("GRU", "LSTM"):
+        return _rnn(cell, node, graph, runtime)
+    if isinstance(cell, nn.Embedding) and runtime != V1:  # the core looks the table up
+        table = np.asarray(cell.embedding_table.asnumpy(), np.float32)
+        attrs = {"reason": no_equivalent("MindSpore nn.Embedding", runtime), "kind": "Embedding"}
+        return "unsupported", {"embeddings": table}, attrs  # padding_idx: a row of the table
     if kind in ("Conv2D", "Conv2DTranspose", "Conv1D"):
         return _conv(cell, node, graph, runtime)
     if kind == "Dense":
@@ -645,6 +856,10 @@ def _translate(cell: Any, node: Node, graph: Graph, runtime: str, seq: bool) -> 
         return _layer_norm(cell, node, graph, runtime, seq)
     if isinstance(cell, nn.GELU):
         return _gelu(cell, runtime)
+    if isinstance(cell, nn.ELU) and runtime != V1:  # the v3 export reads alpha (Keras' ELU)
+        alpha = float(cell.elu.attrs.get("alpha", 1.0))
+        reason = no_equivalent("MindSpore nn.ELU", runtime)
+        return "unsupported", {}, {"reason": reason, "kind": "ELU", "alpha": alpha}
     if kind in _PASS:
         return "runtime", {}, {"keeps_exponent": True}
     name = type(cell).__name__
@@ -794,7 +1009,9 @@ def export_espdl(
         exponents: "max" (the range rule) or "search"; default "search" with
             ``calibration_data``, else "max".
         **options: :func:`amct_bridge.espdl.export`'s options (feature_type, granularity,
-            target, skip_unsupported, overwrite, cpp); for ``"espdl"``: target, feature_type,
+            target, skip_unsupported, overwrite, cpp); for ``"espdl"``: target, feature_type
+            (``"auto"`` with ``calibration_data``: int8 with the fewest int16 layers within
+            ``max_drop``, amct_bridge.espdl.v3.mixed), max_drop, layer_bits (layer -> 8 / 16),
             test_input, seed, skip_unsupported, overwrite.
 
     Example:
@@ -823,7 +1040,8 @@ def export_espdl(
     stats = _call_sites(stats, layers)
     rule = exponents or ("max" if calibration_data is None else "search")
     calibration = None
-    if rule == "search" and calibration_data is not None:
+    auto = format == "espdl" and options.get("feature_type") == "auto"  # mixed s8/s16
+    if (rule == "search" or auto) and calibration_data is not None:
         calibration = _search_data(net, layers, calibration_data, format)
     if format == "espdl":
         from amct_bridge.espdl.exponent_search import check_rule
@@ -833,10 +1051,11 @@ def export_espdl(
         if test_input is not None:
             test_input = chip_data(np.asarray(test_input), layers[0].attrs.get("layout", ""))
         v3 = {"record": record, "stats": stats, "test_input": test_input, **options}
-        if calibration is not None:
+        if calibration is not None or auto or "max_drop" in options:
             from amct_bridge.espdl.v3.search import export_searched
 
-            return export_searched(layers, out_dir, calibration=calibration, **v3)
+            search = rule == "search"
+            return export_searched(layers, out_dir, calibration=calibration, search=search, **v3)
         return export_layers_v3(layers, out_dir, **v3)
     if calibration is not None:
         options["calibration"] = calibration

@@ -52,6 +52,7 @@ from amct_bridge.graph.ir import Graph, Node, TensorInfo
 from amct_bridge.mindspore.graph_cells import (
     CELL_PRIMS,
     RESIZE_PRIMS,
+    RNN_KINDS,
     cell_kind,
     cell_op_type,
     cell_params,
@@ -100,8 +101,9 @@ _NCW_KINDS = (
 def sequence_layout(graph: Graph, cells: dict[str, Any]) -> bool:
     """Whether the network's rank-3 tensors are sequences ``(N, T, D)`` (a Transformer's
     tokens: features last, which the chip holds as they are) rather than NCW maps (nn.Conv1d:
-    transposed to the chip's NWC): an nn.Dense or an nn.LayerNorm over the last axis reads a
-    rank-3 tensor, and no 1-D conv, pool or BatchNorm1d does.
+    transposed to the chip's NWC): an nn.Dense, an nn.GRU / nn.LSTM or an nn.LayerNorm over
+    the last axis reads a rank-3 tensor (or an nn.Embedding makes one), and no 1-D conv, pool
+    or BatchNorm1d does.
 
     Example:
         >>> from mindspore import nn
@@ -111,11 +113,13 @@ def sequence_layout(graph: Graph, cells: dict[str, Any]) -> bool:
     """
     tokens = ncw = False
     for node in graph:
+        cell = cells.get(node.layer) if node.is_layer else None
+        if isinstance(cell, ms.nn.Embedding):  # (N, T) indices -> (N, T, D) tokens
+            tokens = True
         if 3 not in [len(graph.tensors[t].shape) for t in node.inputs]:
             continue
-        cell = cells.get(node.layer) if node.is_layer else None
         last_axis = isinstance(cell, ms.nn.LayerNorm) and int(cell.begin_norm_axis) % 3 == 2
-        if node.kind == "Dense" or last_axis:
+        if node.kind in ("Dense", *RNN_KINDS) or last_axis:
             tokens = True
         elif node.kind in _NCW_KINDS:
             ncw = True
@@ -163,6 +167,7 @@ class _Builder:
         n = len(self.prims)
         parent = list(range(n))
         owners = [self.prim_cell(p) for p in self.prims]
+        self.claim_rnn(owners)
 
         def find(a: int) -> int:
             while parent[a] != a:
@@ -211,6 +216,52 @@ class _Builder:
                 self.owner[c] = owners[i]
         self.group_of = [calls[chunk_of[i]] for i in range(n)]
 
+    def claim_rnn(self, owners: list[str | None]) -> None:
+        """Give an nn.GRU / nn.LSTM call the primitives MindIR scopes under no cell (its CPU
+        construct unrolls a GRU's steps as plain MatMul / Split / Sigmoid ... primitives):
+        those on a path from one of the cell's scoped primitives, or one reading its
+        parameters, to a scoped one (its output Transpose / Stack)."""
+        readers: dict[int, list[int]] = {}
+        for p in self.prims:
+            for v in _node_values(p.inputs):
+                readers.setdefault(v[1], []).append(p.index)
+        for name, cell in self.cells.items():
+            if cell_kind(cell) not in RNN_KINDS:
+                continue
+            params = {p.name for p in cell.get_parameters()}
+            scoped = [p.index for p in self.prims if owners[p.index] == name]
+            seeds = scoped + [
+                p.index
+                for p in self.prims
+                if any(v[0] == "param" and v[1] in params for v in p.inputs)
+            ]
+            down = _downstream(seeds, readers)
+            # what reads another cell reading this one is past the call (MindIR may scope
+            # x + y after it under the cell, as any scope: see stray_ops)
+            after = _downstream([i for i in down if owners[i] not in (None, name)], readers)
+            inside = [i for i in scoped if i not in after]
+            up, todo = set(inside), list(inside)
+            while todo:
+                for v in _node_values(self.prims[todo.pop()].inputs):
+                    if v[1] not in up:
+                        up.add(v[1])
+                        todo.append(v[1])
+            for i in scoped:
+                if i in after:
+                    owners[i] = None
+            region = (down & up) - after
+            grown = True
+            while grown:  # the per-step slices of a time-major input (batch_first=False)
+                grown = False
+                for i in up - region - after:
+                    users = readers.get(i, [])
+                    if self.prims[i].op in _SLICE_OPS and users and set(users) <= region:
+                        region.add(i)
+                        grown = True
+            for i in region:
+                if owners[i] is None:
+                    owners[i] = name
+
     def stray_ops(self, group: list[int], owner: str) -> bool:
         """Functional arithmetic that MindIR scoped under a known leaf cell it is no call of
         (``x + self.fc2(self.gelu(...))``: the Add may carry the scope ``gelu``): none of the
@@ -235,6 +286,8 @@ class _Builder:
         """
         cell = self.cells[owners[group[0]]]
         kind = cell_kind(cell)
+        if kind in RNN_KINDS:  # one call (claim_rnn); a second call is refused by the export
+            return [group]
         required, optional = CELL_PRIMS.get(kind or "", ((), ()))
         present: dict[str, int] = {}
         for i in group:
@@ -521,13 +574,15 @@ class _Builder:
     def prim_node(self, prim: Prim, in_rank: int) -> tuple:
         consts = [v[1] for v in prim.inputs if v[0] == "const"]
         channel_axis = 1 - in_rank if in_rank >= 2 else -1
-        axes = _axes(consts, in_rank) if prim.op.startswith(("Reduce", "Mean")) else None
+        axes = _axes(consts, in_rank) if prim.op.startswith(("Reduce", "Mean", "Sum")) else None
         kind = prim_kind(prim.op, axes, channel_axis)
         params: dict[str, Any] = {"primitive": prim.op}
         if prim.op in ("InplaceAddExt", "InplaceSubExt") and any(
             np.ndim(c) == 0 and c is not None and float(c) != 1.0 for c in consts
         ):
             kind = unknown_kind(f"{prim.op}(alpha != 1)")  # x + alpha * y is no plain Add
+        if prim.op == "StridedSlice":  # begin, end, strides, then the five masks
+            params["slice"] = [_plain(c) for c in consts]
         if kind.startswith("mindspore:"):
             return kind, "", params  # unknown: stops as UNKNOWN_OP whatever its operands
         params["const_operands"] = sum(
@@ -634,6 +689,17 @@ def _repeats(prims: list[Prim], group: list[int], period: int) -> bool:
     return True
 
 
+def _downstream(start: list[int], readers: dict[int, list[int]]) -> set[int]:
+    """``start`` and every primitive reading one of them, transitively."""
+    seen, todo = set(start), list(start)
+    while todo:
+        for j in readers.get(todo.pop(), []):
+            if j not in seen:
+                seen.add(j)
+                todo.append(j)
+    return seen
+
+
 def _chunks(group: list[int], size: int) -> list[list[int]]:
     return [group[k : k + size] for k in range(0, len(group), size)]
 
@@ -657,11 +723,14 @@ _STRAY = frozenset(
     {"Add", "AddExt", "AddN", "Sub", "SubExt", "Mul", "Muls", "Div", "RealDiv", "Divs", "Concat"}
 )
 
+#: Primitives an nn.GRU's unrolled steps read its input through (see _Builder.claim_rnn).
+_SLICE_OPS = frozenset({"StridedSlice", "Squeeze", "Reshape", "ExpandDims"})
+
 #: Shape-only primitives a cell call may start with (see _Builder.through).
 _VIEW_OPS = frozenset({"Reshape", "ExpandDims"})
 
 #: Element-wise kinds whose operands may be scalars (``x + 3.0``).
-_ELEMENTWISE = ("Add", "Subtract", "Multiply", "Divide", "Maximum", "Minimum")
+_ELEMENTWISE = ("Add", "Subtract", "Multiply", "Divide", "Maximum", "Minimum", "Power")
 
 
 def _is_number(value: Any) -> bool:
@@ -671,6 +740,15 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float | np.number) or (
         isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iuf"
     )
+
+
+def _plain(value: Any) -> Any:
+    """A constant as plain Python (tuples of ints, ints), for params."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
 
 
 def _neg(axis: int, rank: int) -> int:

@@ -28,6 +28,8 @@ from amct_bridge.graph.op_types import ACTIVATION_OP_TYPES, OP_TYPES
 
 #: Known cell classes, most specific first: (class, IR kind).
 _CELLS: list[tuple[type, str]] = [
+    (nn.GRU, "GRU"),  # its CPU construct: unrolled steps (GRU) or an LSTM primitive
+    (nn.LSTM, "LSTM"),
     (nn.Conv2dTranspose, "Conv2DTranspose"),
     (nn.Conv2d, "Conv2D"),
     (nn.Conv1d, "Conv1D"),  # MindSpore's own Conv2D of height 1 (ExpandDims, Conv2D, Squeeze)
@@ -40,6 +42,7 @@ _CELLS: list[tuple[type, str]] = [
     (nn.Sigmoid, "Activation"),
     (nn.Tanh, "Activation"),
     (nn.GELU, "Activation"),
+    (nn.ELU, "Activation"),
     (nn.SiLU, "Activation"),
     (nn.HSwish, "Activation"),
     (nn.HSigmoid, "Activation"),
@@ -65,6 +68,7 @@ _ACTIVATION_NAMES = {
     "SiLU": "silu",
     "HSwish": "hard_silu",
     "HSigmoid": "hard_sigmoid",
+    "ELU": "elu",
 }
 #: Element-wise activation primitives (functional, or inside an activation cell).
 ACTIVATION_PRIMS = {
@@ -136,9 +140,37 @@ RESIZE_PRIMS: tuple[str, ...] = (
 )
 
 _PLAIN = {"Cast", "Reshape", "Mul", "Muls", "Maximum", "Minimum", "Add", "Sub"}
+#: Recurrent cells (nn.GRU, nn.LSTM): their calls are found by ``_Builder.claim_rnn``
+#: (graph.py), not by scope alone (MindIR scopes the unrolled steps of an nn.GRU under no cell).
+RNN_KINDS = ("GRU", "LSTM")
+#: The primitives an nn.GRU / nn.LSTM call runs on CPU (batch_first, either direction).
+_RNN_PRIMS = (
+    *_PLAIN,
+    "Transpose",
+    "StridedSlice",
+    "Squeeze",
+    "ExpandDims",
+    "MatMul",
+    "BiasAdd",
+    "Split",
+    "Sigmoid",
+    "Tanh",
+    "make_list",
+    "make_tuple",
+    "Stack",
+    "ReverseV2",
+    "ReverseSequence",
+    "Concat",
+    "LSTM",
+    "Zeros",
+    "Fill",
+    "FillV2",
+    "Dropout",
+)
 #: Primitives a call of each kind must contain (one of them) and the others it may contain.
 CELL_PRIMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "Conv2D": (("Conv2D",), ("BiasAdd", "Pad", "Cast")),
+    **dict.fromkeys(RNN_KINDS, ((), _RNN_PRIMS)),
     "Conv1D": (("Conv2D",), ("BiasAdd", "Pad", "Cast", "ExpandDims", "Squeeze")),
     "Conv2DTranspose": (
         ("Conv2DTranspose", "Conv2DBackpropInput"),
@@ -181,6 +213,7 @@ PRIM_KINDS: dict[str, str] = {
     "Div": "Divide",
     "RealDiv": "Divide",
     "Divs": "Divide",
+    "Pow": "Power",
     "Maximum": "Maximum",
     "Minimum": "Minimum",
     "Concat": "Concatenate",
@@ -202,7 +235,14 @@ PRIM_KINDS: dict[str, str] = {
     **dict.fromkeys(RESIZE_PRIMS, "UpSampling2D"),
     **{p: k for p, k in ACTIVATION_PRIMS.items()},
 }
-_REDUCE_PRIMS = {"ReduceMean": "Mean", "MeanExt": "Mean", "ReduceMax": "Max", "ReduceSum": "Sum"}
+_REDUCE_PRIMS = {
+    "ReduceMean": "Mean",
+    "MeanExt": "Mean",
+    "ReduceMax": "Max",
+    "ReduceMin": "Min",
+    "ReduceSum": "Sum",
+    "SumExt": "Sum",  # ops.sum
+}
 
 
 def resize_params(op: str, consts: list[Any], in_shape: tuple, out_shape: tuple) -> dict[str, Any]:
@@ -310,6 +350,9 @@ def cell_params(cell: Any, kind: str, in_rank: int, prims: list[str]) -> dict[st
         params["axis"] = tuple(a - in_rank if a >= 0 else a for a in axes)
     elif kind in ("ReLU", "ReLU6"):
         params.update(activation="relu", max_value=6.0 if kind == "ReLU6" else None)
+    elif kind in RNN_KINDS:
+        params.update(channel_axis=-1, units=int(cell.hidden_size))
+        params["bidirectional"] = bool(cell.bidirectional)
     return params
 
 

@@ -4,8 +4,8 @@ ESP-DL v3 as the core's UpSampling2D (s8: ``Resize``; s16: ``Concat`` + ``Reshap
 then an edge ``Pad`` and a depthwise ``Conv``), prune-groups passes its channels through (no
 UNKNOWN_OP), and what the exporter cannot write is refused by name: a scale that is no integer,
 ``align_corners=True``. nn.Conv2dTranspose (pad_mode "same" / "valid") exports as the v3 runtime
-runs it, InsertZeros + Conv (a following BatchNorm2d folded, ReLU fused); explicit pads are
-refused by name.
+runs it, InsertZeros + Conv (a following BatchNorm2d folded, ReLU fused); explicit pads beyond
+kernel - 1 are refused by name.
 
 Each net is calibrated by MindSpore and exported for esp32s3 and esp32p4 at s8 and s16; the
 written file passes ``espdl-run --check`` and at s16 the simulated chip follows the net's own
@@ -163,11 +163,12 @@ def test_conv2d_transpose_exports_as_insert_zeros_and_conv(tmp_path, pad_mode, k
             assert err <= 0.01 * span, (err, span)
 
 
-def test_conv2d_transpose_with_explicit_pads_is_refused_by_name(tmp_path):
-    net = _transposed("pad", padding=1)
+def test_conv2d_transpose_with_pads_beyond_the_kernel_is_refused_by_name(tmp_path):
+    """pad_mode 'pad' exports (test_ms_v3_twins_conv.py) while each pad is at most kernel - 1."""
+    net = _transposed("pad", padding=3)
     record = tmp_path / "record.txt"
     ams.calibrate(net, _x(4), record, algorithm="minmax")
-    why = r"'up' \(Conv2dTranspose\): nn.Conv2dTranspose with pad_mode='pad', padding=1 "
+    why = r"'up' \(Conv2DTranspose\): Conv2DTranspose with pads \[3, 3, 3, 3\] for a 3x3 kernel"
     with pytest.raises(ExportError, match=why) as err:
         ams.export_espdl(net, record, tmp_path / "m.espdl", sample_input=(1, 3, 8, 8),
                          format="espdl", target="esp32p4")  # fmt: skip
