@@ -5,6 +5,7 @@ Real MindSpore 2.10 on CPU; the networks are only exported to MindIR (never trai
 
 from __future__ import annotations
 
+import functools
 import os
 
 import mindspore as ms
@@ -471,6 +472,13 @@ def test_two_instances_of_a_custom_cell_keep_their_own_names():
     assert refused == {("a", 0, 4): "UNKNOWN_OP", ("b", 0, 4): "UNKNOWN_OP"}
 
 
+@functools.cache
+def _resnet_tiny_groups():
+    """The groups and refusals of ``+`` (resnet_tiny), which every spelling must give: one
+    compile per worker, not one per spelling."""
+    return summary(discover_groups(run("resnet_tiny")[1]))
+
+
 _ADD_NAMES = {"+": "add_op0", "+=": "inplaceaddext_op0", "ops.add": "add_op0", "AddN": "addn_op0"}
 
 
@@ -482,10 +490,10 @@ def test_every_add_spelling_gives_the_resnet_groups(spelling, pad, request):
     (pad_mode='pad' changes no channel), only the add node's name differs."""
     if spelling == "+=" and in_fresh_process(request):  # out += y: see isolate.py
         return
-    _, graph = run("resnet_tiny")
-    expected, expected_refused = summary(discover_groups(graph))
+    expected, expected_refused = _resnet_tiny_groups()
     net = nets.ResNetTiny(add=spelling, pad=pad)
-    groups, refused = summary(discover_groups(extract_graph(net, nets.INPUT_SHAPES["resnet_tiny"])))
+    graph = extract_graph(net, nets.INPUT_SHAPES["resnet_tiny"])
+    groups, refused = summary(discover_groups(graph))
     rename = {"add_op0": _ADD_NAMES[spelling]}
 
     def renamed(members):
@@ -493,7 +501,7 @@ def test_every_add_spelling_gives_the_resnet_groups(spelling, pad, request):
 
     assert groups == {k: renamed(v) for k, v in expected.items()}
     assert refused == expected_refused
-    kinds = {n.name: n.kind for n in extract_graph(net, (1, 3, 16, 16)).nodes}
+    kinds = {n.name: n.kind for n in graph.nodes}
     assert kinds[f"layer1.0.{_ADD_NAMES[spelling]}"] == "Add"
 
 

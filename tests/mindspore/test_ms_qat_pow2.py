@@ -230,9 +230,11 @@ def test_the_export_has_the_trained_exponents(exported):
 
 def test_the_chip_computes_the_qat_networks_outputs(exported):
     """Tolerance: at most one step in 0.1 % of any tensor's integers (measured: all equal, in
-    every tensor); the chip's accuracy is the QAT network's."""
+    every tensor); the chip's accuracy is the QAT network's. The cells run one by one in
+    PyNative mode (in GRAPH_MODE each call would compile a graph of its own)."""
     qat, sim, espdl = exported["qat"], exported["sim"], exported["espdl"]
     x = Tensor(exported["x"])
+    ms.set_context(mode=ms.PYNATIVE_MODE)  # the fixture restores the mode after the module
     h1 = qat.relu1(qat.bn1(qat.conv1(x)))
     h2 = qat.bn2(qat.conv2(h1))
     h3 = qat.act2(h2)
