@@ -2,6 +2,7 @@
 
 - dilated nn.Conv2d (``dilation=2``; pad_mode "same", and "pad" with the padding that keeps the
   size), which the v3 export writes as the runtime's dilated Conv (ESP-DL v1 refuses it);
+- a small FPN: nn.Upsample (nearest) of the coarse level, the lateral Add, a concat;
 - a small UNet: nn.Conv2dTranspose with pad_mode "pad" (kernel 4, stride 2, padding 1: the
   full output cropped by 1 on each side, which is Keras' ``padding="same"``), a skip concat;
 - nn.Conv2dTranspose with pad_mode "valid" (kernel 2) and "same" (kernel 3);
@@ -70,6 +71,28 @@ class UNet(nn.Cell):
         e1 = self.relu1(self.e1(x))
         u = self.relu3(self.up(self.relu2(self.e2(self.pool(e1)))))
         return self.seg(ops.concat((u, e1), 1))
+
+
+class FPN(nn.Cell):
+    """Two pyramid levels: conv-relu (the fine level), pool, conv-relu (the coarse one),
+    nn.Upsample nearest x2 of the coarse level + the fine level's 1x1 lateral, concat with the
+    fine level, a 1x1 head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = _conv(3, 6, 3, pad_mode="same")
+        self.relu1 = nn.ReLU()
+        self.pool = nn.MaxPool2d(2, 2)
+        self.c2 = _conv(6, 8, 3, pad_mode="same")
+        self.relu2 = nn.ReLU()
+        self.up = nn.Upsample(size=(16, 16), mode="nearest")
+        self.lat = _conv(6, 8, 1)
+        self.head = _conv(14, 4, 1)
+
+    def construct(self, x):
+        e1 = self.relu1(self.c1(x))
+        top = self.up(self.relu2(self.c2(self.pool(e1))))
+        return self.head(ops.concat((top + self.lat(e1), e1), 1))
 
 
 class Transposes(nn.Cell):
@@ -150,6 +173,18 @@ def _unet_twin() -> keras.Model:
     return keras.Model(x, L.Conv2D(2, 1, name="seg")(y))
 
 
+def _fpn_twin() -> keras.Model:
+    x = keras.Input((16, 16, 3), name="input0")
+    e1 = L.ReLU(name="relu1")(L.Conv2D(6, 3, padding="same", name="c1")(x))
+    p = L.MaxPooling2D(2, name="pool")(e1)
+    top = L.UpSampling2D(2, name="up")(
+        L.ReLU(name="relu2")(L.Conv2D(8, 3, padding="same", name="c2")(p))
+    )
+    f = L.Add(name="add_op0")([top, L.Conv2D(8, 1, name="lat")(e1)])
+    y = L.Concatenate(name="concat_op0")([f, e1])
+    return keras.Model(x, L.Conv2D(4, 1, name="head")(y))
+
+
 def _transposes_twin() -> keras.Model:
     x = keras.Input((6, 6, 3), name="input0")
     y = L.Conv2DTranspose(6, 2, strides=2, padding="valid", name="t1")(x)
@@ -170,6 +205,7 @@ def _conv1d_twin() -> keras.Model:
 NETS = {
     "dilated": (Dilated, _dilated_twin, (3, 12, 12)),
     "unet": (UNet, _unet_twin, (3, 16, 16)),
+    "fpn": (FPN, _fpn_twin, (3, 16, 16)),
     "transposes": (Transposes, _transposes_twin, (3, 6, 6)),
     "conv1d": (Conv1dNet, _conv1d_twin, (6, 16)),
 }
