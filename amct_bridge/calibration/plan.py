@@ -314,11 +314,12 @@ def warn_unquantized(found: list[FloatLayer], quantizable_kinds: tuple[str, ...]
 
     Example:
         >>> warn_unquantized([FloatLayer("lstm", "LSTM", "not a quantizable type")])
-        ["layer 'lstm' (LSTM) has weights but no record entry: it stays float (not a \
-quantizable type)"]
+        ["layer 'lstm' (LSTM) has weights but no record entry: AMCT and simulate run it in \
+float (not a quantizable type)"]
     """
     lines = [
-        f"layer {f.key!r} ({f.kind}) has weights but no record entry: it stays float ({f.reason})"
+        f"layer {f.key!r} ({f.kind}) has weights but no record entry: AMCT and simulate run it "
+        f"in float ({f.reason})"
         for f in found
     ]
     if not lines:
@@ -331,7 +332,8 @@ quantizable type)"]
         more = len(found) - NAMED_IN_WARNING
         rest = f" and {more} more (-v, or the sidecar's warnings)" if more > 0 else ""
         log.warning(
-            "%d layers have weights but no record entry: they stay float: %s%s%s",
+            "%d layers have weights but no record entry: AMCT and simulate run them in float: "
+            "%s%s%s",
             len(found),
             shown,
             rest,

@@ -187,15 +187,15 @@ def test_a_layer_with_weights_left_float_is_named(tmp_path, caplog):
         record = calibrate(model, data, tmp_path / "r.txt", algorithm="minmax")
     assert list(record.layers) == ["c1", "fc"]
     text = "\n".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
-    assert "2 layers have weights but no record entry: they stay float" in text
+    assert "2 layers have weights but no record entry: AMCT and simulate run them in float" in text
     assert "'c3d' (Conv3D: not a quantizable type)" in text
     assert "'ln' (LayerNormalization: not a quantizable type)" in text
     stats = json.loads((tmp_path / "r.txt.calib.json").read_text())
     assert stats["warnings"] == [
-        "layer 'c3d' (Conv3D) has weights but no record entry: it stays float "
-        "(not a quantizable type)",
-        "layer 'ln' (LayerNormalization) has weights but no record entry: it stays float "
-        "(not a quantizable type)",
+        "layer 'c3d' (Conv3D) has weights but no record entry: AMCT and simulate run it in "
+        "float (not a quantizable type)",
+        "layer 'ln' (LayerNormalization) has weights but no record entry: AMCT and simulate "
+        "run it in float (not a quantizable type)",
     ]
     caplog.clear()
     with caplog.at_level(logging.WARNING):
@@ -223,6 +223,6 @@ def test_a_recurrent_layer_is_named(tmp_path, caplog, kind):
     with caplog.at_level(logging.WARNING):
         calibrate(model, data, tmp_path / "r.txt", algorithm="minmax")
     assert (
-        f"layer 'rnn' ({kind}) has weights but no record entry: it stays float "
-        "(not a quantizable type)"
+        f"layer 'rnn' ({kind}) has weights but no record entry: AMCT and simulate run it in "
+        "float (not a quantizable type)"
     ) in caplog.text

@@ -195,8 +195,8 @@ def test_a_cell_with_weights_left_float_is_named(tmp_path, caplog):
         record = calibrate(net, x, tmp_path / "r.txt", algorithm="minmax")
     assert list(record.layers) == ["0"]
     assert (
-        "layer '1' (GroupedConv1D) has weights but no record entry: it stays float "
-        "(not a quantizable type)"
+        "layer '1' (GroupedConv1D) has weights but no record entry: AMCT and simulate run it "
+        "in float (not a quantizable type)"
     ) in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING):
