@@ -22,8 +22,8 @@ functions (sorted by the environment's ``SORT``, default ``cumulative``).
 ``Dense(activation="softmax")`` head (8x8), MobileNetV2 alpha 0.35 (digits upscaled to
 48x48x3, 20 epochs, BN momentum 0.9) and a net with swish, hard-swish, a squeeze-excite block
 and a Softmax layer (16x16). Prints float accuracy and the simulated chip's (v3 s8 on esp32s3
-and esp32p4, the range rule and searched; the CNN also ESP-DL v1 s8 on esp32s3), with the
-search's time.
+and esp32p4, v3 s16 on esp32s3, the range rule and searched; the CNN also ESP-DL v1 s8 on
+esp32s3), with the search's time.
 """
 
 from __future__ import annotations
@@ -113,11 +113,13 @@ def trained_net(size: int, channels: int, epochs: int, build, tmp: Path):
     return model, record, x, y, train, test, time.perf_counter() - start
 
 
-def v3_predictions(model, record, x_test, target: str, data=None):
-    """The simulated chip's arg max on ``x_test`` for the v3 s8 export of ``model`` (range
-    rule, or searched on ``data``), and the export's wall time (seconds)."""
+def v3_predictions(model, record, x_test, target: str, data=None, feature_type: str = "s8"):
+    """The simulated chip's arg max on ``x_test`` for the v3 export of ``model`` at
+    ``feature_type`` (range rule, or searched on ``data``), and the export's wall time
+    (seconds)."""
     start = time.perf_counter()
-    res = export_espdl(model, record, None, format="espdl", target=target, calibration_data=data)
+    res = export_espdl(model, record, None, format="espdl", target=target,
+                       feature_type=feature_type, calibration_data=data)  # fmt: skip
     took = time.perf_counter() - start
     out = simulate_espdl(res.model, quantize_input(res.model, x_test, target))
     return next(iter(out.outputs.values())).reshape(len(x_test), -1).argmax(-1), took
@@ -131,10 +133,10 @@ def accuracy(tmp: Path) -> None:
         model, record, x, y, train, test, _ = trained_net(size, channels, epochs, build, tmp)
         ref = model.predict(x[test], verbose=0).argmax(-1)
         print(f"{name}: float {np.mean(ref == y[test]):.4f} ({len(test)} test digits)")
-        for target in ("esp32s3", "esp32p4"):
-            line = f"  v3 s8 {target:<8}"
+        for target, ft in (("esp32s3", "s8"), ("esp32p4", "s8"), ("esp32s3", "s16")):
+            line = f"  v3 {ft:<3} {target:<8}"
             for data in (None, x[train[:512]]):
-                pred, took = v3_predictions(model, record, x[test], target, data)
+                pred, took = v3_predictions(model, record, x[test], target, data, ft)
                 rule = "max" if data is None else f"search ({took:.1f} s)"
                 line += f"  {rule} {np.mean(pred == y[test]):.4f}"
                 line += f" (arg max as float {np.mean(pred == ref):.4f})"

@@ -317,10 +317,11 @@ def search_note(
     *,
     max_values: int = MAX_INPUT_VALUES,
     extra: str = "",
+    rule: str | None = None,
 ) -> str:
     """The export's warning saying what the search did: samples (and the rule), candidates,
     the output SNR with the range rule and searched, what changed (``extra``: more, e.g. the
-    corrected biases).
+    corrected biases; ``rule``: how the samples were taken, when not :func:`sample_rule`).
 
     Example:
         >>> search_note(64, 256, 64, 40, "the chip simulator", (0.01, 0.001), "none")[:60]
@@ -329,7 +330,7 @@ def search_note(
     base, best = errors
     return (
         f"exponents searched on {used} of {given} calibration samples "
-        f"({sample_rule(per_sample, max_values)}; "
+        f"({rule or sample_rule(per_sample, max_values)}; "
         f"{candidates} candidates, {judge} as judge): output SNR {snr_text(base)} dB "
         f"with the range rule, {snr_text(best)} dB searched; changed: {changed}" + extra
     )

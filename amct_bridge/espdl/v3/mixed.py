@@ -201,8 +201,11 @@ class _Judge:
         model = result.model
         infos = {v.name: v for v in (*model.value_info, *model.inputs, *model.outputs)}
         parts: dict[str, list[np.ndarray]] = {}
-        for start in range(0, len(self.x), _BATCH):
-            ints = quantize_input(model, self.x[start : start + _BATCH], self.target)
+        # GRU / LSTM run at batch 1 (the runtime's): one sample per run, each sample's values
+        # contiguous in the concatenation as with a batch
+        step = 1 if any(n.op_type in ("GRU", "LSTM") for n in model.nodes) else _BATCH
+        for start in range(0, len(self.x), step):
+            ints = quantize_input(model, self.x[start : start + step], self.target)
             values = simulate_espdl(model, ints, self.target).values
             for name, value in values.items():
                 if name in infos and infos[name].elem_type in (3, 5):

@@ -54,6 +54,7 @@ import numpy as np
 
 from amct_bridge.errors import AmctBridgeError
 from amct_bridge.espdl.exponent_search import (
+    MIN_SAMPLES,
     SEARCH_SPAN,
     CalibrationData,
     Tuning,
@@ -77,17 +78,31 @@ from amct_bridge.espdl.v3.export import (
     export_layers_v3,
 )
 from amct_bridge.espdl.v3.lowering import Emitter
+from amct_bridge.espdl.v3.lowering.registry import lowering_for
+from amct_bridge.espdl.v3.lowering.rnn import lower_rnn
 from amct_bridge.espdl.v3.model import EspdlModel
 from amct_bridge.espdl.v3.ops import OPS, Context
 from amct_bridge.espdl.v3.ops.conv import PER_CHANNEL_TARGETS
 from amct_bridge.espdl.v3.simulate import _run_node
 
-__all__ = ["V3_MAX_INPUT_VALUES", "export_searched", "search_tuning_v3"]
+__all__ = [
+    "V3_MAX_INPUT_VALUES",
+    "V3_RNN_SAMPLES",
+    "export_searched",
+    "recurrent",
+    "search_tuning_v3",
+]
 
 #: The v3 search's budget of input values (:func:`~amct_bridge.espdl.exponent_search.
 #: sample_cap`): a 48x48x3 model gets 37 samples, 32x32x3 85, 96x96x3 the minimum of 32, 8x8
 #: digits 512 (every layer's statistics have many values per sample: its positions).
 V3_MAX_INPUT_VALUES = 2**18
+#: The samples a model with GRU / LSTM layers is scored on: the runtime (and the simulator)
+#: runs them at batch 1, so the search runs every node once per sample, a Python loop per
+#: sample and per time step (a few ms a sample for a 16-step GRU where a batched Conv takes
+#: microseconds a sample); the floor every other model gets (``MIN_SAMPLES``) keeps a
+#: candidate at about the cost of a batched one.
+V3_RNN_SAMPLES = MIN_SAMPLES
 #: Steps a logits exponent may move coarser (the range rule only estimates it).
 PREACTIVATION_SPAN = 8
 _JUDGE = "the ESP-DL v3 chip simulator"
@@ -158,6 +173,9 @@ class _Forward:
         self.chains, self.fused = _plan(layers, skip_fusion)
         self.layer_bits = check_layer_bits(options.get("layer_bits"), layers, self.fused)
         self.steps = 0  # layers lowered and run (the search's cost)
+        # GRU / LSTM run at batch 1: every tensor then holds one batch-1 value per sample
+        # (shape [samples, *the node's own shape]) and every node runs once per sample
+        self.per_sample = recurrent(layers)
 
     def start(self) -> _State:
         em = Emitter(
@@ -184,7 +202,8 @@ class _Forward:
         self.steps += 1
         if layer.op == "input" and layer.name in em.inputs:
             probe = EspdlModel([], {}, inputs=[em.infos[layer.name]])
-            values[layer.name] = quantize_input(probe, self.x, self.target)
+            q = quantize_input(probe, self.x, self.target)
+            values[layer.name] = q[:, None] if self.per_sample else q
         if nodes:
             model = EspdlModel(
                 nodes,
@@ -193,15 +212,37 @@ class _Forward:
                 metadata={"target": self.target},
             )
             ctx = Context(model, self.target)
-            ctx.values = values  # written in place: the node outputs
-            for node in nodes:
-                fn = OPS.get(node.op_type)
-                if fn is None:
-                    raise AmctBridgeError(f"node {node.name!r}: op {node.op_type!r} not simulated")
-                for name, value in zip(node.outputs, _run_node(ctx, node, fn), strict=False):
-                    if name:
-                        values[name] = value
+            if self.per_sample:
+                self.run_per_sample(ctx, nodes, values)
+            else:
+                ctx.values = values  # written in place: the node outputs
+                self.run_nodes(ctx, nodes)
         return _State(em, values, state.index + 1), nodes
+
+    @staticmethod
+    def run_nodes(ctx: Context, nodes: list) -> None:
+        """Run ``nodes`` in order, their outputs written into ``ctx.values``."""
+        for node in nodes:
+            fn = OPS.get(node.op_type)
+            if fn is None:
+                raise AmctBridgeError(f"node {node.name!r}: op {node.op_type!r} not simulated")
+            for name, value in zip(node.outputs, _run_node(ctx, node, fn), strict=False):
+                if name:
+                    ctx.values[name] = value
+
+    def run_per_sample(self, ctx: Context, nodes: list, values: dict) -> None:
+        """Run ``nodes`` once per sample (``values`` hold ``[samples, ...]``, each sample's
+        value as the chip's batch-1 tensor), the outputs stacked into ``values``."""
+        written = {n for node in nodes for n in node.outputs if n}
+        reads = {n for node in nodes for n in node.inputs if n in values and n not in written}
+        outs: dict[str, list[np.ndarray]] = {n: [] for n in written}
+        for s in range(len(self.x)):
+            ctx.values = {n: values[n][s] for n in reads}
+            self.run_nodes(ctx, nodes)
+            for n in written:
+                if n in ctx.values:
+                    outs[n].append(ctx.values[n])
+        values.update({n: np.stack(v) for n, v in outs.items() if len(v) == len(self.x)})
 
     def run(
         self, state: _State, tuning: Tuning, keep: set[int] = frozenset()
@@ -227,6 +268,21 @@ class _Forward:
     def real(self, state: _State, tensor: str) -> np.ndarray:
         """The chip values of ``tensor`` as reals."""
         return state.values[tensor].astype(np.float64) * 2.0 ** state.em.exps[tensor]
+
+
+def recurrent(layers: list[SourceLayer]) -> bool:
+    """True when ``layers`` hold a layer lowered to GRU / LSTM nodes (the runtime runs them at
+    batch 1: the search scores such a model one sample at a time, on :data:`V3_RNN_SAMPLES`).
+
+    Example:
+        >>> recurrent([SourceLayer("gru", "runtime", kind="GRU")]), recurrent([])
+        (True, False)
+    """
+    for layer in layers:
+        entry = lowering_for(layer)
+        if entry is not None and entry.lower is lower_rnn:
+            return True
+    return False
 
 
 def _same(a: np.ndarray | None, b: np.ndarray | None) -> bool:
@@ -579,7 +635,8 @@ def search_tuning_v3(
         layers: the model as :class:`~amct_bridge.espdl.source.SourceLayer` list.
         x: calibration inputs, float, as the chip takes them (NHWC, after host-side layers; the
             first :func:`~amct_bridge.espdl.exponent_search.search_samples` of
-            :data:`V3_MAX_INPUT_VALUES` are used).
+            :data:`V3_MAX_INPUT_VALUES` are used; a model with GRU / LSTM layers: the first
+            :data:`V3_RNN_SAMPLES`, each run on its own, as the runtime runs batch 1).
         floats: the float model's outputs on ``x`` by framework layer name, or a function of
             the names wanted giving them.
         output: the layer whose output is judged (None: the first model output).
@@ -598,7 +655,8 @@ def search_tuning_v3(
         >>> # see the module docstring
     """
     given = len(x) if given is None else int(given)
-    x = search_samples(np.asarray(x, np.float32), V3_MAX_INPUT_VALUES)
+    x = np.asarray(x, np.float32)
+    x = x[:V3_RNN_SAMPLES] if recurrent(layers) else search_samples(x, V3_MAX_INPUT_VALUES)
     options = {k: v for k, v in options.items() if k not in ("test_input", "seed", "overwrite")}
     export_layers_v3(layers, None, **options)  # refuses what the export refuses, as it would
     inputs = [s for s in layers if s.op == "input"]
@@ -612,7 +670,9 @@ def search_tuning_v3(
     if output is None:
         output = next((s.name for s in layers if s.attrs.get("model_output")), layers[-1].name)
     names = list(dict.fromkeys([output, *(s.compare for s in sites if s.compare)]))
-    refs = _refs(floats, names)
+    # the float outputs on the samples scored (an adapter may give them on more: a recurrent
+    # model is scored on fewer)
+    refs = {k: v[: len(x)] for k, v in _refs(floats, names).items()}
     refs[inputs[0].name] = x  # the input's own error: its quantization
     if output not in refs or fwd.tensor(end.em, output) is None:
         return Tuning(notes=[f"exponents not searched: no float output of {output!r}"])
@@ -648,6 +708,12 @@ def search_tuning_v3(
         {k: v for k, v in starts.items() if k[1] != "per_channel"},
         {k: v for k, v in best["values"].items() if k[1] != "per_channel"},
     )
+    rnn_rule = None
+    if fwd.per_sample:
+        rnn_rule = (
+            f"the search takes the first {V3_RNN_SAMPLES} samples given of a model with GRU / "
+            "LSTM layers, run one at a time as the runtime runs them"
+        )
     extra = ""
     if tuning.per_channel:
         extra += f"; per-channel filters: {', '.join(sorted(tuning.per_channel))}"
@@ -664,6 +730,7 @@ def search_tuning_v3(
             changed,
             max_values=V3_MAX_INPUT_VALUES,
             extra=extra,
+            rule=rnn_rule,
         )
     )
     return tuning
