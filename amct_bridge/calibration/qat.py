@@ -244,7 +244,7 @@ class Pow2Plan:
         requantize: nodes with a quantizer whose inputs go to the output's exponent first
             (Add, Subtract, Concatenate, as the export writes them).
         preactivation: quantized node -> the activation it computes inside that the chip runs
-            as its own node (its pre-activation tensor is not trained: a warning).
+            as its own node (its pre-activation tensor is observed, not trained: a warning).
 
     Example:
         >>> Pow2Plan({"c": "c", "r": "c"}, {"c": None}).own
@@ -268,16 +268,16 @@ class Pow2Plan:
         Example:
             >>> print(Pow2Plan(preactivation={"c": "swish"}).preactivation_note("layer"))
             'c' (swish) compute an activation inside that the chip runs as a node of its own: \
-the tensor before it gets the exponent the export derives, not a trained one (use a separate \
-layer to train it)
+the tensor before it gets the exponent of its observed range (the sidecar's preactivation, an \
+EMA), not a trained one (use a separate layer to train it)
         """
         if not self.preactivation:
             return None
         named = ", ".join(f"{k!r} ({a})" for k, a in self.preactivation.items())
         return (
             f"{named} compute an activation inside that the chip runs as a node of its own: the "
-            "tensor before it gets the exponent the export derives, not a trained one (use a "
-            f"separate {unit} to train it)"
+            "tensor before it gets the exponent of its observed range (the sidecar's "
+            f"preactivation, an EMA), not a trained one (use a separate {unit} to train it)"
         )
 
 

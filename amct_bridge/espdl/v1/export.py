@@ -185,8 +185,8 @@ def _output_exponents(
 def _logit_exponent(chain: Chain, finder: ExponentFinder) -> tuple:
     """Output exponent of a head whose softmax/sigmoid is left to the host: its calibrated
     output range is after that function, so the logits' range measured by the calibration
-    (the sidecar's ``preactivation``) gives it; a sidecar without one (written before
-    2026-12, or by QAT): a bound of the logits from the input range, with a warning."""
+    (the sidecar's ``preactivation``; QAT's: its EMA) gives it; a sidecar without one (written
+    before 2026-12): a bound of the logits from the input range, with a warning."""
     head = chain.head
     func = head.attrs["host_activation"]
     measured = finder.range_exponent(head.name, "preactivation")

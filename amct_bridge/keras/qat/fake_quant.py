@@ -388,11 +388,12 @@ def layer_spec(layer: keras.layers.Layer) -> LayerSpec | None:
     )
 
 
-def finish(layer: keras.layers.Layer, y, bias_exponent=None):
+def finish(layer: keras.layers.Layer, y, bias_exponent=None, observe=None):
     """Add ``layer``'s bias and apply its activation to the output ``y`` of its linear op.
 
     ``bias_exponent`` (power-of-two QAT: ``e_in + e_w``): the bias as the chip stores it,
-    rounded half up to that grid (not clipped: int32; STE).
+    rounded half up to that grid (not clipped: int32; STE). ``observe``: called with the
+    output before the activation (QAT tracks a fused softmax's logits).
     """
     bias = getattr(layer, "bias", None)
     if bias is not None and bias_exponent is not None:
@@ -403,5 +404,7 @@ def finish(layer: keras.layers.Layer, y, bias_exponent=None):
         if getattr(layer, "data_format", "channels_last") == "channels_first":
             bias = ops.reshape(bias, (1, -1) + (1,) * (len(y.shape) - 2))
         y = y + bias
+    if observe is not None:
+        observe(y)
     activation = getattr(layer, "activation", None)
     return activation(y) if activation is not None else y

@@ -392,6 +392,9 @@ class QATQuant(keras.layers.Wrapper):
             input (it then passes as it is), None: this layer quantizes it.
         quantize_output: power_of_two: quantize the output too (off for a Softmax nobody
             reads: float on the chip).
+        preactivation: the layer's fused activation (``"softmax"``, ``"sigmoid"``...) when the
+            output before it is tracked too (EMA, one node only): the sidecar's
+            ``preactivation``, a classifier's logits, which the ESP-DL exports quantize.
 
     Example:
         >>> import keras
@@ -412,10 +415,14 @@ class QATQuant(keras.layers.Wrapper):
         power_of_two=False,
         input_source=None,
         quantize_output=True,
+        preactivation=None,
         **kwargs,
     ):
         super().__init__(layer, **kwargs)
         self.sites = int(sites)
+        self.preactivation = preactivation or None
+        if self.preactivation and self.sites > 1:
+            raise QuantError(f"layer {layer.name!r}: a pre-activation range at several nodes")
         self.site_input = self.sites > 1 and activation_range == "ema"
         self.bits = check_options(
             dst_type, activation_range, ema_decay, power_of_two=bool(power_of_two)
@@ -450,6 +457,8 @@ class QATQuant(keras.layers.Wrapper):
         # the sidecar (a chain output feeding an Add, the model output); see qat.sidecar.
         self.output_range = add_range_weights(self, "output", trainable=False, sites=self.sites)
         self.calls = add_call_counter(self, self.sites)
+        if self.preactivation:  # the output before the fused activation: observed (EMA)
+            self.preactivation_range = add_range_weights(self, "preactivation", trainable=False)
         if self.power_of_two:  # EMAs above stay (sidecar, batches); thresholds besides
             own = names if self.input_source is None else names[1:]  # else its producer's
             tracked = own + (["output"] if self.quantize_output else [])
@@ -471,7 +480,8 @@ class QATQuant(keras.layers.Wrapper):
                 for attr, layout in self.spec.kernels
             }
             mid = lambda v: self._quantize_activation(v, "mid", training, site, hot)  # noqa: E731
-            y = finish(self.layer, self.spec.op(self.layer, x, kernels, mid))
+            y = finish(self.layer, self.spec.op(self.layer, x, kernels, mid), None,
+                       self._observer(training))  # fmt: skip
         if training and hot is not None:
             track_ema_site(y, *self.output_range, hot, self.ema_decay)
         elif training:
@@ -508,7 +518,8 @@ class QATQuant(keras.layers.Wrapper):
                 kernels[attr] = fake_quant_pow2(kernel, e_w)
             y = self.spec.op(self.layer, x, kernels, lambda v: quantize(v, "mid"))
             e_in = grid.get("mid" if "mid" in self.ranges else "input")
-            y = finish(self.layer, y, None if e_in is None else e_in + e_w)
+            bias_exponent = None if e_in is None else e_in + e_w
+            y = finish(self.layer, y, bias_exponent, self._observer(training))
         if self.quantize_output:
             return quantize_pow2(
                 y, self.output_range, self.log2t["output"], training,
@@ -517,6 +528,24 @@ class QATQuant(keras.layers.Wrapper):
         if training:
             track_ema(y, *self.output_range, self.ema_decay)
         return y
+
+    def _observer(self, training):
+        """What :func:`~amct_bridge.keras.qat.fake_quant.finish` calls on the output before the
+        activation: its EMA while training with ``preactivation``, else None."""
+        if not (training and self.preactivation):
+            return None
+        return lambda pre: track_ema(pre, *self.preactivation_range, self.ema_decay)
+
+    def preactivation_values(self) -> tuple[float, float, float] | None:
+        """``(lo, hi, seen)`` of the output before the fused activation (EMA), None when not
+        tracked (no ``preactivation``).
+
+        Example:
+            >>> # lo, hi, seen = qat.get_layer("head").preactivation_values()
+        """
+        if not self.preactivation:
+            return None
+        return range_values(self.preactivation_range)[0]
 
     def exponent(self, name: str) -> int:
         """The power-of-two exponent tensor ``name`` ("input", "mid", "output") is quantized at
@@ -598,6 +627,7 @@ class QATQuant(keras.layers.Wrapper):
             "power_of_two": self.power_of_two,
             "input_source": self.input_source,
             "quantize_output": self.quantize_output,
+            "preactivation": self.preactivation,
         }
 
     def factors(self, key: str) -> dict[str, LayerFactors]:

@@ -217,6 +217,7 @@ def quantize_aware(
         and id(layer) not in folded
         and (_observed(layer) or k in layers or (power_of_two and _pow2_observed(layer)))
     }
+    logits = _preactivations(graph, chosen, sites)
     roles = {}
     if power_of_two:
         folded_keys = {k for k, layer in everything.items() if id(layer) in folded}
@@ -240,7 +241,10 @@ def quantize_aware(
         skip = True if key in bns and not fold_batchnorm else None
         inner = layer.__class__.from_config(config)
         extra = roles.get(key, {})
-        return QATQuant(inner, skip_fusion=skip, sites=n, name=layer.name, **options, **extra)
+        return QATQuant(
+            inner, skip_fusion=skip, sites=n, name=layer.name, preactivation=logits.get(key),
+            **options, **extra,
+        )  # fmt: skip
 
     clone, pairs = clone_with(model, make_layer)
     for key, (orig, new) in pairs.items():
@@ -258,6 +262,23 @@ def quantize_aware(
     if power_of_two:
         link_quantizers(clone)
     return clone
+
+
+def _preactivations(graph, chosen: set[str], sites: dict) -> dict[str, str]:
+    """Quantized layer key -> its fused activation, where QAT tracks the output before it
+    (the sidecar's ``preactivation``): the layers the calibration observes there
+    (:func:`amct_bridge.calibration.plan.fused_activations`: an activation other than linear /
+    ReLU / ReLU6, one node)."""
+    from amct_bridge.calibration.plan import EXACT_ACTIVATIONS
+
+    if graph is None:
+        return {}
+    found = {}
+    for node in graph.nodes:
+        act = str(node.params.get("activation") or "linear")
+        if node.layer in chosen and node.layer not in sites and act not in EXACT_ACTIVATIONS:
+            found[node.layer] = act
+    return found
 
 
 def link_quantizers(qat_model: keras.Model) -> keras.Model:

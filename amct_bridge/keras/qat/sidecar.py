@@ -7,7 +7,10 @@ document from what QAT tracked while training:
 
 * a quantized layer (``QATQuant``): ``input`` = its clip range (EMA or learned, what the record's
   scale_d/offset_d encode); ``output`` = the EMA of its output's min/max. A SeparableConv2D's
-  two entries meet at the depthwise output (its "mid" clip range);
+  two entries meet at the depthwise output (its "mid" clip range). A layer with a fused
+  activation other than linear / ReLU / ReLU6 (``Dense(activation="softmax")``), at one node,
+  also has ``preactivation`` = the EMA of its output before that activation (the logits), as
+  the calibration sidecar;
 * a folded BatchNormalization: ``output`` = the folded layer's output (the same tensor);
 * activations, Add / Concatenate / pools and unfolded BNs (``QATObserve``): ``output`` = EMA;
 * any tensor a quantized layer reads gets that layer's clip range as its ``min``/``max`` (the
@@ -185,8 +188,18 @@ def _quant_entries(layer: QATQuant, key: str, site: int, output, stats: Calibrat
 
     for i, name in enumerate(names):
         part_key = layer.spec.key(key, i) if i < len(layer.spec.keys) else key
-        after = part_input(names[i + 1]) if i + 1 < len(names) else output
-        stats.layers[part_key] = LayerStats(kind, input=part_input(name), output=after)
+        last = i + 1 == len(names)
+        after = output if last else part_input(names[i + 1])
+        stats.layers[part_key] = LayerStats(
+            kind, input=part_input(name), output=after, preactivation=_preactivation(layer, last)
+        )
+
+
+def _preactivation(layer: QATQuant, last: bool) -> TensorRange | None:
+    """The EMA of a quantized layer's output before its fused activation (its last part's
+    ``preactivation``), None when not tracked."""
+    values = layer.preactivation_values() if last else None
+    return None if values is None else tensor_range(*values)
 
 
 def _values(variables) -> tuple[float, float, float]:
@@ -223,8 +236,13 @@ def _pow2_stats(qat_model: keras.Model) -> CalibrationStats:
             )
             kind = class_name(layer.layer)
             for i, rng in enumerate(ranges):
-                after = ranges[i + 1] if i + 1 < len(ranges) else out
-                stats.layers[layer.spec.key(key, i)] = LayerStats(kind, input=rng, output=after)
+                last = i + 1 == len(ranges)
+                stats.layers[layer.spec.key(key, i)] = LayerStats(
+                    kind,
+                    input=rng,
+                    output=out if last else ranges[i + 1],
+                    preactivation=_preactivation(layer, last),
+                )
             outputs[key] = out
         elif isinstance(layer, QATObserve):
             rows = range_values(layer.output_range)

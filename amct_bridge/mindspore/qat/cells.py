@@ -446,6 +446,9 @@ class QATQuant(_Sites, nn.Cell):
             sites), as the record holds one scale_d / offset_d per cell.
         power_of_two: ESP-DL's power-of-two format (module docstring); then
             ``quantize_input`` / ``quantize_output`` say which of its tensors it quantizes.
+        preactivation: an ``nn.Dense`` called once: also track (EMA) its output before its
+            activation cell (``nn.Dense(..., activation="softmax")``: the logits), the
+            sidecar's ``preactivation``.
 
     Example:
         >>> q = QATQuant(nn.Conv2d(1, 2, 3), "conv", "Conv2D", bits=8)
@@ -467,6 +470,7 @@ class QATQuant(_Sites, nn.Cell):
         power_of_two: bool = False,
         quantize_input: bool = True,
         quantize_output: bool = True,
+        preactivation: bool = False,
     ) -> None:
         super().__init__(auto_prefix=False)
         if kind not in OUT_AXIS:
@@ -490,6 +494,17 @@ class QATQuant(_Sites, nn.Cell):
         self.out_min, self.out_max, self.out_seen = range_params(
             key, "output", trainable=False, sites=self.n_sites
         )
+        # nn.Dense(activation=...) called once: its output before the activation too
+        self.track_pre = (
+            bool(preactivation)
+            and kind == "Dense"
+            and not self.shared
+            and bool(getattr(cell, "activation_flag", False))
+        )
+        if self.track_pre:
+            self.pre_min, self.pre_max, self.pre_seen = range_params(
+                key, "preactivation", trainable=False
+            )
         # off where a folded BN follows: its observer sees the same tensor plus the bias
         self.track_output = True
         self.is_transpose = kind == "Conv2DTranspose"
@@ -711,6 +726,8 @@ class QATQuant(_Sites, nn.Cell):
         if bias is not None:
             y = cell.bias_add(y, bias)
         if cell.activation_flag:
+            if self.track_pre and self.training:
+                track_ema(y, self.pre_min, self.pre_max, self.pre_seen, self.decay, self.rest)
             y = cell.activation(y)
         if len(shape) != 2:
             y = ops.reshape(y, shape[:-1] + (y.shape[-1],))
@@ -756,10 +773,13 @@ class QATQuant(_Sites, nn.Cell):
         return _union(self.out_min, self.out_max, self.out_seen)
 
     def _tracked_params(self):
-        return [
+        found = [
             ("input", (self.in_min, self.in_max, self.in_seen)),
             ("output", (self.out_min, self.out_max, self.out_seen)),
         ]
+        if self.track_pre:
+            found.append(("preactivation", (self.pre_min, self.pre_max, self.pre_seen)))
+        return found
 
     def set_input_range(self, lo: float, hi: float) -> None:
         """Start from the range ``[lo, hi]`` (``init_record``): training continues the EMA (or

@@ -99,7 +99,7 @@ from amct_bridge.quant.qat import (
     record_range,
     threshold_exponent,
 )
-from amct_bridge.records.calibration import CalibrationStats, LayerStats
+from amct_bridge.records.calibration import CalibrationStats, LayerStats, TensorRange
 from amct_bridge.records.model import Record
 
 log = logging.getLogger(__name__)
@@ -316,6 +316,7 @@ def quantize_aware(
             symmetric=not activation_offset,
             channel_wise=channel_wise and d.parts[0].channel_wise,
             sites=sites.get(key),
+            preactivation=_fused(d.handle),
             **roles.get(key, {}),
         )
         wrapper.track_output = key not in info.folded  # the folded BN's observer has it
@@ -374,6 +375,23 @@ def quantize_aware(
     if init_record is not None:
         (_init_pow2 if power_of_two else _init_ranges)(qat, init_record)
     return qat
+
+
+def _fused(cell: nn.Cell) -> bool:
+    """An ``nn.Dense`` whose activation cell hides its input's range (softmax, sigmoid...,
+    not ReLU / ReLU6): QAT tracks that input, the sidecar's ``preactivation``, as the
+    calibration observes it (:func:`amct_bridge.calibration.plan.fused_activations`)."""
+    from amct_bridge.calibration.plan import EXACT_ACTIVATIONS
+    from amct_bridge.mindspore.graph_cells import dense_activation
+
+    return dense_activation(cell) not in EXACT_ACTIVATIONS
+
+
+def _preactivation(ranges: dict, site: str) -> TensorRange | None:
+    """The EMA of a quantized cell's output before its activation cell, None when not
+    tracked."""
+    row = ranges.get((site, "preactivation"))
+    return None if row is None else tensor_range(*row)
 
 
 def _link(info: QATInfo, wrappers: dict[str, nn.Cell], leaves: dict) -> None:
@@ -810,7 +828,8 @@ def _site_stats(info, cell, key, site, ranges, clip_at, clip_of, ops_before, sta
         out_key = bn if bn is not None else site
         output = clipped(tensor_range(*ranges[(out_key, "output")]), clip_of.get(out_key))
         kind = describe(key, cell.cell).kind
-        stats.layers[site] = LayerStats(kind, input=site_input, output=output)
+        pre = _preactivation(ranges, site)
+        stats.layers[site] = LayerStats(kind, input=site_input, output=output, preactivation=pre)
         if bn is not None:
             stats.layers[bn] = LayerStats("BatchNormalization", output=output)
     elif key not in info.folded.values():
@@ -914,7 +933,12 @@ def _pow2_stats(info: QATInfo, wrappers: dict[str, nn.Cell], ranges: dict) -> Ca
                     out_key if out_key in quantizers else None, ranges[(out_key, "output")]
                 )
                 kind = describe(key, cell.cell).kind
-                stats.layers[site] = LayerStats(kind, input=held(name, own_in), output=output)
+                stats.layers[site] = LayerStats(
+                    kind,
+                    input=held(name, own_in),
+                    output=output,
+                    preactivation=_preactivation(ranges, site),
+                )
                 if bn is not None:
                     stats.layers[bn] = LayerStats("BatchNormalization", output=output)
                 batches = max(batches, int(own_in[2]))
