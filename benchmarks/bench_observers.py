@@ -6,6 +6,8 @@ Prints, for 1M-element float32 batches:
 - update throughput per algorithm (elements/s) and its cost relative to minmax;
 - the one-off cost of ``factors()`` (the search) per algorithm;
 - the HFMG search alone (candidate trimming, then the L2 of every candidate) per ``num_of_bins``;
+- ``hfmg_search`` per call, CPU time: a histogram searched for the first time against the same
+  histogram again (its best range kept: a repeated calibration on the same data);
 - AMCT-style exact IFMR on the same data (all activations kept, one pass per candidate) as a
   baseline for the bounded IFMR;
 - the deviation of every bounded algorithm from the brute-force exact reference, in % of scale_d.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +27,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "quant"))
 from _common import best_of  # noqa: E402
 from quant_reference import exact_hfmg, exact_ifmr, exact_percentile  # noqa: E402
 
+from amct_bridge.quant import hfmg  # noqa: E402
 from amct_bridge.quant.factors import activation_factors  # noqa: E402
-from amct_bridge.quant.hfmg import NUM_OF_BINS_CHOICES, l2_losses, search_candidates  # noqa: E402
+from amct_bridge.quant.hfmg import (  # noqa: E402
+    NUM_OF_BINS_CHOICES,
+    hfmg_search,
+    l2_losses,
+    search_candidates,
+)
 from amct_bridge.quant.observers import make_observer  # noqa: E402
 
 ALGORITHMS = ["minmax", "ema", "percentile", "ifmr", "hfmg"]
@@ -46,7 +55,7 @@ def throughput(batches: list[np.ndarray]) -> None:
 
         seconds = best_of(feed)
         obs = feed()
-        fin = best_of(obs.factors)
+        fin = best_of(lambda obs=obs: hfmg._SEARCHES.clear() or obs.factors())  # no kept range
         base = base or seconds
         print(
             f"{name:<11} {obs.bins:>6} {n / seconds / 1e6:>9.1f} {seconds / base:>9.2f}x "
@@ -81,6 +90,29 @@ def hfmg_search_cost() -> None:
             trim = best_of(lambda counts=counts: search_candidates(counts), repeats=5)
             l2 = best_of(lambda c=counts, r=ranges: l2_losses(c, r, 256), repeats=5)
             print(f"{bins:>6} {name:<8} {len(ranges):>10} {trim * 1e3:>8.2f} {l2 * 1e3:>8.2f}")
+
+
+def hfmg_repeat_cost(rounds: int = 15) -> None:
+    """CPU time of one ``hfmg_search`` call on a histogram seen for the first time (the kept
+    ranges cleared) and on the same histogram again, in interleaved rounds (medians)."""
+    print(f"\nhfmg_search per call, CPU ms (median of {rounds} interleaved rounds), 8-bit")
+    print(f"{'bins':>6} {'data':<8} {'first':>8} {'again':>8} {'again/first':>12}")
+    rng = np.random.default_rng(1)
+    for bins in NUM_OF_BINS_CHOICES:
+        for name, x in (
+            ("relu", np.maximum(rng.normal(0.3, 1.0, 2_000_000), 0.0)),
+            ("relu6", np.clip(rng.normal(1.0, 2.5, 2_000_000), 0.0, 6.0)),
+        ):
+            counts = np.round(np.histogram(x, bins=bins)[0] * 50.0)
+            first, again = [], []
+            for _ in range(rounds):
+                hfmg._SEARCHES.clear()
+                for times in (first, again):
+                    start = time.process_time()
+                    hfmg_search(counts, 0.0, 6.0)
+                    times.append(time.process_time() - start)
+            a, b = np.median(first) * 1e3, np.median(again) * 1e3
+            print(f"{bins:>6} {name:<8} {a:>8.3f} {b:>8.3f} {b / a:>11.3f}x")
 
 
 def datasets(n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -129,6 +161,7 @@ def main() -> None:
     ]
     throughput(batches)
     hfmg_search_cost()
+    hfmg_repeat_cost()
     if not args.no_accuracy:
         accuracy(1_200_000, 4)
 
