@@ -17,6 +17,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
+from qat_logit_reference import ema_logit_range
 
 from amct_bridge.keras import export_espdl
 from amct_bridge.keras.qat import quantize_aware, save_qat_record, strip_qat
@@ -40,13 +41,6 @@ class _Weights(keras.callbacks.Callback):
         )
 
 
-def _ema(rows: list[tuple[float, float]]) -> tuple[float, float]:
-    lo, hi = rows[0]
-    for b_lo, b_hi in rows[1:]:
-        lo, hi = DECAY * lo + (1 - DECAY) * b_lo, DECAY * hi + (1 - DECAY) * b_hi
-    return lo, hi
-
-
 @pytest.mark.parametrize("power_of_two", [False, True])
 def test_qat_sidecar_holds_the_head_logits_range(tmp_path, power_of_two):
     keras.utils.set_random_seed(0)
@@ -64,24 +58,7 @@ def test_qat_sidecar_holds_the_head_logits_range(tmp_path, power_of_two):
     save_qat_record(qat, record)
     stats = load_stats(tmp_path / "qat.txt.calib.json")
 
-    ema: dict[str, tuple[float, float]] = {}
-
-    def clipped(name: str, v: np.ndarray) -> np.ndarray:
-        """``v`` clipped at its tensor's EMA, updated with ``v`` first (as QAT clips it)."""
-        lo, hi = v.min(), v.max()
-        if name in ema:
-            lo = DECAY * ema[name][0] + (1 - DECAY) * lo
-            hi = DECAY * ema[name][1] + (1 - DECAY) * hi
-        ema[name] = (lo, hi)
-        return np.clip(v, lo, hi)
-
-    rows = []
-    for step, (w1, b1, w2, b2) in enumerate(weights.seen):
-        xb = clipped("x", x[(step * BATCH) % len(x) :][:BATCH].astype(np.float64))
-        hidden = clipped("hidden", np.maximum(xb @ w1 + b1, 0.0))
-        logits = hidden @ w2 + b2
-        rows.append((logits.min(), logits.max()))
-    want = _ema(rows)
+    want = ema_logit_range(x, weights.seen, BATCH, DECAY)
     pre = stats.layers["head"].preactivation
     assert pre is not None
     span = want[1] - want[0]

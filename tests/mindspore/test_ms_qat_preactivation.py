@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from mindspore import nn
 from mindspore.train import Callback, Model
+from qat_logit_reference import ema_logit_range
 
 import amct_bridge.mindspore as ams
 from amct_bridge.mindspore.qat import quantize_aware, save_qat_record, strip_qat
@@ -52,13 +53,6 @@ class _Weights(Callback):
         self.seen.append([np.float64(p.asnumpy()) for c in cells for p in (c.weight, c.bias)])
 
 
-def _ema(rows: list[tuple[float, float]]) -> tuple[float, float]:
-    lo, hi = rows[0]
-    for b_lo, b_hi in rows[1:]:
-        lo, hi = DECAY * lo + (1 - DECAY) * b_lo, DECAY * hi + (1 - DECAY) * b_hi
-    return lo, hi
-
-
 @pytest.mark.parametrize("mode", ["graph"], indirect=True)
 def test_ms_qat_sidecar_holds_the_head_logits_range(tmp_path, mode):
     rng = np.random.default_rng(0)
@@ -76,25 +70,9 @@ def test_ms_qat_sidecar_holds_the_head_logits_range(tmp_path, mode):
     save_qat_record(qat, record)
     stats = load_stats(tmp_path / "qat.txt.calib.json")
 
-    ema: dict[str, tuple[float, float]] = {}
-
-    def clipped(name: str, v: np.ndarray) -> np.ndarray:
-        """``v`` clipped at its tensor's EMA, updated with ``v`` first (as QAT clips it)."""
-        lo, hi = v.min(), v.max()
-        if name in ema:
-            lo = DECAY * ema[name][0] + (1 - DECAY) * lo
-            hi = DECAY * ema[name][1] + (1 - DECAY) * hi
-        ema[name] = (lo, hi)
-        return np.clip(v, lo, hi)
-
-    rows = []
-    for step, (w1, b1, w2, b2) in enumerate(weights.seen):
-        xb = clipped("x", x[(step * BATCH) % len(x) :][:BATCH].astype(np.float64))
-        hidden = clipped("hidden", np.maximum(xb @ w1.T + b1, 0.0))
-        logits = hidden @ w2.T + b2
-        rows.append((logits.min(), logits.max()))
-    assert len(rows) == EPOCHS * len(x) // BATCH
-    want = _ema(rows)
+    assert len(weights.seen) == EPOCHS * len(x) // BATCH
+    seen = [(w1.T, b1, w2.T, b2) for w1, b1, w2, b2 in weights.seen]  # (in, out)
+    want = ema_logit_range(x, seen, BATCH, DECAY)
     pre = stats.layers["fc"].preactivation
     assert pre is not None
     np.testing.assert_allclose([pre.min, pre.max], want, rtol=0, atol=0.015 * (want[1] - want[0]))
