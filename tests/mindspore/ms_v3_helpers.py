@@ -11,6 +11,7 @@ import keras
 import mindspore as ms
 import numpy as np
 
+import amct_bridge.keras as akeras
 import amct_bridge.mindspore as ams
 from amct_bridge.cli import main
 from amct_bridge.espdl.v3 import read_espdl, simulate_espdl
@@ -83,3 +84,17 @@ def rename_ops(model, names: list[str]) -> None:
     assert len(raw) == len(names), [op.name for op in raw]
     for op, name in zip(raw, names, strict=True):
         op.name = name
+
+
+def twin_exports_equal(model, net, record: Path, tmp_path: Path, keras_x, ms_x, sample_input):
+    """Export ``record`` from the Keras twin ``model`` (test input ``keras_x[:1]``) and from
+    ``net`` (``ms_x[:1]``, ``sample_input``) for esp32s3 s8 and esp32p4 s16: each pair of files
+    holds the same integers (:func:`same_integers`). Returns the last MindSpore file."""
+    for target, feature_type in (("esp32s3", "s8"), ("esp32p4", "s16")):
+        options = {"format": "espdl", "target": target, "feature_type": feature_type}
+        k_out, m_out = tmp_path / f"k_{target}.espdl", tmp_path / f"m_{target}.espdl"
+        akeras.export_espdl(model, record, k_out, test_input=keras_x[:1], **options)
+        ams.export_espdl(net, record, m_out, sample_input=sample_input, test_input=ms_x[:1],
+                         **options)  # fmt: skip
+        same_integers(k_out, m_out)
+    return m_out

@@ -30,9 +30,14 @@ import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import nn, ops
-from ms_v3_helpers import COMBOS, chip_error, export_checked, rename_ops, same_integers
+from ms_v3_helpers import (
+    COMBOS,
+    chip_error,
+    export_checked,
+    rename_ops,
+    twin_exports_equal,
+)
 
-import amct_bridge.keras as akeras
 import amct_bridge.mindspore as ams
 from amct_bridge.errors import ExportError
 from amct_bridge.mindspore.espdl_weights import source_layers
@@ -156,12 +161,7 @@ def test_keras_twin_exports_equal_integers(tmp_path):
     # Keras-calibrated block has no range for its model input)
     record = tmp_path / "record.txt"
     ams.calibrate(net, x, record, algorithm="minmax")
-    for target, feature_type in (("esp32s3", "s8"), ("esp32p4", "s16")):
-        options = {"format": "espdl", "target": target, "feature_type": feature_type}
-        k_out, m_out = tmp_path / f"k_{target}.espdl", tmp_path / f"m_{target}.espdl"
-        akeras.export_espdl(model, record, k_out, test_input=x[:1], **options)
-        ams.export_espdl(net, record, m_out, sample_input=(1, T, D), test_input=x[:1], **options)
-        same_integers(k_out, m_out)
+    twin_exports_equal(model, net, record, tmp_path, x, x, (1, T, D))
 
 
 class FlaggedAttention(nn.Cell):

@@ -21,7 +21,13 @@ import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import nn, ops
-from ms_v3_helpers import COMBOS, chip_error, export_checked, rename_ops, same_integers
+from ms_v3_helpers import (
+    COMBOS,
+    chip_error,
+    export_checked,
+    rename_ops,
+    twin_exports_equal,
+)
 from twin_weights import copy_weights
 
 import amct_bridge.keras as akeras
@@ -169,11 +175,4 @@ def test_keras_twin_exports_equal_integers(name, tmp_path):
     np.testing.assert_allclose(got if got.ndim == 2 else got.transpose(0, 3, 1, 2), want, atol=1e-5)
     record = tmp_path / "record.txt"
     akeras.calibrate(model, x, record, algorithm="minmax")
-    for target, feature_type in (("esp32s3", "s8"), ("esp32p4", "s16")):
-        options = {"format": "espdl", "target": target, "feature_type": feature_type}
-        k_out, m_out = tmp_path / f"k_{target}.espdl", tmp_path / f"m_{target}.espdl"
-        akeras.export_espdl(model, record, k_out, test_input=x[:1], **options)
-        ams.export_espdl(
-            net, record, m_out, sample_input=(1, 3, 8, 8), test_input=nchw[:1], **options
-        )
-        same_integers(k_out, m_out)
+    twin_exports_equal(model, net, record, tmp_path, x, nchw, (1, 3, 8, 8))

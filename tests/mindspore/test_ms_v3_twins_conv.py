@@ -26,7 +26,7 @@ import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import nn, ops
-from ms_v3_helpers import COMBOS, export_checked, same_integers
+from ms_v3_helpers import COMBOS, export_checked, twin_exports_equal
 
 import amct_bridge.keras as akeras
 import amct_bridge.mindspore as ams
@@ -283,13 +283,7 @@ def test_keras_twin_exports_equal_integers(name, tmp_path):
     np.testing.assert_allclose(got, _chw_last(want), atol=1e-5)
     record = tmp_path / "record.txt"
     akeras.calibrate(model, _chw_last(x), record, algorithm="minmax")
-    for target, feature_type in (("esp32s3", "s8"), ("esp32p4", "s16")):
-        options = {"format": "espdl", "target": target, "feature_type": feature_type}
-        k_out, m_out = tmp_path / f"k_{target}.espdl", tmp_path / f"m_{target}.espdl"
-        akeras.export_espdl(model, record, k_out, test_input=_chw_last(x[:1]), **options)
-        ams.export_espdl(net, record, m_out, sample_input=(1, *x.shape[1:]), test_input=x[:1],
-                         **options)  # fmt: skip
-        same_integers(k_out, m_out)
+    twin_exports_equal(model, net, record, tmp_path, _chw_last(x), x, (1, *x.shape[1:]))
 
 
 class TorchStyle(nn.Cell):

@@ -29,7 +29,13 @@ import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import nn, ops
-from ms_v3_helpers import COMBOS, chip_error, export_checked, rename_ops, same_integers
+from ms_v3_helpers import (
+    COMBOS,
+    chip_error,
+    export_checked,
+    rename_ops,
+    twin_exports_equal,
+)
 from twin_weights import copy_weights
 
 import amct_bridge.keras as akeras
@@ -117,13 +123,7 @@ def test_keras_twin_exports_equal_integers(tmp_path):
     np.testing.assert_allclose(model.predict(x, verbose=0).transpose(0, 3, 1, 2), want, atol=1e-5)
     record = tmp_path / "record.txt"
     akeras.calibrate(model, x, record, algorithm="minmax")
-    for target, feature_type in (("esp32s3", "s8"), ("esp32p4", "s16")):
-        options = {"format": "espdl", "target": target, "feature_type": feature_type}
-        k_out, m_out = tmp_path / f"k_{target}.espdl", tmp_path / f"m_{target}.espdl"
-        akeras.export_espdl(model, record, k_out, test_input=x[:1], **options)
-        ams.export_espdl(net, record, m_out, sample_input=(1, 3, 6, 6), test_input=nchw[:1],
-                         **options)  # fmt: skip
-        same_integers(k_out, m_out)
+    twin_exports_equal(model, net, record, tmp_path, x, nchw, (1, 3, 6, 6))
 
 
 class TanhGelu(nn.Cell):
@@ -214,13 +214,7 @@ def test_math_ops_keras_twin_exports_equal_integers(tmp_path):
     np.testing.assert_allclose(model.predict(x, verbose=0), want, rtol=1e-5, atol=1e-5)
     record = tmp_path / "record.txt"
     akeras.calibrate(model, x, record, algorithm="minmax")
-    for target, feature_type in (("esp32s3", "s8"), ("esp32p4", "s16")):
-        options = {"format": "espdl", "target": target, "feature_type": feature_type}
-        k_out, m_out = tmp_path / f"k_{target}.espdl", tmp_path / f"m_{target}.espdl"
-        akeras.export_espdl(model, record, k_out, test_input=x[:1], **options)
-        ams.export_espdl(net, record, m_out, sample_input=(1, 3, 6, 6), test_input=nchw[:1],
-                         **options)  # fmt: skip
-        same_integers(k_out, m_out)
+    m_out = twin_exports_equal(model, net, record, tmp_path, x, nchw, (1, 3, 6, 6))
     written = {n.op_type for n in read_espdl(m_out).nodes}
     assert {"Sqrt", "Exp", "Log", "Neg", "Pow", "Div", "ReduceMax", "ReduceMin",
             "ReduceSum"} <= written  # fmt: skip
@@ -289,13 +283,7 @@ def test_embedding_looks_the_table_up_and_has_a_keras_twin(tmp_path):
     twin.get_layer("fc").set_weights([net.fc.weight.asnumpy().T, net.fc.bias.asnumpy()])
     np.testing.assert_allclose(twin.predict(tokens, verbose=0), want, atol=1e-5)
     akeras.calibrate(twin, tokens, tmp_path / "k.txt", algorithm="minmax")
-    for target, feature_type in (("esp32s3", "s8"), ("esp32p4", "s16")):
-        options = {"format": "espdl", "target": target, "feature_type": feature_type}
-        k_out, m_out = tmp_path / f"k_{target}.espdl", tmp_path / f"m_{target}.espdl"
-        akeras.export_espdl(twin, tmp_path / "k.txt", k_out, test_input=tokens[:1], **options)
-        ams.export_espdl(net, tmp_path / "k.txt", m_out, sample_input=tokens[:1],
-                         test_input=tokens[:1], **options)  # fmt: skip
-        same_integers(k_out, m_out)
+    twin_exports_equal(twin, net, tmp_path / "k.txt", tmp_path, tokens, tokens, tokens[:1])
 
 
 class ChannelMean(nn.Cell):

@@ -24,7 +24,7 @@ import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import nn, ops
-from ms_v3_helpers import COMBOS, export_checked, same_integers
+from ms_v3_helpers import COMBOS, export_checked, twin_exports_equal
 
 import amct_bridge.keras as akeras
 import amct_bridge.mindspore as ams
@@ -167,12 +167,7 @@ def test_keras_twin_exports_equal_integers(name, tmp_path):
     np.testing.assert_allclose(model.predict(x, verbose=0), want, atol=1e-5)
     record = tmp_path / "record.txt"
     akeras.calibrate(model, x, record, algorithm="minmax")
-    for target, feature_type in (("esp32s3", "s8"), ("esp32p4", "s16")):
-        options = {"format": "espdl", "target": target, "feature_type": feature_type}
-        k_out, m_out = tmp_path / f"k_{target}.espdl", tmp_path / f"m_{target}.espdl"
-        akeras.export_espdl(model, record, k_out, test_input=x[:1], **options)
-        ams.export_espdl(net, record, m_out, sample_input=(1, T, F), test_input=x[:1], **options)
-        same_integers(k_out, m_out)
+    twin_exports_equal(model, net, record, tmp_path, x, x, (1, T, F))
 
 
 class Odd(nn.Cell):
