@@ -80,6 +80,7 @@ from amct_bridge.espdl.v3.export import (
 from amct_bridge.espdl.v3.lowering import Emitter
 from amct_bridge.espdl.v3.lowering.registry import lowering_for
 from amct_bridge.espdl.v3.lowering.rnn import lower_rnn
+from amct_bridge.espdl.v3.mixed import export_auto
 from amct_bridge.espdl.v3.model import EspdlModel
 from amct_bridge.espdl.v3.ops import OPS, Context
 from amct_bridge.espdl.v3.ops.conv import PER_CHANNEL_TARGETS
@@ -767,8 +768,6 @@ def export_searched(
         )
 
     if options.get("feature_type") == "auto" or "max_drop" in options:
-        from amct_bridge.espdl.v3.mixed import export_auto
-
         tuned = tune if search and calibration is not None else None
         return export_auto(layers, out, calibration=calibration, tune=tuned, **options)
     if not search or calibration is None:
