@@ -779,6 +779,16 @@ def qat_stats(qat_net: nn.Cell) -> CalibrationStats:
     return _stats(info, wrappers, _ranges(wrappers))
 
 
+def _in_order(stats: CalibrationStats, order: dict[str, int]) -> CalibrationStats:
+    """``stats`` with its layers in execution order, as the calibration sidecar has them (a
+    site ``name@k`` after the first; a key ``order`` lacks last)."""
+    if order:
+        end = len(order)
+        rank = {k: order.get(k.split("@")[0], end) for k in stats.layers}
+        stats.layers = dict(sorted(stats.layers.items(), key=lambda kv: rank[kv[0]]))
+    return stats
+
+
 def _stats(info: QATInfo, wrappers: dict[str, nn.Cell], ranges: dict) -> CalibrationStats:
     if info.options.get("power_of_two"):
         return _pow2_stats(info, wrappers, ranges)
@@ -799,11 +809,7 @@ def _stats(info: QATInfo, wrappers: dict[str, nn.Cell], ranges: dict) -> Calibra
         if isinstance(cell, QATQuant):
             batches = max(batches, int(_input_clip(cell, ranges)[2]))
     stats.batches = batches
-    if info.order:  # execution order, as the calibration sidecar; a site after its first one
-        end = len(info.order)
-        rank = {k: info.order.get(k.split("@")[0], end) for k in stats.layers}
-        stats.layers = dict(sorted(stats.layers.items(), key=lambda kv: rank[kv[0]]))
-    return stats
+    return _in_order(stats, info.order)
 
 
 def _site_stats(info, cell, key, site, ranges, clip_at, clip_of, ops_before, stats) -> None:
@@ -950,11 +956,7 @@ def _pow2_stats(info: QATInfo, wrappers: dict[str, nn.Cell], ranges: dict) -> Ca
                     site_input = held(info.input_sources.get(site), own_in)
                 stats.layers[site] = LayerStats(kind, input=site_input, output=output)
     stats.batches = batches
-    if info.order:  # execution order, as the calibration sidecar; a site after its first one
-        end = len(info.order)
-        rank = {k: info.order.get(k.split("@")[0], end) for k in stats.layers}
-        stats.layers = dict(sorted(stats.layers.items(), key=lambda kv: rank[kv[0]]))
-    return stats
+    return _in_order(stats, info.order)
 
 
 def save_qat_record(qat_net: nn.Cell, path: str | os.PathLike) -> Record:
