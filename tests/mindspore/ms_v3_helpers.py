@@ -38,24 +38,29 @@ def export_checked(net, record, out: Path, x: np.ndarray, target: str, feature_t
     return res, read_espdl(out)
 
 
-def chip_error(model, net, x: np.ndarray, target: str) -> tuple[float, float]:
-    """(largest |chip - float|, float output range) over ``x`` (NCHW) for the model's first
-    output: the input is quantized at the file's input exponent, the net runs on the same
-    quantized values (so only the chip's own arithmetic differs)."""
+def chip_error(
+    model, net, x: np.ndarray, target: str, channels_first: bool | None = None
+) -> tuple[float, float]:
+    """(largest |chip - float|, float output range) over ``x`` for the model's first output:
+    the input is quantized at the file's input exponent, the net runs on the same quantized
+    values (so only the chip's own arithmetic differs). ``channels_first``: ``x`` is NCHW / NCW
+    (the chip's NHWC / NWC moved back for the net); default: rank 4 only (a rank-3 input is a
+    sequence (N, T, D), as the chip holds it)."""
     info = model.inputs[0]
     bits = 8 if info.elem_type == 3 else 16
     step = 2.0**info.exponent
-    nhwc = x.transpose(0, 2, 3, 1) if x.ndim == 4 else x
-    rounded = np.rint(nhwc / step) if target == "esp32p4" else np.floor(nhwc / step + 0.5)
+    moved = x.ndim == 4 if channels_first is None else channels_first
+    chip_x = np.moveaxis(x, 1, -1) if moved else x
+    rounded = np.rint(chip_x / step) if target == "esp32p4" else np.floor(chip_x / step + 0.5)
     q = np.clip(rounded, -(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
     sim = simulate_espdl(model, q.astype(np.int8 if bits == 8 else np.int16), target)
     out = model.outputs[0]
     chip = sim.outputs[out.name] * 2.0**out.exponent
     xq = q * step
-    back = xq.transpose(0, 3, 1, 2) if x.ndim == 4 else xq
+    back = np.moveaxis(xq, -1, 1) if moved else xq
     want = net(ms.Tensor(back.astype(np.float32))).asnumpy()
-    if want.ndim == 4:
-        want = want.transpose(0, 2, 3, 1)
+    if want.ndim == 4 or (moved and want.ndim == 3):
+        want = np.moveaxis(want, 1, -1)
     assert chip.shape == want.shape, (chip.shape, want.shape)
     return float(np.abs(chip - want).max()), float(np.ptp(want))
 

@@ -26,12 +26,12 @@ import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import nn, ops
-from ms_v3_helpers import COMBOS, export_checked, twin_exports_equal
+from ms_v3_helpers import COMBOS, chip_error, export_checked, twin_exports_equal
+from twin_weights import conv_hwio, depthwise_hwc1
 
 import amct_bridge.keras as akeras
 import amct_bridge.mindspore as ams
 from amct_bridge.errors import ExportError
-from amct_bridge.espdl.v3 import simulate_espdl
 
 L = keras.layers
 
@@ -143,16 +143,7 @@ def _kernel(cell: nn.Cell) -> np.ndarray:
         return _transpose_kernel(w)
     if isinstance(cell, nn.Dense):
         return w.T.copy()
-    o, i, kh, kw = w.shape
-    if int(cell.group) != 1:  # depthwise (C, 1, kh, kw) -> (kh, kw, C, 1)
-        out = np.empty((kh, kw, o, 1), np.float32)
-        for c in range(o):
-            out[:, :, c, 0] = w[c, 0]
-    else:
-        out = np.empty((kh, kw, i, o), np.float32)
-        for a in range(o):
-            for b in range(i):
-                out[:, :, b, a] = w[a, b]
+    out = depthwise_hwc1(w) if int(cell.group) != 1 else conv_hwio(w)
     return out[0] if isinstance(cell, nn.Conv1d) else out  # 1-D: (k, ...) without the height
 
 
@@ -228,22 +219,6 @@ def _chw_last(a: np.ndarray) -> np.ndarray:
     return np.moveaxis(a, 1, -1) if a.ndim > 2 else a
 
 
-def chip_error(model, net, x: np.ndarray, target: str) -> tuple[float, float]:
-    """(largest |chip - float|, float output range) on ``x`` (NCHW or NCW) quantized at the
-    file's input exponent; the net runs on the same quantized values."""
-    info, out = model.inputs[0], model.outputs[0]
-    bits = 8 if info.elem_type == 3 else 16
-    step = 2.0**info.exponent
-    chip_x = _chw_last(x)
-    rounded = np.rint(chip_x / step) if target == "esp32p4" else np.floor(chip_x / step + 0.5)
-    q = np.clip(rounded, -(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
-    sim = simulate_espdl(model, q.astype(np.int8 if bits == 8 else np.int16), target)
-    chip = sim.outputs[out.name] * 2.0**out.exponent
-    want = _chw_last(net(ms.Tensor(np.moveaxis(q * step, -1, 1).astype(np.float32))).asnumpy())
-    assert chip.shape == want.shape, (chip.shape, want.shape)
-    return float(np.abs(chip - want).max()), float(np.ptp(want))
-
-
 @pytest.fixture(scope="module", params=list(NETS))
 def calibrated(request, tmp_path_factory):
     net = _net(request.param)
@@ -264,7 +239,7 @@ def test_conv_net_exports_and_follows_the_net(calibrated, tmp_path, target, feat
     if name in ("unet", "transposes"):
         assert written.count("InsertZeros") == (1 if name == "unet" else 2)
     if feature_type == "s16":
-        err, span = chip_error(model, net, x, target)
+        err, span = chip_error(model, net, x, target, channels_first=True)
         assert err <= 0.01 * span, (err, span)
 
 
@@ -314,7 +289,7 @@ def test_pytorch_style_transposed_conv_follows_the_net(tmp_path):
         assert {r.name: r.status for r in res.layers}["relu"] == "fused"
         assert [n.op_type for n in model.nodes] == ["Conv", "InsertZeros", "Conv"]
         if feature_type == "s16":
-            err, span = chip_error(model, net, x, target)
+            err, span = chip_error(model, net, x, target, channels_first=True)
             assert err <= 0.01 * span, (err, span)
 
 
