@@ -16,7 +16,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
-from sklearn.datasets import load_digits
+from digits_cnn import trained_digits_cnn
 
 from amct_bridge.cli import main
 from amct_bridge.errors import ExportError
@@ -123,33 +123,7 @@ def test_auto_needs_calibration_data(tiny):
 def digits(tmp_path_factory):
     """The digits CNN of test_v3_search_keras.py: Conv+BN+ReLU, MaxPool, Conv+ReLU, GAP,
     Dense(softmax); calibrated on 256 training digits, auto judged on 512."""
-    data = load_digits()
-    x = (data.images / 16.0)[..., None].astype("float32")
-    y = data.target
-    idx = np.random.default_rng(0).permutation(len(x))
-    train, test = idx[:1400], idx[1400:]
-    keras.utils.set_random_seed(0)
-    inp = keras.Input((8, 8, 1))
-    h = L.Conv2D(16, 3, padding="same", name="c1")(inp)
-    h = L.ReLU(name="r1")(L.BatchNormalization(name="bn1")(h))
-    h = L.MaxPooling2D(name="mp")(h)
-    h = L.Conv2D(32, 3, padding="same", activation="relu", name="c2")(h)
-    h = L.GlobalAveragePooling2D(name="gap")(h)
-    model = keras.Model(inp, L.Dense(10, activation="softmax", name="head")(h))
-    model.compile("adam", "sparse_categorical_crossentropy")
-    model.fit(x[train], y[train], epochs=30, batch_size=32, verbose=0)
-    tmp = tmp_path_factory.mktemp("digits")
-    calibrate(model, x[train[:256]], tmp / "record.txt")
-    calib = x[train[:512]]
-    return {
-        "model": model,
-        "record": tmp / "record.txt",
-        "calib": calib,
-        "float_calib": model.predict(calib, verbose=0).argmax(-1),
-        "x": x[test],
-        "y": y[test],
-        "tmp": tmp,
-    }
+    return trained_digits_cnn(tmp_path_factory.mktemp("digits"))
 
 
 #: the single-input layers without weights that run at their input's width

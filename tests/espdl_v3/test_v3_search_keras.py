@@ -10,13 +10,13 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
-from sklearn.datasets import load_digits
+from digits_cnn import trained_digits_cnn
 
 from amct_bridge.cli import main
 from amct_bridge.espdl import simulate_chip
 from amct_bridge.espdl.v3 import read_espdl, simulate_espdl
 from amct_bridge.espdl.v3.evaluation import quantize_input
-from amct_bridge.keras import calibrate, export_espdl
+from amct_bridge.keras import export_espdl
 
 L = keras.layers
 
@@ -24,32 +24,7 @@ L = keras.layers
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory):
     """A CNN trained on 1400 digits (8x8, [0, 1]), calibrated on 256 of them; 397 held out."""
-    data = load_digits()
-    x = (data.images / 16.0)[..., None].astype("float32")
-    y = data.target
-    idx = np.random.default_rng(0).permutation(len(x))
-    train, test = idx[:1400], idx[1400:]
-    keras.utils.set_random_seed(0)
-    inp = keras.Input((8, 8, 1))
-    h = L.ReLU(name="r1")(L.BatchNormalization(name="bn1")(L.Conv2D(16, 3, padding="same")(inp)))
-    h = L.MaxPooling2D(name="mp")(h)
-    h = L.Conv2D(32, 3, padding="same", activation="relu", name="c2")(h)
-    h = L.GlobalAveragePooling2D(name="gap")(h)
-    model = keras.Model(inp, L.Dense(10, activation="softmax", name="head")(h))
-    model.compile("adam", "sparse_categorical_crossentropy")
-    model.fit(x[train], y[train], epochs=30, batch_size=32, verbose=0)
-    tmp = tmp_path_factory.mktemp("digits")
-    calibrate(model, x[train[:256]], tmp / "record.txt")
-    probs = model.predict(x[test], verbose=0)
-    return {
-        "model": model,
-        "record": tmp / "record.txt",
-        "calib": x[train[:512]],
-        "x": x[test],
-        "y": y[test],
-        "float": probs.argmax(-1),
-        "tmp": tmp,
-    }
+    return trained_digits_cnn(tmp_path_factory.mktemp("digits"))
 
 
 @pytest.mark.parametrize("target", ["esp32s3", "esp32p4"])

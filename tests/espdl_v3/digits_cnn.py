@@ -1,0 +1,48 @@
+"""The digits CNN that test_v3_search_keras.py and test_v3_mixed_precision.py share: Conv+BN+ReLU
+(``c1``), MaxPool, Conv+ReLU (``c2``), GAP, ``Dense(activation="softmax")`` (``head``), trained on
+1400 of scikit-learn's 8x8 digits in [0, 1] and calibrated on 256 of them; 397 held out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import keras
+import numpy as np
+from sklearn.datasets import load_digits
+
+from amct_bridge.keras import calibrate
+
+L = keras.layers
+
+
+def trained_digits_cnn(tmp: Path) -> dict:
+    """The trained model, its record in ``tmp``, 512 calibration digits (``calib``, with the
+    float arg max ``float_calib``), the held-out digits ``x`` / ``y`` and their float arg max
+    ``float``."""
+    data = load_digits()
+    x = (data.images / 16.0)[..., None].astype("float32")
+    y = data.target
+    idx = np.random.default_rng(0).permutation(len(x))
+    train, test = idx[:1400], idx[1400:]
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((8, 8, 1))
+    h = L.Conv2D(16, 3, padding="same", name="c1")(inp)
+    h = L.ReLU(name="r1")(L.BatchNormalization(name="bn1")(h))
+    h = L.MaxPooling2D(name="mp")(h)
+    h = L.Conv2D(32, 3, padding="same", activation="relu", name="c2")(h)
+    h = L.GlobalAveragePooling2D(name="gap")(h)
+    model = keras.Model(inp, L.Dense(10, activation="softmax", name="head")(h))
+    model.compile("adam", "sparse_categorical_crossentropy")
+    model.fit(x[train], y[train], epochs=30, batch_size=32, verbose=0)
+    calibrate(model, x[train[:256]], tmp / "record.txt")
+    calib = x[train[:512]]
+    return {
+        "model": model,
+        "record": tmp / "record.txt",
+        "calib": calib,
+        "float_calib": model.predict(calib, verbose=0).argmax(-1),
+        "x": x[test],
+        "y": y[test],
+        "float": model.predict(x[test], verbose=0).argmax(-1),
+        "tmp": tmp,
+    }
