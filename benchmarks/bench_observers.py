@@ -75,21 +75,26 @@ def throughput(batches: list[np.ndarray]) -> None:
     )
 
 
-def hfmg_search_cost() -> None:
-    """HFMG search on integer histograms of 1e8 ReLU-like values (~0.4n to 0.75n candidates)."""
-    print("\nHFMG search, ReLU-like histogram of 1e8 values, 8-bit (256 destination bins)")
-    print(f"{'bins':>6} {'data':<8} {'candidates':>10} {'trim ms':>8} {'L2 ms':>8}")
-    rng = np.random.default_rng(0)
+def _relu_histograms(seed: int):
+    """(bins, "relu" / "relu6", integer counts of 1e8 ReLU-like values) per bin count."""
+    rng = np.random.default_rng(seed)
     for bins in NUM_OF_BINS_CHOICES:
         for name, x in (
             ("relu", np.maximum(rng.normal(0.3, 1.0, 2_000_000), 0.0)),
             ("relu6", np.clip(rng.normal(1.0, 2.5, 2_000_000), 0.0, 6.0)),
         ):
-            counts = np.round(np.histogram(x, bins=bins)[0] * 50.0)
-            ranges = search_candidates(counts)
-            trim = best_of(lambda counts=counts: search_candidates(counts), repeats=5)
-            l2 = best_of(lambda c=counts, r=ranges: l2_losses(c, r, 256), repeats=5)
-            print(f"{bins:>6} {name:<8} {len(ranges):>10} {trim * 1e3:>8.2f} {l2 * 1e3:>8.2f}")
+            yield bins, name, np.round(np.histogram(x, bins=bins)[0] * 50.0)
+
+
+def hfmg_search_cost() -> None:
+    """HFMG search on integer histograms of 1e8 ReLU-like values (~0.4n to 0.75n candidates)."""
+    print("\nHFMG search, ReLU-like histogram of 1e8 values, 8-bit (256 destination bins)")
+    print(f"{'bins':>6} {'data':<8} {'candidates':>10} {'trim ms':>8} {'L2 ms':>8}")
+    for bins, name, counts in _relu_histograms(0):
+        ranges = search_candidates(counts)
+        trim = best_of(lambda counts=counts: search_candidates(counts), repeats=5)
+        l2 = best_of(lambda c=counts, r=ranges: l2_losses(c, r, 256), repeats=5)
+        print(f"{bins:>6} {name:<8} {len(ranges):>10} {trim * 1e3:>8.2f} {l2 * 1e3:>8.2f}")
 
 
 def hfmg_repeat_cost(rounds: int = 15) -> None:
@@ -97,22 +102,16 @@ def hfmg_repeat_cost(rounds: int = 15) -> None:
     ranges cleared) and on the same histogram again, in interleaved rounds (medians)."""
     print(f"\nhfmg_search per call, CPU ms (median of {rounds} interleaved rounds), 8-bit")
     print(f"{'bins':>6} {'data':<8} {'first':>8} {'again':>8} {'again/first':>12}")
-    rng = np.random.default_rng(1)
-    for bins in NUM_OF_BINS_CHOICES:
-        for name, x in (
-            ("relu", np.maximum(rng.normal(0.3, 1.0, 2_000_000), 0.0)),
-            ("relu6", np.clip(rng.normal(1.0, 2.5, 2_000_000), 0.0, 6.0)),
-        ):
-            counts = np.round(np.histogram(x, bins=bins)[0] * 50.0)
-            first, again = [], []
-            for _ in range(rounds):
-                hfmg._SEARCHES.clear()
-                for times in (first, again):
-                    start = time.process_time()
-                    hfmg_search(counts, 0.0, 6.0)
-                    times.append(time.process_time() - start)
-            a, b = np.median(first) * 1e3, np.median(again) * 1e3
-            print(f"{bins:>6} {name:<8} {a:>8.3f} {b:>8.3f} {b / a:>11.3f}x")
+    for bins, name, counts in _relu_histograms(1):
+        first, again = [], []
+        for _ in range(rounds):
+            hfmg._SEARCHES.clear()
+            for times in (first, again):
+                start = time.process_time()
+                hfmg_search(counts, 0.0, 6.0)
+                times.append(time.process_time() - start)
+        a, b = np.median(first) * 1e3, np.median(again) * 1e3
+        print(f"{bins:>6} {name:<8} {a:>8.3f} {b:>8.3f} {b / a:>11.3f}x")
 
 
 def datasets(n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
