@@ -1,5 +1,6 @@
 """Shared test setup: quiet TensorFlow logs, paths of bundled data."""
 
+import gc
 import os
 import sys
 from pathlib import Path
@@ -78,3 +79,28 @@ def pytest_collection_modifyitems(session, config, items) -> None:
         halves[i % 2].extend(slow[key])
     k = max(0, len(items) // 2 - len(halves[0]))
     items[:] = halves[0] + rest[:k] + halves[1] + rest[k:]
+
+
+def _freeze() -> None:
+    gc.collect()
+    gc.freeze()
+
+
+def pytest_collection_finish(session) -> None:
+    """Move everything the imports made (TensorFlow, Keras, MindSpore, the test modules) out of
+    the garbage collector's reach. MindSpore runs ``gc.collect()`` before every graph compile and
+    TensorFlow's tracing triggers full collections; each walked these millions of long-lived
+    objects again (a fifth of ``tests/mindspore/test_calibration.py``'s time). Objects the tests
+    make are still collected as before."""
+    _freeze()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After a module's last test (its fixtures torn down): collect its garbage, then freeze what
+    survives (module caches, TensorFlow's registries), so the next modules' collections skip it.
+    Measured on tests/mindspore + tests/keras with ``-n 2``: time in the collector 90 s -> 16 s,
+    the run 414 s -> 361 s, each worker's peak memory unchanged (2.0 GB)."""
+    yield
+    if nextitem is None or nextitem.module is not item.module:
+        _freeze()
