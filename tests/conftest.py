@@ -49,7 +49,6 @@ SLOW_FIRST = (
     "mindspore/test_graph_back_to_back.py",
     "keras/test_distributed.py",
     "mindspore/test_ms_v3_layer_norm.py",
-    "mindspore/test_ms_qat_dataparallel.py",
     "calibration/test_keras_pins.py",
     "keras/test_native_ops.py",
     "espdl/test_relu6.py",

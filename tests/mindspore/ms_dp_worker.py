@@ -7,9 +7,9 @@ single-process references use (importable without MindSpore's communication).
 * ``eval``: ``Model.eval`` with QuantCalibration(ALGORITHM);
 * ``train``: ``Model.train`` (SGD, 1 epoch) with QuantCalibration(ALGORITHM);
 * ``all``: the runs of :data:`ALL` one after the other (eval minmax, eval hfmg, train minmax,
-  eval minmax with ``merge_ranks=False``, train with SelectivePruneCallback), then the two that
-  must fail: ``nan`` (as the case below) and ``odd`` (eval on one sample more than the ranks
-  can share);
+  eval minmax with ``merge_ranks=False``, train with SelectivePruneCallback), the QAT runs of
+  tests/mindspore/ms_qat_dp_worker.py (into ``OUT/qat``), then the two that must fail: ``nan``
+  (as the case below) and ``odd`` (eval on one sample more than the ranks can share);
 * ``nan``: ``eval`` where rank 1's second batch holds a NaN;
 * ``bench`` / ``bench-train``: ``eval`` / ``train``, timing the cross-rank merge at the end and
   the per-step agreement.
@@ -93,29 +93,42 @@ ALL = (
     ("odd", "minmax"),
 )
 FAIL = ("nan", "odd")
+QAT = ("qat", "-")
+#: the samples of case "all" (4 batches per rank)
+SAMPLES = 4 * 2 * BATCH
 
 
-def main(out: Path, case: str, algorithm: str, samples: int) -> None:
+def start_rank() -> tuple[int, int]:
+    """GRAPH_MODE, the communication set up, data parallel: ``(rank, world)``."""
     import mindspore as ms
     from mindspore.communication import get_group_size, get_rank, init
     from mindspore.context import ParallelMode
 
-    start = time.perf_counter()
     ms.set_context(mode=ms.GRAPH_MODE)
     init()
     ms.set_auto_parallel_context(parallel_mode=ParallelMode.DATA_PARALLEL, gradients_mean=True)
-    rank, world = get_rank(), get_group_size()
+    return get_rank(), get_group_size()
+
+
+def main(out: Path, case: str, algorithm: str, samples: int) -> None:
+    start = time.perf_counter()
+    rank, world = start_rank()
     (out / "record").mkdir(parents=True, exist_ok=True)
     timing = {"merge": 0.0, "steps_agree": 0.0}
     agree_each: list[float] = []
     if case.startswith("bench"):  # time the cross-rank work (what data parallelism adds to a run)
         _time_collectives(timing, agree_each)
-    if case == "all":
-        runs = ALL
+    if case == "all":  # and ms_qat_dp_worker's runs (OUT/qat), before the two failing ones
+        runs = [*(r for r in ALL if r[0] not in FAIL), QAT, *(r for r in ALL if r[0] in FAIL)]
     else:
         runs = (("train" if case in ("train", "bench-train") else "eval", algorithm),)
     report: dict = {"rank": rank, "world": world, "runs": {}}
     for task, alg in runs:
+        if (task, alg) == QAT:
+            from ms_qat_dp_worker import run_all
+
+            run_all(out / "qat", samples, rank, world)
+            continue
         one = _run(out, case, task, alg, samples, rank, world)
         report["runs"][f"{task}-{alg}"] = one
         if "error" in one and task not in FAIL:

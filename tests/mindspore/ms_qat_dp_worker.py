@@ -1,7 +1,8 @@
 """One rank of a data-parallel QAT run, started by ``msrun`` (tests/mindspore/
 test_ms_qat_dataparallel.py), on the tiny net and data of ms_dp_worker.py.
 
-``python ms_qat_dp_worker.py OUT SAMPLES`` under msrun runs, one after the other:
+``python ms_qat_dp_worker.py OUT SAMPLES`` under msrun (or ``ms_dp_worker.py OUT all - SAMPLES``,
+which runs these after its own into ``OUT/qat``) runs, one after the other:
 
 * ``ema`` / ``learned``: ``quantize_aware(net, "INT8", activation_range=...)``, ``Model.train``
   (SGD, 1 epoch, sharded data), then ``save_qat_record`` to ``OUT/record<rank>/qat-<mode>.txt``
@@ -25,7 +26,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from ms_dp_worker import BATCH, make_data, make_model, make_net
+from ms_dp_worker import BATCH, make_data, make_model, make_net, start_rank
 
 
 class _Keep(logging.Handler):
@@ -78,18 +79,17 @@ def _save(qat, path: Path, keep: _Keep) -> dict:
 
 
 def main(out: Path, samples: int) -> None:
-    import mindspore as ms
+    run_all(out, samples, *start_rank())
+
+
+def run_all(out: Path, samples: int, rank: int, world: int) -> None:
+    """Every run above, on a rank already started (ms_dp_worker.start_rank); also called from
+    ms_dp_worker's case ``all``, so that one msrun serves both test modules."""
     from mindspore import Tensor
     from mindspore import dataset as ds
-    from mindspore.communication import get_group_size, get_rank, init
-    from mindspore.context import ParallelMode
 
     from amct_bridge.mindspore.qat import quantize_aware, strip_qat
 
-    ms.set_context(mode=ms.GRAPH_MODE)
-    init()
-    ms.set_auto_parallel_context(parallel_mode=ParallelMode.DATA_PARALLEL, gradients_mean=True)
-    rank, world = get_rank(), get_group_size()
     records = out / f"record{rank}"  # each rank names its own directory: rank 1's stays empty
     records.mkdir(parents=True, exist_ok=True)
     keep = _Keep()

@@ -20,20 +20,23 @@ import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import dataset as ds
-from ms_dp_worker import ALL, BATCH, FAIL, make_data, make_model, make_net, shard_batches
-from msrun import WORLD, run_workers
+from ms_dp_worker import (
+    ALL,
+    BATCH,
+    FAIL,
+    SAMPLES,
+    make_data,
+    make_model,
+    make_net,
+    shard_batches,
+)
+from msrun import WORLD, read_reports, run_once
 
 from amct_bridge.mindspore import QuantCalibration
 from amct_bridge.records import load
 from amct_bridge.records.calibration import load_stats, sidecar_path
 
 WORKER = Path(__file__).with_name("ms_dp_worker.py")
-
-
-def run_msrun(out: Path, case: str, algorithm: str, samples: int, timeout: float = 120) -> dict:
-    """Both ranks' reports; the run must end (well) within ``timeout``."""
-    reports = run_workers(WORKER, out, [case, algorithm, str(samples)], timeout)
-    return dict(enumerate(reports))
 
 
 def _union_dataset(x: np.ndarray, y: np.ndarray) -> ds.Dataset:
@@ -70,13 +73,10 @@ def _reference(tmp: Path, case: str, algorithm: str, samples: int):
 
 @pytest.fixture(scope="module")
 def all_runs(tmp_path_factory):
-    """One msrun, every run in turn (ms_dp_worker.ALL, the two failing ones last): one start-up
-    of the workers instead of seven."""
-    out = tmp_path_factory.mktemp("dp_all")
-    return out, run_msrun(out, "all", "-", SAMPLES, timeout=240)
-
-
-SAMPLES = 4 * WORLD * BATCH  # 4 batches per rank
+    """One msrun, every run in turn (ms_dp_worker.ALL, the two failing ones last), shared with
+    test_ms_qat_dataparallel.py: one start-up of the workers instead of eight."""
+    out = run_once(tmp_path_factory, "dp_all", WORKER, ["all", "-", str(SAMPLES)], timeout=300)
+    return out, dict(enumerate(read_reports(out)))
 
 
 def _check_ranks_agree(reports: dict, run: str) -> None:
@@ -94,7 +94,8 @@ def test_only_rank0_writes(all_runs):
     runs = [f"{t}-{a}.txt" for t, a in ALL if t not in ("local", "prune", *FAIL)]
     expect = sorted([*runs, *(f"{r}.calib.json" for r in runs), "prune.txt"])
     assert sorted(p.name for p in (out / "record").iterdir()) == expect
-    assert not [p for p in out.iterdir() if p.name not in ("record", "local", "ranks", "log")]
+    allowed = ("record", "local", "ranks", "log", "qat")  # qat: test_ms_qat_dataparallel.py's
+    assert not [p for p in out.iterdir() if p.name not in allowed]
 
 
 @pytest.mark.parametrize("algorithm", ["minmax", "hfmg"])

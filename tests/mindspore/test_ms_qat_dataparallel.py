@@ -1,9 +1,9 @@
-"""Data-parallel QAT under msrun (2 CPU workers, GRAPH_MODE; one start-up for every case, see
-tests/mindspore/ms_qat_dp_worker.py): ``save_qat_record`` merges the ranks' EMA ranges (the
+"""Data-parallel QAT under msrun (2 CPU workers, GRAPH_MODE; one start-up for every case: the
+runs of tests/mindspore/ms_qat_dp_worker.py inside ms_dp_worker's case ``all``, the msrun that
+test_ms_dataparallel.py reads too): ``save_qat_record`` merges the ranks' EMA ranges (the
 record equals the core formulas on the steps-weighted mean of both ranks' saved EMA states),
 learned ranges are equal on every rank, rank 0 alone writes, both ranks return the same record
-text; a rank that saves before any step, or whose weights differ, fails both ranks at once.
-"""
+text; a rank that saves before any step, or whose weights differ, fails both ranks at once."""
 
 from __future__ import annotations
 
@@ -11,23 +11,23 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from msrun import WORLD, run_workers
+from ms_dp_worker import SAMPLES
+from msrun import WORLD, read_reports, run_once
 
 from amct_bridge.quant.arq import arq_scales
 from amct_bridge.quant.factors import activation_factors
 from amct_bridge.records import load, loads
 from amct_bridge.records.calibration import load_stats, sidecar_path
 
-WORKER = Path(__file__).with_name("ms_qat_dp_worker.py")
-SAMPLES = 4 * WORLD * 4  # 4 batches of 4 per rank
+WORKER = Path(__file__).with_name("ms_dp_worker.py")  # case "all" runs ms_qat_dp_worker too
 LAYOUTS = {"0": "OIHW", "2": "OIHW", "5": "OI"}  # the quantized cells of ms_dp_worker.make_net
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("qat_dp")
-    reports = run_workers(WORKER, out, [str(SAMPLES)], timeout=240)
-    return out, [report["runs"] for report in reports]
+    """The QAT runs of the msrun test_ms_dataparallel.py also reads (msrun.run_once)."""
+    out = run_once(tmp_path_factory, "dp_all", WORKER, ["all", "-", str(SAMPLES)], timeout=300)
+    return out / "qat", [report["runs"] for report in read_reports(out / "qat")]
 
 
 def _merged(reports: list, mode: str, name: str) -> tuple[float, float, float]:
