@@ -1,8 +1,11 @@
 """Shared test setup: quiet TensorFlow logs, paths of bundled data."""
 
+import fcntl
 import gc
 import os
+import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,6 +25,32 @@ sys.path[:0] = [
 def data_dir() -> Path:
     """tests/data (real files, each with its source and license in a README)."""
     return DATA
+
+
+@pytest.fixture(scope="session")
+def once(tmp_path_factory) -> Callable[[str, Callable[[Path], object]], Path]:
+    """``once(name, make)``: a folder that ``make(folder)`` filled once in this test session,
+    for costly fixtures that several test modules read (a trained model, an msrun). Under
+    pytest-xdist the workers share the session's temp root: the first to ask makes it while
+    holding a lock, the others wait and read the same files. The readers must not write there.
+
+    >>> folder = once("digits_cnn", lambda f: (f / "x.txt").write_text("1"))  # doctest: +SKIP
+    """
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+    def get(name: str, make: Callable[[Path], object]) -> Path:
+        folder, done = root / f"once-{name}", root / f"once-{name}.done"
+        with open(root / f"once-{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            if not done.exists():
+                shutil.rmtree(folder, ignore_errors=True)  # another worker's failed attempt
+                folder.mkdir()
+                make(folder)
+                done.touch()
+        return folder
+
+    return get
 
 
 #: The test files that take longest (``pytest --durations=0``, summed per file, on a quiet 2-core

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import keras
@@ -15,15 +16,16 @@ from amct_bridge.keras import calibrate
 L = keras.layers
 
 
-def trained_digits_cnn(tmp: Path) -> dict:
-    """The trained model, its record in ``tmp``, 512 calibration digits (``calib``, with the
-    float arg max ``float_calib``), the held-out digits ``x`` / ``y`` and their float arg max
-    ``float``."""
+def _data() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     data = load_digits()
     x = (data.images / 16.0)[..., None].astype("float32")
-    y = data.target
     idx = np.random.default_rng(0).permutation(len(x))
-    train, test = idx[:1400], idx[1400:]
+    return x, data.target, idx[:1400], idx[1400:]
+
+
+def _train(folder: Path) -> None:
+    """Train, calibrate and save into ``folder``: ``model.keras``, ``record.txt`` (+ sidecar)."""
+    x, y, train, _ = _data()
     keras.utils.set_random_seed(0)
     inp = keras.Input((8, 8, 1))
     h = L.Conv2D(16, 3, padding="same", name="c1")(inp)
@@ -34,7 +36,20 @@ def trained_digits_cnn(tmp: Path) -> dict:
     model = keras.Model(inp, L.Dense(10, activation="softmax", name="head")(h))
     model.compile("adam", "sparse_categorical_crossentropy")
     model.fit(x[train], y[train], epochs=30, batch_size=32, verbose=0)
-    calibrate(model, x[train[:256]], tmp / "record.txt")
+    calibrate(model, x[train[:256]], folder / "record.txt")
+    model.save(folder / "model.keras")
+
+
+def trained_digits_cnn(tmp: Path, once) -> dict:
+    """The trained model, its record in ``tmp``, 512 calibration digits (``calib``, with the
+    float arg max ``float_calib``), the held-out digits ``x`` / ``y`` and their float arg max
+    ``float``. Trained once per test session (the ``once`` fixture of tests/conftest.py); each
+    caller gets its own copy of the model and of the record."""
+    folder = once("digits_cnn", _train)
+    for name in ("record.txt", "record.txt.calib.json"):
+        shutil.copyfile(folder / name, tmp / name)
+    model = keras.models.load_model(folder / "model.keras")
+    x, y, train, test = _data()
     calib = x[train[:512]]
     return {
         "model": model,

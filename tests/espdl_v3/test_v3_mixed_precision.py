@@ -120,10 +120,10 @@ def test_auto_needs_calibration_data(tiny):
 
 
 @pytest.fixture(scope="module")
-def digits(tmp_path_factory):
+def digits(tmp_path_factory, once):
     """The digits CNN of test_v3_search_keras.py: Conv+BN+ReLU, MaxPool, Conv+ReLU, GAP,
     Dense(softmax); calibrated on 256 training digits, auto judged on 512."""
-    return trained_digits_cnn(tmp_path_factory.mktemp("digits"))
+    return trained_digits_cnn(tmp_path_factory.mktemp("digits"), once)
 
 
 #: the single-input layers without weights that run at their input's width

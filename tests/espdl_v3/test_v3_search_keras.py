@@ -22,9 +22,9 @@ L = keras.layers
 
 
 @pytest.fixture(scope="module")
-def digits(tmp_path_factory):
+def digits(tmp_path_factory, once):
     """A CNN trained on 1400 digits (8x8, [0, 1]), calibrated on 256 of them; 397 held out."""
-    return trained_digits_cnn(tmp_path_factory.mktemp("digits"))
+    return trained_digits_cnn(tmp_path_factory.mktemp("digits"), once)
 
 
 @pytest.mark.parametrize("target", ["esp32s3", "esp32p4"])

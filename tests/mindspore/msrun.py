@@ -3,10 +3,8 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -55,21 +53,3 @@ def read_reports(out: Path, logs: str = "") -> list[dict]:
         assert path.exists(), logs or f"{path} is missing"
         reports.append(json.loads(path.read_text()))
     return reports
-
-
-def run_once(tmp_path_factory, name: str, worker: Path, args: list[str], timeout: float) -> Path:
-    """The folder of one msrun of ``worker`` per test session, shared by the test modules that
-    read it. Under pytest-xdist its workers share the session's temp root: the first to ask
-    runs it, holding a lock; the others wait for it and read the same files. Each start-up of
-    the two MindSpore workers costs about 15 s of the suite."""
-    base = tmp_path_factory.getbasetemp()
-    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    out, done = root / name, root / f"{name}.done"
-    with open(root / f"{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if not done.exists():
-            shutil.rmtree(out, ignore_errors=True)  # a failed run of another worker
-            out.mkdir()
-            run_workers(worker, out, args, timeout)
-            done.touch()
-    return out

@@ -30,7 +30,7 @@ from ms_dp_worker import (
     make_net,
     shard_batches,
 )
-from msrun import WORLD, read_reports, run_once
+from msrun import WORLD, read_reports, run_workers
 
 from amct_bridge.mindspore import QuantCalibration
 from amct_bridge.records import load
@@ -72,10 +72,10 @@ def _reference(tmp: Path, case: str, algorithm: str, samples: int):
 
 
 @pytest.fixture(scope="module")
-def all_runs(tmp_path_factory):
+def all_runs(once):
     """One msrun, every run in turn (ms_dp_worker.ALL, the two failing ones last), shared with
     test_ms_qat_dataparallel.py: one start-up of the workers instead of eight."""
-    out = run_once(tmp_path_factory, "dp_all", WORKER, ["all", "-", str(SAMPLES)], timeout=300)
+    out = once("dp_all", lambda out: run_workers(WORKER, out, ["all", "-", str(SAMPLES)], 300))
     return out, dict(enumerate(read_reports(out)))
 
 

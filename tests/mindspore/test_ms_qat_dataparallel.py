@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from ms_dp_worker import SAMPLES
-from msrun import WORLD, read_reports, run_once
+from msrun import WORLD, read_reports, run_workers
 
 from amct_bridge.quant.arq import arq_scales
 from amct_bridge.quant.factors import activation_factors
@@ -24,9 +24,9 @@ LAYOUTS = {"0": "OIHW", "2": "OIHW", "5": "OI"}  # the quantized cells of ms_dp_
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """The QAT runs of the msrun test_ms_dataparallel.py also reads (msrun.run_once)."""
-    out = run_once(tmp_path_factory, "dp_all", WORKER, ["all", "-", str(SAMPLES)], timeout=300)
+def run(once):
+    """The QAT runs of the msrun test_ms_dataparallel.py also reads (the ``once`` fixture)."""
+    out = once("dp_all", lambda out: run_workers(WORKER, out, ["all", "-", str(SAMPLES)], 300))
     return out / "qat", [report["runs"] for report in read_reports(out / "qat")]
 
 
