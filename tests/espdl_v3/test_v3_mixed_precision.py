@@ -153,7 +153,11 @@ def _accuracy(res, d, target="esp32s3"):
 
 
 def test_auto_picks_a_minimal_int16_set_within_max_drop(digits):
-    d, max_drop = digits, 0.005
+    d = digits
+    # half of all-int8's drop: the trained weights, so the drop, vary with the CPU and threads
+    all_s8 = _drop(d)
+    assert all_s8 > 0, "all-int8 keeps every arg max here: auto has nothing to choose"
+    max_drop = all_s8 / 2
     res = export_espdl(
         d["model"],
         d["record"],
@@ -170,7 +174,7 @@ def test_auto_picks_a_minimal_int16_set_within_max_drop(digits):
     assert res.warnings[0] == mixed.summary()
     assert mixed.s16, "all-int8 is beyond max_drop here: at least one layer is int16"
     # every figure re-measured from explicit exports against Keras' predictions
-    assert mixed.all_s8 == _drop(d) > max_drop
+    assert mixed.all_s8 == all_s8 > max_drop
     assert mixed.all_s16 == _drop(d, feature_type="s16")
     assert mixed.drop == _drop(d, res.layer_bits) <= max_drop
     assert set(res.layer_bits) == {n for c in mixed.s16 for n in [c, *FOLLOWERS[c]]}
@@ -193,10 +197,20 @@ def test_cli_feature_type_auto(digits, tmp_path, capsys):
     out = tmp_path / "auto.espdl"
     args = ["export-espdl", "--model", str(model_path), "--record", str(d["record"])]
     args += ["--format", "espdl", "--out", str(out), "--feature-type", "auto"]
-    assert main([*args, "--max-drop", "0.005", "--data", str(tmp_path / "x.npy")]) == 0
+
+    def api(max_drop):  # what the command should do: the API with the command's defaults
+        return export_espdl(
+            d["model"], d["record"], None, format="espdl", feature_type="auto",
+            max_drop=max_drop, calibration_data=d["calib"],
+        )  # fmt: skip
+
+    max_drop = api(0.99).mixed.all_s8 / 2  # some layer must be int16 (the figures vary by CPU)
+    want = api(max_drop)
+    assert want.mixed.s16
+    assert main([*args, "--max-drop", str(max_drop), "--data", str(tmp_path / "x.npy")]) == 0
     printed = capsys.readouterr().out
-    assert "mixed precision: int16 for c1" in printed, printed
-    assert "int16 nodes: c1, mp" in printed
+    assert want.mixed.summary() in printed, printed
+    assert f"int16 nodes: {', '.join(want.layer_bits)}" in printed
     assert main(["espdl-run", str(out), "--check"]) == 0
     capsys.readouterr()
     assert main([*args[:-1], "s8", "--max-drop", "0.01"]) != 0
