@@ -36,24 +36,18 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+import sys  # noqa: E402
+
 import numpy as np  # noqa: E402
 from _keras_models import application, random_batch, randomize_bn  # noqa: E402
+
+# the digits and the digits CNN of the search tests (tests/espdl_v3/digits_cnn.py)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "espdl_v3"))
+from digits_cnn import digits, digits_cnn  # noqa: E402
 
 from amct_bridge.espdl.v3 import simulate_espdl  # noqa: E402
 from amct_bridge.espdl.v3.evaluation import quantize_input  # noqa: E402
 from amct_bridge.keras import calibrate, export_espdl  # noqa: E402
-
-
-def _digits(size: int, channels: int):
-    """scikit-learn's digits in [0, 1] upscaled to ``size`` (nearest), ``channels`` copies;
-    a seeded 1400 / 397 split."""
-    from sklearn.datasets import load_digits
-
-    data = load_digits()
-    x = np.kron(data.images / 16.0, np.ones((size // 8, size // 8)))[..., None]
-    x = np.repeat(x, channels, axis=-1).astype("float32")
-    idx = np.random.default_rng(0).permutation(len(x))
-    return x, data.target, idx[:1400], idx[1400:]
 
 
 def _nets():
@@ -61,15 +55,6 @@ def _nets():
     import keras
 
     layers = keras.layers
-
-    def cnn():
-        inp = keras.Input((8, 8, 1))
-        h = layers.Conv2D(16, 3, padding="same", name="c1")(inp)
-        h = layers.ReLU(name="r1")(layers.BatchNormalization(name="bn1")(h))
-        h = layers.MaxPooling2D(name="mp")(h)
-        h = layers.Conv2D(32, 3, padding="same", activation="relu", name="c2")(h)
-        h = layers.GlobalAveragePooling2D(name="gap")(h)
-        return keras.Model(inp, layers.Dense(10, activation="softmax", name="head")(h))
 
     def mobilenet():
         model = application("MobileNetV2", 48, alpha=0.35, classes=10)
@@ -93,7 +78,7 @@ def _nets():
         h = layers.Dense(10, name="logits")(h)
         return keras.Model(inp, layers.Softmax(name="softmax")(h))
 
-    return [("digits CNN", 8, 1, 30, cnn), ("MobileNetV2 a0.35", 48, 3, 20, mobilenet),
+    return [("digits CNN", 8, 1, 30, digits_cnn), ("MobileNetV2 a0.35", 48, 3, 20, mobilenet),
             ("swish/SE net", 16, 1, 30, swish_se)]  # fmt: skip
 
 
@@ -102,7 +87,7 @@ def trained_net(size: int, channels: int, epochs: int, build, tmp: Path):
     digits: (model, record, x, y, train, test, seconds the calibration took)."""
     import keras
 
-    x, y, train, test = _digits(size, channels)
+    x, y, train, test = digits(size, channels)
     keras.utils.set_random_seed(0)
     model = build()
     model.compile("adam", "sparse_categorical_crossentropy")

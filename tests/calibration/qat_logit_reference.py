@@ -2,7 +2,14 @@
 net (tests/keras/test_qat_preactivation.py, tests/mindspore/test_ms_qat_preactivation.py): the
 logits of each training batch, with the weights of that step, the input and the hidden
 activations clipped at their own EMA ranges as QAT clips them, and the logits' per-batch extremes
-through the same EMA (the first batch sets it)."""
+through the same EMA (the first batch sets it).
+
+QAT observes ranges with an EMA of each training batch's min / max (the first batch sets it,
+then ``range <- d * range + (1 - d) * batch``) and fake-quantizes a layer's input clipped at
+that range, updated with the batch first; the head's output before its activation is tracked
+with the same EMA. The reference, in float64 numpy: each training batch (in order) through the
+weights read at the start of its step, the input and the hidden activations clipped at their
+own EMAs as QAT clips them, the logits' per-batch min / max through the EMA."""
 
 from __future__ import annotations
 

@@ -16,24 +16,33 @@ from amct_bridge.keras import calibrate
 L = keras.layers
 
 
-def _data() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def digits(size: int = 8, channels: int = 1):
+    """scikit-learn's digits in [0, 1] upscaled to ``size`` (nearest), ``channels`` copies;
+    ``(x, y, train, test)`` with a seeded 1400 / 397 split. Also benchmarks/
+    bench_espdl_v3_search.py's data."""
     data = load_digits()
-    x = (data.images / 16.0)[..., None].astype("float32")
+    x = np.kron(data.images / 16.0, np.ones((size // 8, size // 8)))[..., None]
+    x = np.repeat(x, channels, axis=-1).astype("float32")
     idx = np.random.default_rng(0).permutation(len(x))
     return x, data.target, idx[:1400], idx[1400:]
 
 
-def _train(folder: Path) -> None:
-    """Train, calibrate and save into ``folder``: ``model.keras``, ``record.txt`` (+ sidecar)."""
-    x, y, train, _ = _data()
-    keras.utils.set_random_seed(0)
+def digits_cnn() -> keras.Model:
+    """The untrained net (seed first for repeatable weights); also the benchmark's "digits CNN"."""
     inp = keras.Input((8, 8, 1))
     h = L.Conv2D(16, 3, padding="same", name="c1")(inp)
     h = L.ReLU(name="r1")(L.BatchNormalization(name="bn1")(h))
     h = L.MaxPooling2D(name="mp")(h)
     h = L.Conv2D(32, 3, padding="same", activation="relu", name="c2")(h)
     h = L.GlobalAveragePooling2D(name="gap")(h)
-    model = keras.Model(inp, L.Dense(10, activation="softmax", name="head")(h))
+    return keras.Model(inp, L.Dense(10, activation="softmax", name="head")(h))
+
+
+def _train(folder: Path) -> None:
+    """Train, calibrate and save into ``folder``: ``model.keras``, ``record.txt`` (+ sidecar)."""
+    x, y, train, _ = digits()
+    keras.utils.set_random_seed(0)
+    model = digits_cnn()
     model.compile("adam", "sparse_categorical_crossentropy")
     model.fit(x[train], y[train], epochs=30, batch_size=32, verbose=0)
     calibrate(model, x[train[:256]], folder / "record.txt")
@@ -49,7 +58,7 @@ def trained_digits_cnn(tmp: Path, once) -> dict:
     for name in ("record.txt", "record.txt.calib.json"):
         shutil.copyfile(folder / name, tmp / name)
     model = keras.models.load_model(folder / "model.keras")
-    x, y, train, test = _data()
+    x, y, train, test = digits()
     calib = x[train[:512]]
     return {
         "model": model,

@@ -41,17 +41,20 @@ def _randomize(model: keras.Model, seed: int) -> keras.Model:
     return model
 
 
-def _gru_net() -> keras.Model:
+def _gru_net(seed: int = 1, hidden: int = 0) -> keras.Model:
+    """GRU(16) -> [Dense(hidden, relu) "fc1"] -> Dense(4) "fc", randomized with ``seed``."""
     x = keras.Input((STEPS, FEATURES), name="mfcc")
     h = L.GRU(16, name="gru")(x)
-    return _randomize(keras.Model(x, L.Dense(4, name="fc")(h)), 1)
+    if hidden:
+        h = L.Dense(hidden, activation="relu", name="fc1")(h)
+    return _randomize(keras.Model(x, L.Dense(4, name="fc")(h)), seed)
 
 
-def _lstm_net() -> keras.Model:
+def _lstm_net(seed: int = 2) -> keras.Model:
     x = keras.Input((STEPS, FEATURES), name="mfcc")
     h = L.LSTM(16, return_sequences=True, name="lstm1")(x)
     h = L.LSTM(16, name="lstm2")(h)
-    return _randomize(keras.Model(x, L.Dense(4, name="fc")(h)), 2)
+    return _randomize(keras.Model(x, L.Dense(4, name="fc")(h)), seed)
 
 
 def _directions_net() -> keras.Model:

@@ -14,7 +14,9 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
-from test_v3_lower_rnn import FEATURES, STEPS, _randomize
+from test_v3_lower_rnn import FEATURES, STEPS
+from test_v3_lower_rnn import _gru_net as gru_net
+from test_v3_lower_rnn import _lstm_net as lstm_net
 from v3_checks import chip_input
 
 from amct_bridge.cli import main
@@ -22,22 +24,15 @@ from amct_bridge.espdl.v3 import read_espdl, simulate_espdl
 from amct_bridge.espdl.v3.search import V3_RNN_SAMPLES
 from amct_bridge.keras import calibrate, export_espdl
 
-L = keras.layers
 SAMPLES = 64
 
 
 def _gru_net() -> keras.Model:
-    x = keras.Input((STEPS, FEATURES), name="mfcc")
-    h = L.GRU(16, name="gru")(x)
-    h = L.Dense(16, activation="relu", name="fc1")(h)
-    return _randomize(keras.Model(x, L.Dense(4, name="fc")(h)), 11)
+    return gru_net(seed=11, hidden=16)
 
 
 def _lstm_net() -> keras.Model:
-    x = keras.Input((STEPS, FEATURES), name="mfcc")
-    h = L.LSTM(16, return_sequences=True, name="lstm1")(x)
-    h = L.LSTM(16, name="lstm2")(h)
-    return _randomize(keras.Model(x, L.Dense(4, name="fc")(h)), 12)
+    return lstm_net(seed=12)
 
 
 def _snr(back, data: np.ndarray, ref: np.ndarray) -> float:

@@ -2,15 +2,10 @@
 ``Dense(activation="softmax")`` head (its logits), as the calibration's does, and the ESP-DL
 exports quantize the logits at it.
 
-QAT observes ranges with an EMA of each training batch's min / max (the first batch sets it,
-then ``range <- d * range + (1 - d) * batch``) and fake-quantizes a layer's input clipped at
-that range, updated with the batch first; the head's output before its activation is tracked
-with the same EMA. The reference, in float64 numpy: each training batch (in order) through the
-weights read at the start of its step, the input and the hidden activations clipped at their
-own EMAs as QAT clips them, the logits' per-batch min / max through the EMA. Within 1.5 % of
-the logits' range: the numpy pass does not round to the 8-bit grids (measured: 0.12 %;
-power-of-two QAT 0.77 %: it clips at its learned power-of-two thresholds and rounds to coarser
-grids); the first batch's range alone is 20 % away."""
+The reference is tests/calibration/qat_logit_reference.py (how QAT's EMA ranges work, and the
+numpy pass). Within 1.5 % of the logits' range: the numpy pass does not round to the 8-bit grids
+(measured: 0.12 %; power-of-two QAT 0.77 %: it clips at its learned power-of-two thresholds and
+rounds to coarser grids); the first batch's range alone is 20 % away."""
 
 from __future__ import annotations
 
