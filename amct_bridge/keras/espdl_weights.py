@@ -756,18 +756,15 @@ def _search_data(model: keras.Model, layers, calibration_data, format: str) -> C
     from amct_bridge.errors import CalibrationError
     from amct_bridge.espdl.exponent_search import search_samples
     from amct_bridge.espdl.v1.head import chip_reference
-    from amct_bridge.espdl.v3.search import V3_MAX_INPUT_VALUES, V3_RNN_SAMPLES, recurrent
+    from amct_bridge.espdl.v3.search import v3_search_samples
     from amct_bridge.keras.calibrate import check_data_shapes
 
     try:  # refused, not searched-around: the user asked for a search on these inputs
         check_data_shapes(model, np.asarray(calibration_data))
     except CalibrationError as err:
         raise ExportError(str(err).replace("data", "calibration_data", 1)) from None
-    cap = {"espdl": V3_MAX_INPUT_VALUES}.get(format)
     x = np.asarray(calibration_data, np.float32)
-    x = search_samples(x) if cap is None else search_samples(x, cap)
-    if format == "espdl" and recurrent(layers):  # GRU / LSTM: scored one sample at a time
-        x = x[:V3_RNN_SAMPLES]
+    x = v3_search_samples(x, layers) if format == "espdl" else search_samples(x)
     # a classifier head's softmax / sigmoid: the search and the bias correction compare its
     # logits (v1 leaves the function to the host; v3's chip computes it from those logits)
     output, heads = chip_reference(layers, model.outputs[0]._keras_history.operation.name)

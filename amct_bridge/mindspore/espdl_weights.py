@@ -1068,10 +1068,10 @@ def _search_data(net: nn.Cell, layers: list[SourceLayer], calibration_data: Any,
     float outputs of the network's cells on them (NHWC, by cell call site)."""
     from amct_bridge.espdl.exponent_search import CalibrationData, search_samples
     from amct_bridge.espdl.v1.head import chip_reference
-    from amct_bridge.espdl.v3.search import V3_MAX_INPUT_VALUES
+    from amct_bridge.espdl.v3.search import v3_search_samples
 
     x = np.asarray(calibration_data, np.float32)
-    x = search_samples(x, V3_MAX_INPUT_VALUES) if format == "espdl" else search_samples(x)
+    x = v3_search_samples(x, layers) if format == "espdl" else search_samples(x)
     # a classifier head's softmax / sigmoid: the search and the bias correction compare its
     # logits (v1 leaves the function to the host; v3's chip computes it from those logits)
     output, linear = chip_reference(layers, _output_cell(layers))

@@ -92,6 +92,7 @@ __all__ = [
     "export_searched",
     "recurrent",
     "search_tuning_v3",
+    "v3_search_samples",
 ]
 
 #: The v3 search's budget of input values (:func:`~amct_bridge.espdl.exponent_search.
@@ -269,6 +270,20 @@ class _Forward:
     def real(self, state: _State, tensor: str) -> np.ndarray:
         """The chip values of ``tensor`` as reals."""
         return state.values[tensor].astype(np.float64) * 2.0 ** state.em.exps[tensor]
+
+
+def v3_search_samples(x: np.ndarray, layers: list[SourceLayer]) -> np.ndarray:
+    """The calibration samples the v3 search scores, float32: the first
+    :data:`V3_RNN_SAMPLES` of a model with GRU / LSTM layers (:func:`recurrent`), else the first
+    :func:`~amct_bridge.espdl.exponent_search.search_samples` of :data:`V3_MAX_INPUT_VALUES`.
+    The adapters take the same samples for their float references.
+
+    Example:
+        >>> v3_search_samples(np.zeros((600, 8, 8, 1)), []).shape
+        (512, 8, 8, 1)
+    """
+    x = np.asarray(x, np.float32)
+    return x[:V3_RNN_SAMPLES] if recurrent(layers) else search_samples(x, V3_MAX_INPUT_VALUES)
 
 
 def recurrent(layers: list[SourceLayer]) -> bool:
@@ -656,8 +671,7 @@ def search_tuning_v3(
         >>> # see the module docstring
     """
     given = len(x) if given is None else int(given)
-    x = np.asarray(x, np.float32)
-    x = x[:V3_RNN_SAMPLES] if recurrent(layers) else search_samples(x, V3_MAX_INPUT_VALUES)
+    x = v3_search_samples(x, layers)
     options = {k: v for k, v in options.items() if k not in ("test_input", "seed", "overwrite")}
     export_layers_v3(layers, None, **options)  # refuses what the export refuses, as it would
     inputs = [s for s in layers if s.op == "input"]
