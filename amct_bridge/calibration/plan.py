@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+from collections.abc import Container
 from dataclasses import dataclass, field
 
 from amct_bridge.calibration.layers import LayerDesc, ModelDesc, QuantPart
@@ -241,13 +242,27 @@ def fused_activations(model: ModelDesc) -> dict[str, str]:
     """
     if model.graph is None:
         return {}
+    return preactivation_layers(model.graph, {k for k, d in model.layers.items() if d.parts})
+
+
+def preactivation_layers(graph: Graph, quantized: Container[str]) -> dict[str, str]:
+    """Layer key -> its fused activation, for the ``quantized`` layers called once in ``graph``
+    whose activation is not in :data:`EXACT_ACTIVATIONS`: where the tensor before the activation
+    is observed (:func:`fused_activations`; QAT tracks the same tensors).
+
+    Example:
+        >>> from amct_bridge.graph.ir import Graph, Node, TensorInfo
+        >>> g = Graph(tensors={t: TensorInfo((None, 2)) for t in "xy"}, inputs=["x"],
+        ...           outputs=["y"])
+        >>> g.add_node(Node("b", "b", "Dense", "MatMul", ["x"], ["y"], {"activation": "sigmoid"}))
+        >>> preactivation_layers(g, {"b"}), preactivation_layers(g, set())
+        ({'b': 'sigmoid'}, {})
+    """
     found: dict[str, str] = {}
-    for node in model.graph:
-        desc = model.layers.get(node.layer)
+    for node in graph:
         act = str(node.params.get("activation") or "linear")
-        if desc is None or not desc.parts or node.shared or act in EXACT_ACTIVATIONS:
-            continue
-        found[node.layer] = act
+        if node.layer in quantized and not node.shared and act not in EXACT_ACTIVATIONS:
+            found[node.layer] = act
     return found
 
 

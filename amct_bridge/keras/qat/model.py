@@ -56,6 +56,7 @@ import os
 import keras
 import numpy as np
 
+from amct_bridge.calibration.plan import preactivation_layers
 from amct_bridge.calibration.qat import (
     call_sites,
     pow2_factors,
@@ -217,7 +218,8 @@ def quantize_aware(
         and id(layer) not in folded
         and (_observed(layer) or k in layers or (power_of_two and _pow2_observed(layer)))
     }
-    logits = _preactivations(graph, chosen, sites)
+    # the layers whose output before a fused softmax / sigmoid QAT tracks, as calibration does
+    logits = {} if graph is None else preactivation_layers(graph, chosen)
     roles = {}
     if power_of_two:
         folded_keys = {k for k, layer in everything.items() if id(layer) in folded}
@@ -262,23 +264,6 @@ def quantize_aware(
     if power_of_two:
         link_quantizers(clone)
     return clone
-
-
-def _preactivations(graph, chosen: set[str], sites: dict) -> dict[str, str]:
-    """Quantized layer key -> its fused activation, where QAT tracks the output before it
-    (the sidecar's ``preactivation``): the layers the calibration observes there
-    (:func:`amct_bridge.calibration.plan.fused_activations`: an activation other than linear /
-    ReLU / ReLU6, one node)."""
-    from amct_bridge.calibration.plan import EXACT_ACTIVATIONS
-
-    if graph is None:
-        return {}
-    found = {}
-    for node in graph.nodes:
-        act = str(node.params.get("activation") or "linear")
-        if node.layer in chosen and node.layer not in sites and act not in EXACT_ACTIVATIONS:
-            found[node.layer] = act
-    return found
 
 
 def link_quantizers(qat_model: keras.Model) -> keras.Model:
